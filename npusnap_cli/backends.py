@@ -1,0 +1,124 @@
+"""Device backends: one interface over the ways device state gets in and out of a process.
+
+* none    no device state; CRIU alone.
+* sim     npusim, driven in-process through the injected agent (CANN's snapshot API).
+* ascend  a real CANN runtime, driven exactly like sim (the agent calls the same API).
+* cuda    NVIDIA's by-pid cuCheckpointProcess* driver API (not built yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .errors import DeviceFailed, EnvironmentProblem, LockTimeout, WrongState
+from .image import DeviceState
+
+BACKENDS = ("auto", "none", "sim", "ascend", "cuda")
+LOCK_TIMEOUT_CODE = 507905
+
+
+class NoDevice:
+    """A process without device state: every device phase is a no-op."""
+
+    name = "none"
+
+    def state(self) -> str:
+        return "RUNNING"
+
+    def describe(self) -> DeviceState:
+        return DeviceState()
+
+    def lock(self, timeout: float) -> None:
+        pass
+
+    def backup(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        pass
+
+    def unlock(self) -> None:
+        pass
+
+
+class AgentBackend(NoDevice):
+    """CANN-style in-process snapshot, commanded through the agent's socket."""
+
+    def __init__(self, pid: int, name: str) -> None:
+        from .agent import AgentClient
+
+        self.pid = pid
+        self.name = name
+        self.client = AgentClient(pid)
+        self._last: Optional[Any] = None
+
+    def _call(self, what: str, *args: Any) -> Any:
+        from .agent import AgentError, AgentProblem
+
+        try:
+            reply = getattr(self.client, what)(*args)
+        except AgentError as e:
+            if getattr(e, "code", None) == LOCK_TIMEOUT_CODE:
+                raise LockTimeout(f"device lock of {self.pid} timed out: {e}") from e
+            raise DeviceFailed(f"device {what} of process {self.pid} failed: {e}",
+                               getattr(e, "hint", None)) from e
+        except AgentProblem as e:
+            raise DeviceFailed(str(e), getattr(e, "hint", None)) from e
+        self._last = reply
+        return reply
+
+    def state(self) -> str:
+        return str(self._call("status").state)
+
+    def describe(self) -> DeviceState:
+        reply = self._last if self._last is not None and self._last.device else self._call("status")
+        dev = reply.device or {}
+        return DeviceState(
+            backend=self.name,
+            devices=list(dev.get("devices", [])),
+            allocations=int(dev.get("allocations", 0)),
+            bytes=int(dev.get("bytes", 0)),
+            method="in-process",
+            runtime=reply.runtime,
+        )
+
+    def lock(self, timeout: float) -> None:
+        self._call("lock", timeout)
+
+    def backup(self) -> None:
+        self._call("backup")
+
+    def restore(self) -> None:
+        self._call("restore")
+
+    def unlock(self) -> None:
+        self._call("unlock")
+
+
+def select(pid: int, requested: str = "auto", maps: str = "") -> NoDevice:
+    """The backend for a process: as requested, or found from the process itself."""
+    if requested == "none":
+        return NoDevice()
+    if requested == "cuda" or (requested == "auto" and "/dev/nvidia" in maps):
+        raise EnvironmentProblem("the cuda backend is not available in this build",
+                                 "use --device none to checkpoint without GPU state")
+    from .agent import AgentNotFound, AgentProblem, AgentClient
+
+    try:
+        reply = AgentClient(pid).status()
+    except AgentNotFound:
+        if requested in ("sim", "ascend") or "libascendcl" in maps:
+            raise WrongState(
+                f"process {pid} holds device state but has no npusnap agent",
+                f"start it with `npusnap run -- CMD`, or inject the agent with `npusnap attach {pid}`",
+            ) from None
+        return NoDevice()
+    except AgentProblem as e:
+        raise DeviceFailed(str(e), getattr(e, "hint", None)) from e
+    if reply.runtime is None:
+        if requested in ("sim", "ascend"):
+            raise WrongState(f"process {pid} has the agent but no device runtime loaded",
+                             "use --device none, or check that the workload uses the device")
+        return NoDevice()
+    name = requested if requested != "auto" else ("sim" if reply.device is not None else "ascend")
+    return AgentBackend(pid, name)

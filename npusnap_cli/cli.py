@@ -1,0 +1,95 @@
+"""The click application. Commands live one per module under commands/ and are
+imported only when invoked, so `npusnap --help` stays instant."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any, Optional
+
+import click
+
+from . import __version__
+from .errors import EXIT_CODES, Interrupted, NpusnapError
+
+# name -> "module:attribute" under npusnap_cli.commands; help text shown without importing.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("check:check", "Check that this machine can checkpoint and restore."),
+    "checkpoint": ("checkpoint:checkpoint", "Checkpoint a process (lock, backup, dump) into DIR."),
+    "restore": ("restore:restore", "Restore a process from a checkpoint directory."),
+    "inspect": ("inspect:inspect", "Show what a checkpoint directory holds."),
+    "verify": ("verify:verify", "Recompute every checksum of a checkpoint directory."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(super().list_commands(ctx)))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        if cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name][0].split(":")
+            cmd: click.Command = getattr(importlib.import_module(f".commands.{module}", __package__), attr)
+            return cmd
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in sorted(COMMANDS)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _exit_code_epilog() -> str:
+    lines = [f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items())]
+    return "\b\nExit codes:\n" + "\n".join(lines)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
+@click.version_option(__version__, prog_name="npusnap")
+@click.option("-v", "--verbose", is_flag=True, help="Show debug messages and tracebacks.")
+@click.pass_context
+def app(ctx: click.Context, verbose: bool) -> None:
+    """Checkpoint and restore processes that hold NPU/GPU state."""
+    from .output import Terminal
+
+    ctx.obj = Terminal(verbose=verbose or _debug_env())
+
+
+def _debug_env() -> bool:
+    return os.environ.get("NPUSNAP_DEBUG", "") not in ("", "0")
+
+
+def main(argv: Optional[list[str]] = None) -> Any:
+    """Entry point: run the app and turn every failure into one line and an exit code."""
+    verbose = _debug_env() or any(a in ("-v", "--verbose") for a in (argv or sys.argv[1:]))
+    try:
+        app.main(args=argv, prog_name="npusnap", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        _fail(Interrupted(), verbose)
+    except KeyboardInterrupt:
+        _fail(Interrupted(), verbose)
+    except NpusnapError as e:
+        _fail(e, verbose)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # a bug: one line unless asked for more
+        if verbose:
+            raise
+        click.echo(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
+        sys.exit(3)
+    sys.exit(0)
+
+
+def _fail(error: NpusnapError, verbose: bool) -> None:
+    if verbose:
+        import traceback
+
+        traceback.print_exc()
+    click.echo(f"npusnap: error: {error.one_line()}", err=True)
+    sys.exit(error.exit_code)

@@ -1,0 +1,30 @@
+"""One module per command; shared option decorators live here."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_option(f: F) -> F:
+    """`--json`: print one JSON document on stdout instead of the human view."""
+
+    def set_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        if value:
+            ctx.find_object(object)  # ensure ctx.obj exists
+            ctx.obj.json_mode = True
+        return value
+
+    return click.option("--json", "json_output", is_flag=True, expose_value=False, is_eager=True,
+                        callback=set_json, help="Print the result as JSON on stdout.")(f)
+
+
+def criu_option(f: F) -> F:
+    return click.option("--criu", "criu_path", metavar="PATH", envvar="NPUSNAP_CRIU",
+                        help="CRIU binary to use (default: the first CRIU >= 4.1 on PATH).")(f)
+
+
+pid_argument = click.argument("pid", metavar="PID")

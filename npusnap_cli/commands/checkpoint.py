@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..output import Terminal, human_bytes
+from . import criu_option, json_option, pid_argument
+
+
+@click.command()
+@pid_argument
+@click.option("-D", "--directory", "directory", required=True, type=click.Path(path_type=Path),
+              help="Where to write the checkpoint (created; must not hold one unless --replace).")
+@click.option("--leave-running", is_flag=True, help="Keep the process running after the checkpoint.")
+@click.option("--shell-job", is_flag=True, help="The process shares a terminal with its shell.")
+@click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
+@click.option("--device", type=click.Choice(["auto", "none", "sim", "ascend", "cuda"]), default="auto",
+              show_default=True, help="Device backend (auto: found from the process).")
+@click.option("--lock-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              metavar="SECONDS", help="How long device work may take to quiesce.")
+@click.option("--criu-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Bound on CRIU's own dump (default: CRIU's).")
+@click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
+@criu_option
+@json_option
+@click.pass_obj
+def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
+               tcp_established: bool, device: str, lock_timeout: float, criu_timeout: Optional[float],
+               replace: bool, criu_path: Optional[str]) -> None:
+    """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
+
+    By default the process is killed once the checkpoint is safely on disk (like
+    `criu dump`); with --leave-running it carries on. A failure at any point leaves
+    the process running and unlocked, and no checkpoint directory behind.
+    """
+    from ..pipeline import CheckpointOptions, checkpoint as run_checkpoint
+    from ..target import parse_pid
+
+    opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
+                             tcp_established=tcp_established, device=device, lock_timeout=lock_timeout,
+                             criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
+    m = run_checkpoint(parse_pid(pid), opts, report=term.reporter())
+    size = sum(f.size for f in m.files)
+    if term.json_mode:
+        term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,
+                                 "left_running": leave_running, "bytes": size,
+                                 "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases]})
+        return
+    phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
+    term.success(f"checkpointed {m.pid} into {directory} ({human_bytes(size)}; {phases})")
+    if not leave_running:
+        term.info(f"process {m.pid} was stopped; `npusnap restore {directory}` brings it back")

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..output import Terminal
+from . import criu_option, json_option
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("-d", "--detach", is_flag=True, help="Return once the process runs instead of waiting for it.")
+@click.option("--pidfile", type=click.Path(path_type=Path), help="Write the restored pid here.")
+@click.option("--no-verify", is_flag=True, help="Skip the checksum pass (faster; trusts the files).")
+@criu_option
+@json_option
+@click.pass_context
+def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
+            criu_path: Optional[str]) -> None:
+    """Restore the process checkpointed in DIRECTORY.
+
+    Verifies the checkpoint first and refuses a bad one. In the foreground it waits
+    for the restored process and exits with its exit code; --detach returns at once.
+    """
+    from ..criu import become_subreaper
+    from ..pipeline import RestoreOptions, restore as run_restore, wait_exit_code
+
+    term: Terminal = ctx.obj
+    become_subreaper()
+    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify), report=term.reporter())
+    if pidfile:
+        tmp = pidfile.with_name(pidfile.name + ".tmp")
+        tmp.write_text(f"{result.pid}\n")
+        os.replace(tmp, pidfile)
+    phases = [p.__dict__ for p in result.phases]
+    if detach:
+        if term.json_mode:
+            term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases})
+        else:
+            term.success(f"restored process {result.pid} from {directory}")
+        return
+    term.info(f"restored process {result.pid}; waiting for it to exit")
+    code = wait_exit_code(result.pid)
+    if term.json_mode:
+        term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code})
+    ctx.exit(code)

@@ -1,0 +1,249 @@
+"""Driving CRIU: find a usable binary, then speak its protobuf RPC (`criu swrk`)
+with pycriu's message definitions. Never parses CRIU's text output.
+
+We spawn `criu swrk` ourselves instead of using pycriu's helper so that every
+request has a deadline, CRIU can be killed on Ctrl-C, and its exit is reaped.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import CriuFailed, EnvironmentProblem, Interrupted
+
+MIN_VERSION = (4, 1)
+INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
+SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _rpc() -> Any:
+    try:
+        from pycriu import rpc_pb2
+    except ImportError as e:
+        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
+    return rpc_pb2
+
+
+@dataclass
+class CriuBinary:
+    path: str
+    version: tuple[int, ...]
+
+    @property
+    def version_str(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def binary_version(path: str) -> tuple[int, ...]:
+    """Ask a CRIU binary for its version over RPC."""
+    rpc = _rpc()
+    req = rpc.criu_req(type=rpc.VERSION)
+    resp = Swrk(path).request(req, timeout=20)
+    v = resp.version
+    parts = [v.major_number, v.minor_number]
+    if v.HasField("sublevel"):
+        parts.append(v.sublevel)
+    return tuple(parts)
+
+
+def find_criu(explicit: Optional[str] = None) -> CriuBinary:
+    """The CRIU to use: NPUSNAP_CRIU / explicit path, else the first >= 4.1 on PATH.
+
+    Older binaries (Debian 12 ships 3.17, which fails on recent kernels) are
+    skipped, so they are never picked up by mistake.
+    """
+    explicit = explicit or os.environ.get("NPUSNAP_CRIU")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise EnvironmentProblem(f"CRIU binary {explicit} is not executable", INSTALL_HINT)
+        found = CriuBinary(explicit, binary_version(explicit))
+        if found.version < MIN_VERSION:
+            raise EnvironmentProblem(f"CRIU {found.version_str} at {explicit} is too old (need >= 4.1)", INSTALL_HINT)
+        return found
+    seen: list[str] = []
+    dirs = os.environ.get("PATH", "").split(os.pathsep) + list(SEARCH_DIRS)
+    for d in dict.fromkeys(dirs):
+        path = os.path.join(d, "criu")
+        if not os.access(path, os.X_OK) or os.path.realpath(path) in seen:
+            continue
+        seen.append(os.path.realpath(path))
+        try:
+            version = binary_version(path)
+        except CriuFailed:
+            continue
+        if version >= MIN_VERSION:
+            return CriuBinary(path, version)
+        seen[-1] += f" ({'.'.join(map(str, version))}, too old)"
+    where = "; found " + ", ".join(seen) if seen else ""
+    raise EnvironmentProblem(f"no CRIU >= 4.1 found{where}", INSTALL_HINT)
+
+
+class Swrk:
+    """One `criu swrk` process and its RPC socket."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+
+    def request(self, req: Any, timeout: Optional[float] = None, pass_fds: tuple[int, ...] = ()) -> Any:
+        rpc = _rpc()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [self.binary, "swrk", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(), *pass_fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C at the terminal reaches us, not CRIU mid-dump
+            )
+        except OSError as e:
+            ours.close()
+            theirs.close()
+            raise CriuFailed(f"cannot run {self.binary}: {e}", INSTALL_HINT) from e
+        theirs.close()
+        try:
+            ours.send(req.SerializeToString())
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ours.settimeout(None if remaining is None else min(remaining, 0.5))
+                try:
+                    size = len(ours.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
+                    buf = ours.recv(max(size, 1))
+                    break
+                except socket.timeout:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise CriuFailed(f"CRIU did not answer within {timeout:.0f} s; it was stopped") from None
+                    if proc.poll() is not None:
+                        break
+            if not buf:
+                raise CriuFailed(f"CRIU exited without answering (status {proc.poll()})")
+            resp = rpc.criu_resp()
+            resp.ParseFromString(buf)
+            return resp
+        except KeyboardInterrupt:
+            raise Interrupted() from None
+        finally:
+            ours.close()
+            _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _errmsg(resp: Any, what: str, log_hint: str) -> CriuFailed:
+    err = resp.cr_errno if resp.HasField("cr_errno") else 0
+    msg = resp.cr_errmsg if resp.HasField("cr_errmsg") and resp.cr_errmsg else ""
+    detail = msg or (os.strerror(err) if err else "failed")
+    if err == errno_mod.EEXIST and what == "restore":
+        return CriuFailed(f"CRIU restore failed: a process already uses a pid from the image ({detail})",
+                          "stop that process, or restore on another machine")
+    return CriuFailed(f"CRIU {what} failed: {detail}", log_hint)
+
+
+@dataclass
+class DumpOptions:
+    pid: int
+    images_dir: Path
+    log_dir: Path
+    leave_running: bool = False
+    leave_stopped: bool = False
+    shell_job: bool = False
+    tcp_established: bool = False
+    timeout: Optional[float] = None
+    log_level: int = 4
+
+
+class Criu:
+    def __init__(self, binary: CriuBinary) -> None:
+        self.binary = binary
+
+    def check(self) -> tuple[bool, str]:
+        rpc = _rpc()
+        resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.CHECK), timeout=60)
+        if resp.success:
+            return True, "Looks good."
+        return False, (resp.cr_errmsg if resp.HasField("cr_errmsg") else "") or "criu check failed"
+
+    def features(self) -> dict[str, bool]:
+        """Optional kernel features as CRIU probes them (FEATURE_CHECK)."""
+        rpc = _rpc()
+        feats = rpc.criu_features(mem_track=True, lazy_pages=True, pidfd_store=True)
+        resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.FEATURE_CHECK, features=feats), timeout=60)
+        f = resp.features
+        return {name: bool(getattr(f, name)) for name in ("mem_track", "lazy_pages", "pidfd_store") if f.HasField(name)}
+
+    def dump(self, o: DumpOptions) -> None:
+        rpc = _rpc()
+        opts = rpc.criu_opts(images_dir_fd=-1)
+        opts.images_dir = str(o.images_dir)
+        opts.pid = o.pid
+        opts.leave_running = o.leave_running
+        opts.leave_stopped = o.leave_stopped
+        opts.shell_job = o.shell_job
+        opts.tcp_established = o.tcp_established
+        opts.log_level = o.log_level
+        opts.log_file = "dump.log"
+        opts.file_locks = True
+        if o.timeout:
+            opts.timeout = int(o.timeout)
+        log_fd = os.open(o.log_dir, os.O_DIRECTORY | os.O_RDONLY)
+        try:
+            opts.work_dir_fd = log_fd
+            resp = Swrk(self.binary.path).request(
+                rpc.criu_req(type=rpc.DUMP, opts=opts),
+                timeout=None if not o.timeout else o.timeout + 30,
+                pass_fds=(log_fd,),
+            )
+        finally:
+            os.close(log_fd)
+        if not resp.success:
+            raise _errmsg(resp, "dump", f"see {o.log_dir / 'dump.log'}")
+
+    def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
+                tcp_established: bool = False, log_level: int = 4) -> int:
+        """Restore the tree; returns the root pid. The restored root becomes our
+        child once `criu swrk` exits, because main() made us a child subreaper."""
+        rpc = _rpc()
+        opts = rpc.criu_opts(images_dir_fd=-1)
+        opts.images_dir = str(images_dir)
+        opts.shell_job = shell_job
+        opts.tcp_established = tcp_established
+        opts.log_level = log_level
+        opts.log_file = "restore.log"
+        opts.file_locks = True
+        log_fd = os.open(log_dir, os.O_DIRECTORY | os.O_RDONLY)
+        try:
+            opts.work_dir_fd = log_fd
+            resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts), pass_fds=(log_fd,))
+        finally:
+            os.close(log_fd)
+        if not resp.success:
+            raise _errmsg(resp, "restore", f"see {log_dir / 'restore.log'}")
+        return int(resp.restore.pid)
+
+
+def become_subreaper() -> None:
+    """Adopt orphans (the restored process, once `criu swrk` exits) so we can wait for it."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")

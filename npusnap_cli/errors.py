@@ -1,0 +1,96 @@
+"""One error tree; each kind carries its exit code and a hint that says how to fix it.
+
+Exit codes (documented in the README for scheduler scripts):
+  0 success   1 the restored workload's own non-zero exit (foreground restore)
+  2 usage     3 internal error          4 no such process   5 permission denied
+  6 environment cannot checkpoint (CRIU, kernel, privileges)
+  7 CRIU failed                         8 checkpoint image invalid or corrupt
+  9 device / agent failure             10 lock timeout
+ 11 wrong phase order / state          12 storage problem (space, read-only, exists)
+130 interrupted (Ctrl-C; everything was rolled back)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class NpusnapError(Exception):
+    """Base of every error npusnap reports to the user."""
+
+    exit_code = 3
+    default_hint: Optional[str] = None
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def one_line(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class TargetNotFound(NpusnapError):
+    exit_code = 4
+    default_hint = "check the pid with `ps -p PID`"
+
+
+class PermissionProblem(NpusnapError):
+    exit_code = 5
+    default_hint = "run as root or as the process's owner (CAP_SYS_PTRACE and CAP_CHECKPOINT_RESTORE)"
+
+
+class EnvironmentProblem(NpusnapError):
+    exit_code = 6
+    default_hint = "run `npusnap check` to see what is missing"
+
+
+class CriuFailed(NpusnapError):
+    exit_code = 7
+
+
+class ImageInvalid(NpusnapError):
+    exit_code = 8
+
+
+class DeviceFailed(NpusnapError):
+    exit_code = 9
+
+
+class LockTimeout(DeviceFailed):
+    exit_code = 10
+    default_hint = "device work did not finish in time; retry with a longer --lock-timeout"
+
+
+class WrongState(NpusnapError):
+    exit_code = 11
+    default_hint = "run `npusnap status PID` to see which phase the process is in"
+
+
+class StorageProblem(NpusnapError):
+    exit_code = 12
+
+
+class Interrupted(NpusnapError):
+    exit_code = 130
+
+    def __init__(self, message: str = "interrupted; everything done so far was rolled back") -> None:
+        super().__init__(message)
+
+
+EXIT_CODES = {
+    0: "success",
+    1: "the restored workload exited non-zero (foreground restore passes its exit code through)",
+    2: "usage error (bad option or argument)",
+    3: "internal error (a bug: rerun with -v and report it)",
+    TargetNotFound.exit_code: "no such process",
+    PermissionProblem.exit_code: "permission denied",
+    EnvironmentProblem.exit_code: "this machine cannot checkpoint (CRIU, kernel, privileges)",
+    CriuFailed.exit_code: "CRIU failed (see DIR/logs/)",
+    ImageInvalid.exit_code: "checkpoint directory invalid or corrupt",
+    DeviceFailed.exit_code: "device runtime or agent failure",
+    LockTimeout.exit_code: "device lock timed out",
+    WrongState.exit_code: "wrong phase order or process state",
+    StorageProblem.exit_code: "storage problem (no space, read-only, already exists)",
+    Interrupted.exit_code: "interrupted; rolled back",
+}

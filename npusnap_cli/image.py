@@ -1,0 +1,293 @@
+"""The checkpoint directory: layout, typed manifest, checksums, atomic commit.
+
+    DIR/manifest.yaml   written last; lists every image file with size and checksum
+    DIR/criu/           CRIU images
+    DIR/device/         device images written by a backend itself
+    DIR/logs/           CRIU and agent logs (not checksummed: restore appends to them)
+
+A checkpoint is built under a temporary sibling name and renamed into place
+only when complete, so a partial checkpoint never looks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from .errors import ImageInvalid, StorageProblem
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.yaml"
+CRIU_DIR = "criu"
+DEVICE_DIR = "device"
+LOG_DIR = "logs"
+CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
+CHECKSUM_ALGO = "xxh3_128"
+CHUNK = 8 << 20
+
+
+@dataclass
+class FileEntry:
+    path: str
+    size: int
+    checksum: str
+
+
+@dataclass
+class ProcessEntry:
+    pid: int
+    ppid: int
+    comm: str
+    threads: int
+
+
+@dataclass
+class PhaseTiming:
+    name: str
+    seconds: float
+    bytes: int = 0
+
+
+@dataclass
+class DeviceState:
+    backend: str = "none"            # none | sim | ascend | cuda
+    devices: list[int] = field(default_factory=list)
+    allocations: int = 0
+    bytes: int = 0
+    method: str = "none"             # in-process: device memory staged in the process and dumped by CRIU
+    runtime: Optional[str] = None
+
+
+@dataclass
+class Manifest:
+    pid: int
+    created: str
+    host: str
+    kernel: str
+    npusnap_version: str
+    criu_version: str
+    command: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    processes: list[ProcessEntry] = field(default_factory=list)
+    device: DeviceState = field(default_factory=DeviceState)
+    phases: list[PhaseTiming] = field(default_factory=list)
+    files: list[FileEntry] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ImageInvalid("manifest.yaml is not a mapping")
+        try:
+            version = int(d.get("format_version", -1))
+            if version > FORMAT_VERSION:
+                raise ImageInvalid(
+                    f"manifest format version {version} is newer than this npusnap understands ({FORMAT_VERSION})",
+                    "upgrade npusnap to restore this checkpoint",
+                )
+            if version != FORMAT_VERSION:
+                raise ImageInvalid(f"unsupported manifest format version {version}")
+            fields = {f.name for f in dataclasses.fields(cls)}
+            kw = {k: v for k, v in d.items() if k in fields}
+            kw["processes"] = [ProcessEntry(**p) for p in d.get("processes", [])]
+            kw["device"] = DeviceState(**d.get("device", {}))
+            kw["phases"] = [PhaseTiming(**p) for p in d.get("phases", [])]
+            kw["files"] = [FileEntry(**f) for f in d.get("files", [])]
+            return cls(**kw)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e
+
+
+def new_hasher() -> Any:
+    import xxhash
+
+    return xxhash.xxh3_128()
+
+
+def checksum_file(path: Path) -> tuple[int, str]:
+    """Size and checksum of a regular file, never following a symlink."""
+    h = new_hasher()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ImageInvalid(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+                size += n
+    finally:
+        os.close(fd)
+    return size, h.hexdigest()
+
+
+def image_files(root: Path) -> Iterator[Path]:
+    """Every file under the checksummed subdirectories, relative to root, sorted."""
+    for sub in CHECKSUMMED_DIRS:
+        base = root / sub
+        if not base.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            for name in sorted(filenames):
+                yield (Path(dirpath) / name).relative_to(root)
+
+
+def safe_member(root: Path, rel: str) -> Path:
+    """Resolve a manifest path inside root; refuse anything that could escape it."""
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] not in CHECKSUMMED_DIRS:
+        raise ImageInvalid(f"manifest names a path outside the checkpoint: {rel!r}")
+    cur = root
+    for part in p.parts:
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            raise ImageInvalid(f"{rel} is missing") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ImageInvalid(f"{rel} goes through a symlink; refusing to follow it")
+    return cur
+
+
+def load_manifest(root: Path) -> Manifest:
+    import yaml
+
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise ImageInvalid(f"{root} is not a checkpoint directory (no such directory)")
+    if path.is_symlink() or not path.is_file():
+        raise ImageInvalid(f"{root} is not a checkpoint directory (no {MANIFEST})",
+                           "a checkpoint whose manifest is missing is incomplete and cannot be restored")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ImageInvalid(f"{path} is not valid YAML: {e}".splitlines()[0]) from e
+    return Manifest.from_dict(data)
+
+
+def verify(root: Path, manifest: Optional[Manifest] = None) -> Manifest:
+    """Check every listed file's size and checksum, and that nothing unlisted was added."""
+    m = manifest or load_manifest(root)
+    listed = set()
+    for entry in m.files:
+        path = safe_member(root, entry.path)
+        listed.add(entry.path)
+        size, digest = checksum_file(path)
+        if size != entry.size:
+            raise ImageInvalid(f"{entry.path}: size {size} differs from the manifest's {entry.size} (truncated or altered)")
+        if digest != entry.checksum:
+            raise ImageInvalid(f"{entry.path}: checksum mismatch (the file was altered or corrupted)")
+    for rel in image_files(root):
+        if str(rel) not in listed:
+            raise ImageInvalid(f"{rel} is not listed in the manifest (added after the checkpoint)")
+    return m
+
+
+def dump_yaml(data: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+class Staging:
+    """A checkpoint under construction: a 0700 sibling directory renamed into place on commit."""
+
+    def __init__(self, final: Path, replace: bool = False) -> None:
+        self.final = final.absolute()
+        self.replace = replace
+        if self.final.exists() and not replace:
+            if (self.final / MANIFEST).exists():
+                raise StorageProblem(f"{self.final} already holds a checkpoint",
+                                     "choose another directory, or pass --replace to replace it")
+            if self.final.is_dir() and any(self.final.iterdir()):
+                raise StorageProblem(f"{self.final} exists and is not empty", "choose another directory")
+        parent = self.final.parent
+        if not parent.is_dir():
+            raise StorageProblem(f"{parent} does not exist", "create the parent directory first")
+        self.path = parent / f".{self.final.name}.partial-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(self.path, 0o700)
+            for sub in (CRIU_DIR, DEVICE_DIR, LOG_DIR):
+                os.mkdir(self.path / sub, 0o700)
+        except OSError as e:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
+        self.committed = False
+
+    @property
+    def criu_dir(self) -> Path:
+        return self.path / CRIU_DIR
+
+    @property
+    def device_dir(self) -> Path:
+        return self.path / DEVICE_DIR
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path / LOG_DIR
+
+    def seal(self) -> list[FileEntry]:
+        """Make images 0600, fsync them, and return their manifest entries."""
+        entries = []
+        for rel in image_files(self.path):
+            p = self.path / rel
+            os.chmod(p, 0o600)
+            size, digest = checksum_file(p)
+            _fsync_path(p)
+            entries.append(FileEntry(str(rel), size, digest))
+        for sub in CHECKSUMMED_DIRS:
+            _fsync_path(self.path / sub)
+        return entries
+
+    def commit(self, manifest: Manifest) -> Path:
+        """Write the manifest last, fsync, and rename into place."""
+        try:
+            tmp = self.path / (MANIFEST + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(dump_yaml(manifest.to_dict()))
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, self.path / MANIFEST)
+            for p in self.log_dir.iterdir():
+                os.chmod(p, 0o600)
+            _fsync_path(self.path)
+            if self.final.exists():
+                old = self.final.parent / f".{self.final.name}.old-{secrets.token_hex(4)}"
+                os.rename(self.final, old)
+                os.rename(self.path, self.final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(self.path, self.final)
+            _fsync_path(self.final.parent)
+        except OSError as e:
+            raise StorageProblem(f"cannot write the checkpoint: {e.strerror}") from e
+        self.committed = True
+        return self.final
+
+    def discard(self) -> None:
+        if not self.committed:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

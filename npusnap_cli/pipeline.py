@@ -1,0 +1,263 @@
+"""The checkpoint and restore pipelines, as a library (the CLI and, later, a
+multi-node coordinator call these per node).
+
+checkpoint:  LOCK -> DEVICE BACKUP -> CRIU DUMP (tree left stopped) -> seal + commit
+             -> kill (default) | resume + DEVICE RESTORE + UNLOCK (--leave-running)
+restore:     verify -> CRIU RESTORE -> DEVICE RESTORE -> UNLOCK
+
+Every phase registers its undo before the next one starts; any failure,
+timeout or Ctrl-C runs the undos in reverse, so the workload ends running and
+unlocked. The process is killed only after the checkpoint is committed: a
+checkpoint that failed never costs the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from . import __version__, backends
+from .criu import Criu, DumpOptions, find_criu
+from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
+from .image import CRIU_DIR, LOG_DIR, Manifest, PhaseTiming, Staging, load_manifest, verify
+from .target import open_target
+
+Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
+
+
+def _quiet(event: str, message: str) -> None:
+    pass
+
+
+@dataclass
+class CheckpointOptions:
+    directory: Path
+    leave_running: bool = False
+    shell_job: bool = False
+    tcp_established: bool = False
+    device: str = "auto"
+    lock_timeout: float = 60.0
+    criu_timeout: Optional[float] = None
+    replace: bool = False
+    criu_path: Optional[str] = None
+
+
+@dataclass
+class RestoreOptions:
+    directory: Path
+    criu_path: Optional[str] = None
+    verify: bool = True
+
+
+@dataclass
+class RestoreResult:
+    pid: int
+    manifest: Manifest
+    phases: list[PhaseTiming] = field(default_factory=list)
+
+
+class Phases:
+    """Times each phase and tells the reporter when one starts."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.timings: list[PhaseTiming] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, nbytes: int = 0) -> Iterator[PhaseTiming]:
+        self.report("phase", name)
+        t = PhaseTiming(name, 0.0, nbytes)
+        start = time.monotonic()
+        yield t
+        t.seconds = round(time.monotonic() - start, 6)
+        self.timings.append(t)
+
+
+class Signals:
+    """Turns SIGINT/SIGTERM into Interrupted, except inside critical sections
+    (a CRIU dump in flight), where the signal is held until the section ends.
+    Once rollback starts, further signals are ignored so the undos complete."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.depth = 0
+        self.rolling_back = False
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.rolling_back:
+            return
+        if self.depth:
+            self.pending = True
+            return
+        raise Interrupted()
+
+    def __enter__(self) -> "Signals":
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._old[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.pending and not self.depth:
+            raise Interrupted()
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet) -> Manifest:
+    """Checkpoint pid into opts.directory. Raises NpusnapError after rolling back."""
+    target = open_target(pid)
+    criu = Criu(find_criu(opts.criu_path))
+    backend = backends.select(pid, opts.device, target.maps())
+    state = backend.state()
+    if state != "RUNNING":
+        raise WrongState(f"process {pid} is {state}, not RUNNING",
+                         f"finish or undo the manual phases first (`npusnap recover {pid}` or `npusnap unlock {pid}`)")
+    staging = Staging(opts.directory, opts.replace)
+    phase = Phases(report)
+    tree_pids: list[int] = []
+
+    def undo(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except Exception as e:  # keep undoing: one failed undo must not strand the rest
+                report("warn", f"rollback: {what} failed: {e}")
+        return run
+
+    with Signals() as signals, contextlib.ExitStack() as undos:
+        undos.callback(staging.discard)
+        try:
+            with phase("lock"):
+                backend.lock(opts.lock_timeout)
+            undos.callback(undo("unlock", backend.unlock))
+            with phase("backup") as t:
+                backend.backup()
+                device = backend.describe()
+                t.bytes = device.bytes
+            undos.callback(undo("device restore", backend.restore))
+            tree = target.tree()
+            tree_pids = [p.pid for p in tree]
+            with phase("dump"), signals.critical():
+                undos.callback(undo("resume", lambda: _resume(tree_pids)))
+                criu.dump(DumpOptions(
+                    pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,
+                    leave_stopped=True, shell_job=opts.shell_job,
+                    tcp_established=opts.tcp_established, timeout=opts.criu_timeout,
+                ))
+            with phase("seal") as t:
+                files = staging.seal()
+                t.bytes = sum(f.size for f in files)
+            manifest = Manifest(
+                pid=pid,
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                host=socket.gethostname(),
+                kernel=platform.release(),
+                npusnap_version=__version__,
+                criu_version=criu.binary.version_str,
+                command=target.command,
+                options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
+                         "leave_running": opts.leave_running},
+                processes=tree,
+                device=device,
+                phases=phase.timings,
+                files=files,
+            )
+            with signals.critical():
+                staging.commit(manifest)
+        except BaseException:
+            signals.rolling_back = True
+            raise
+        undos.pop_all()
+
+    # Committed: from here on a failure costs nothing but this process's own state.
+    if not opts.leave_running:
+        _kill(tree_pids)
+        return manifest
+    _resume(tree_pids)
+    backend.restore()
+    backend.unlock()
+    return manifest
+
+
+def _pids_in_use(manifest: Manifest) -> list[int]:
+    return [p.pid for p in manifest.processes if os.path.exists(f"/proc/{p.pid}")]
+
+
+def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
+    """Restore the checkpoint in opts.directory; the restored root becomes our child."""
+    root = opts.directory.absolute()
+    phase = Phases(report)
+    with phase("verify"):
+        manifest = verify(root) if opts.verify else load_manifest(root)
+    taken = _pids_in_use(manifest)
+    if taken:
+        raise CriuFailed(f"pid {taken[0]} from the checkpoint is in use by a running process",
+                         "stop it first (a checkpoint restores its processes with their original pids)")
+    criu = Criu(find_criu(opts.criu_path))
+    log_dir = root / LOG_DIR
+    if not os.access(log_dir, os.W_OK):
+        log_dir = Path(tempfile.mkdtemp(prefix="npusnap-restore-logs-"))
+        report("info", f"checkpoint directory is read-only; CRIU logs go to {log_dir}")
+    with Signals() as signals:
+        with phase("criu-restore"), signals.critical():
+            pid = criu.restore(root / CRIU_DIR, log_dir,
+                               shell_job=bool(manifest.options.get("shell_job")),
+                               tcp_established=bool(manifest.options.get("tcp_established")))
+        if manifest.device.backend != "none":
+            backend = backends.AgentBackend(pid, manifest.device.backend)
+            try:
+                with phase("device-restore") as t:
+                    backend.restore()
+                    t.bytes = manifest.device.bytes
+                with phase("unlock"):
+                    backend.unlock()
+            except BaseException:
+                # The image stays valid on disk; a half-restored process must not run on.
+                signals.rolling_back = True
+                _kill([p.pid for p in manifest.processes])
+                raise
+    return RestoreResult(pid, manifest, phase.timings)
+
+
+def wait_exit_code(pid: int) -> int:
+    """Wait for a restored process (our child through the subreaper) and return its exit code."""
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            raise NpusnapError(f"restored process {pid} is not our child; cannot wait for it",
+                               "use --detach and watch the process another way") from None
+        except InterruptedError:
+            continue
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
