@@ -20,6 +20,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "restore": ("restore:restore", "Restore a process from a checkpoint directory."),
     "inspect": ("inspect:inspect", "Show what a checkpoint directory holds."),
     "verify": ("verify:verify", "Recompute every checksum of a checkpoint directory."),
+    "run": ("run:run", "Run a command with the agent preloaded (exec: same pid)."),
+    "attach": ("attach:attach", "Inject the agent into a running process."),
+    "status": ("phases:status", "Show a process's phase and device state."),
+    "lock": ("phases:lock", "Phase LOCK: quiesce and block device work."),
+    "backup": ("phases:backup", "Phase BACKUP: device state to host memory."),
+    "dump": ("phases:dump", "Phase DUMP: CRIU-dump a backed-up process."),
+    "device-restore": ("phases:device_restore", "Phase DEVICE RESTORE: host memory back to the device."),
+    "unlock": ("phases:unlock", "Phase UNLOCK: let device work run again."),
+    "recover": ("phases:recover", "Bring a process back to running from any phase."),
+    "device": ("device:device", "Manage the npusim software device daemon."),
+    "demo": ("demo:demo", "Checkpoint and restore a training loop on npusim, end to end."),
 }
 
 

@@ -64,7 +64,10 @@ def find_criu(explicit: Optional[str] = None) -> CriuBinary:
     if explicit:
         if not os.access(explicit, os.X_OK):
             raise EnvironmentProblem(f"CRIU binary {explicit} is not executable", INSTALL_HINT)
-        found = CriuBinary(explicit, binary_version(explicit))
+        try:
+            found = CriuBinary(explicit, binary_version(explicit))
+        except CriuFailed as e:
+            raise EnvironmentProblem(f"{explicit} is not a working CRIU: {e.message}", INSTALL_HINT) from e
         if found.version < MIN_VERSION:
             raise EnvironmentProblem(f"CRIU {found.version_str} at {explicit} is too old (need >= 4.1)", INSTALL_HINT)
         return found
@@ -110,7 +113,10 @@ class Swrk:
             raise CriuFailed(f"cannot run {self.binary}: {e}", INSTALL_HINT) from e
         theirs.close()
         try:
-            ours.send(req.SerializeToString())
+            try:
+                ours.send(req.SerializeToString())
+            except OSError:
+                pass  # it died at once; reported below as "exited without answering"
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -118,6 +124,9 @@ class Swrk:
                 try:
                     size = len(ours.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
                     buf = ours.recv(max(size, 1))
+                    break
+                except (ConnectionError, BrokenPipeError):
+                    buf = b""
                     break
                 except socket.timeout:
                     if deadline is not None and time.monotonic() >= deadline:

@@ -7,6 +7,7 @@ Exit codes (documented in the README for scheduler scripts):
   7 CRIU failed                         8 checkpoint image invalid or corrupt
   9 device / agent failure             10 lock timeout
  11 wrong phase order / state          12 storage problem (space, read-only, exists)
+ 13 the target cannot be checkpointed (pid 1, a kernel thread)
 130 interrupted (Ctrl-C; everything was rolled back)
 """
 
@@ -71,6 +72,10 @@ class StorageProblem(NpusnapError):
     exit_code = 12
 
 
+class UnsupportedTarget(NpusnapError):
+    exit_code = 13
+
+
 class Interrupted(NpusnapError):
     exit_code = 130
 
@@ -92,5 +97,6 @@ EXIT_CODES = {
     LockTimeout.exit_code: "device lock timed out",
     WrongState.exit_code: "wrong phase order or process state",
     StorageProblem.exit_code: "storage problem (no space, read-only, already exists)",
+    UnsupportedTarget.exit_code: "the target cannot be checkpointed (pid 1, a kernel thread)",
     Interrupted.exit_code: "interrupted; rolled back",
 }

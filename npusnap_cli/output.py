@@ -68,7 +68,8 @@ class Terminal:
             if event == "warn":
                 self.warn(message)
             elif event == "phase":
-                self.info(f"→ {message}")
+                if sys.stderr.isatty():  # progress is for people watching; scripts get results
+                    self.info(f"→ {message}")
             else:
                 self.info(message)
 

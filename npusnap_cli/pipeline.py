@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import __version__, backends
 from .criu import Criu, DumpOptions, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
-from .image import CRIU_DIR, LOG_DIR, Manifest, PhaseTiming, Staging, load_manifest, verify
+from .image import CRIU_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest, verify
 from .target import open_target
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
@@ -56,6 +56,7 @@ class RestoreOptions:
     directory: Path
     criu_path: Optional[str] = None
     verify: bool = True
+    criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
 
 
 @dataclass
@@ -133,15 +134,27 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet) -> Manifest:
-    """Checkpoint pid into opts.directory. Raises NpusnapError after rolling back."""
+def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
+               device_phases: bool = True) -> Manifest:
+    """Checkpoint pid into opts.directory. Raises NpusnapError after rolling back.
+
+    With device_phases=False this is the runbook's DUMP phase alone: the device
+    must already be backed up (`npusnap lock` + `npusnap backup`), and with
+    leave_running the process resumes still backed up, for the runbook to restore.
+    """
     target = open_target(pid)
     criu = Criu(find_criu(opts.criu_path))
     backend = backends.select(pid, opts.device, target.maps())
     state = backend.state()
-    if state != "RUNNING":
+    expected = "RUNNING" if device_phases or backend.name == "none" else "BACKED_UP"
+    if state != expected:
+        if expected == "BACKED_UP":
+            raise WrongState(f"process {pid} is {state}: its device state is not backed up yet",
+                             f"run `npusnap lock {pid}` and `npusnap backup {pid}` first")
         raise WrongState(f"process {pid} is {state}, not RUNNING",
-                         f"finish or undo the manual phases first (`npusnap recover {pid}` or `npusnap unlock {pid}`)")
+                         f"finish or undo the manual phases first (`npusnap recover {pid}`)")
+    if not device_phases:
+        backend = _Already(backend)
     staging = Staging(opts.directory, opts.replace)
     phase = Phases(report)
     tree_pids: list[int] = []
@@ -209,6 +222,18 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet) -> Ma
     return manifest
 
 
+class _Already(backends.NoDevice):
+    """A backend whose lock and backup were done by earlier runbook phases: its
+    phases here are no-ops, but it still describes the device state."""
+
+    def __init__(self, inner: backends.NoDevice) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def describe(self) -> DeviceState:
+        return self.inner.describe()
+
+
 def _pids_in_use(manifest: Manifest) -> list[int]:
     return [p.pid for p in manifest.processes if os.path.exists(f"/proc/{p.pid}")]
 
@@ -233,7 +258,7 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
             pid = criu.restore(root / CRIU_DIR, log_dir,
                                shell_job=bool(manifest.options.get("shell_job")),
                                tcp_established=bool(manifest.options.get("tcp_established")))
-        if manifest.device.backend != "none":
+        if manifest.device.backend != "none" and not opts.criu_only:
             backend = backends.AgentBackend(pid, manifest.device.backend)
             try:
                 with phase("device-restore") as t:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NpusnapError, PermissionProblem, TargetNotFound
+from .errors import PermissionProblem, TargetNotFound, UnsupportedTarget
 from .image import ProcessEntry
 
 
@@ -52,7 +52,7 @@ def open_target(pid: int) -> Target:
     except PermissionError:
         raise PermissionProblem(f"process {pid} belongs to another user") from None
     if pid == 1:
-        raise NpusnapError("refusing to checkpoint pid 1 (init): killing it would take the system down",
+        raise UnsupportedTarget("refusing to checkpoint pid 1 (init): killing it would take the system down",
                            "checkpoint the workload's own process instead")
     try:
         fields = _stat_fields(pid)
@@ -66,7 +66,7 @@ def open_target(pid: int) -> Target:
     flags = int(fields[7])
     PF_KTHREAD = 0x00200000
     if flags & PF_KTHREAD:
-        raise NpusnapError(f"pid {pid} ({fields[0]}) is a kernel thread; only user processes can be checkpointed")
+        raise UnsupportedTarget(f"pid {pid} ({fields[0]}) is a kernel thread; only user processes can be checkpointed")
     if state in ("Z", "X"):
         raise TargetNotFound(f"process {pid} is a zombie (it has exited; its parent has not reaped it)")
     uid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))

@@ -15,11 +15,12 @@ from . import criu_option, json_option
 @click.option("-d", "--detach", is_flag=True, help="Return once the process runs instead of waiting for it.")
 @click.option("--pidfile", type=click.Path(path_type=Path), help="Write the restored pid here.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum pass (faster; trusts the files).")
+@click.option("--criu-only", is_flag=True, help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
 @criu_option
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_path: Optional[str]) -> None:
+            criu_only: bool, criu_path: Optional[str]) -> None:
     """Restore the process checkpointed in DIRECTORY.
 
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
@@ -30,7 +31,7 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
 
     term: Terminal = ctx.obj
     become_subreaper()
-    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify), report=term.reporter())
+    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only), report=term.reporter())
     if pidfile:
         tmp = pidfile.with_name(pidfile.name + ".tmp")
         tmp.write_text(f"{result.pid}\n")

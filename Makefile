@@ -1,0 +1,43 @@
+# The README's two commands: `make demo` and `make test`. Both set everything up first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+PYTHON ?= python3
+SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' 2>/dev/null) pyproject.toml CMakeLists.txt
+
+.PHONY: setup demo test bench bench-quick criu completions clean
+
+setup: $(VENV)/.installed $(VENV)/.criu
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# The package (with its native parts) is rebuilt whenever a source changes.
+$(VENV)/.installed: $(VENV)/bin/python $(SOURCES)
+	$(PIP) install -q scikit-build-core pybind11
+	$(PIP) install -q --no-build-isolation '.[test]'
+	touch $@
+
+# CRIU >= 4.1 on PATH and pycriu in the venv (builds CRIU once; seconds afterwards).
+$(VENV)/.criu: $(VENV)/bin/python scripts/install-criu.sh
+	bash scripts/install-criu.sh $(VENV)
+	touch $@
+
+criu: $(VENV)/bin/python
+	bash scripts/install-criu.sh $(VENV)
+
+demo: setup
+	$(VENV)/bin/npusnap demo
+
+test: setup
+	$(VENV)/bin/pytest
+
+bench: setup
+	$(PY) -m bench
+
+bench-quick: setup
+	$(PY) -m bench --quick
+
+clean:
+	rm -rf build $(VENV)

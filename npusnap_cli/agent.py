@@ -1,0 +1,297 @@
+"""Client of the agent that lives inside a target process (native/agent/).
+
+The agent listens on the abstract Unix socket ``@npusnap-agent-<pid>``. Each
+request is one connection: one line out, one JSON line back, closed by the
+agent. No connection is kept, so CRIU can dump the process between requests.
+
+The exceptions are local for now; they all derive from :class:`AgentProblem`
+and carry a ``hint`` saying how to fix the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .native import AGENT_LIB, INJECTOR, agent_socket_name
+
+# Codes in the reply besides the runtime's own aclError values.
+ACL_SUCCESS = 0
+LOCK_TIMEOUT = 507905  # the runtime's lock did not finish in the caller's time
+E_REQUEST = -1  # the agent did not understand the request
+E_NO_RUNTIME = -2  # no device runtime is loaded in the process
+E_STATE = -3  # wrong order for the current state (e.g. backup while RUNNING)
+E_BUSY = -4  # an abandoned lock is still inside the runtime
+E_DENIED = -5  # our uid may not control the process
+E_INTERNAL = -6  # resource failure inside the agent
+
+# npusnap-inject exit statuses (native/agent/inject.c).
+INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = 2, 3, 4
+INJECT_DLOPEN_FAILED, INJECT_FAILED, INJECT_DAMAGED = 5, 6, 7
+
+CONNECT_TIMEOUT_S = 2.0
+DEFAULT_TIMEOUT_S = 10.0  # ping, status, unlock
+TRANSFER_TIMEOUT_S = 3600.0  # backup and restore copy device memory: can be long
+LOCK_GRACE_S = 10.0  # added to the lock timeout for the reply to come back
+MAX_REPLY = 1 << 20
+
+_START_HINT = "start it with `npusnap run -- CMD` or inject with `npusnap attach PID`"
+
+
+class AgentProblem(Exception):
+    """Base of the agent client's errors."""
+
+    default_hint: Optional[str] = None
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+
+class AgentNotFound(AgentProblem):
+    """No agent listens for that pid (or the process does not exist)."""
+
+    default_hint = _START_HINT
+
+
+class AgentProtocolError(AgentProblem):
+    """The agent did not answer in time or answered something unreadable."""
+
+    default_hint = "run with NPUSNAP_AGENT_LOG=/tmp/agent.log in the target's environment to see what it did"
+
+
+class AgentError(AgentProblem):
+    """The agent answered ok=false."""
+
+    def __init__(self, reply: AgentReply, command: str) -> None:
+        self.reply = reply
+        self.code = reply.code
+        self.command = command
+        hint = _HINTS.get(reply.code)
+        super().__init__(f"agent refused `{command}`: {reply.error} (code {reply.code})", hint)
+
+
+class LockTimeoutError(AgentError):
+    """The runtime's lock did not complete in time; the agent undoes it if it succeeds later."""
+
+
+class InjectFailed(AgentProblem):
+    """npusnap-inject could not load the agent into the process."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, exit_status: int = 0) -> None:
+        super().__init__(message, hint)
+        self.exit_status = exit_status
+
+
+_HINTS = {
+    LOCK_TIMEOUT: "device work did not drain in time; retry with a longer lock timeout",
+    E_STATE: "run `npusnap status PID` to see which phase the process is in",
+    E_BUSY: "an earlier lock timed out and is still pending in the runtime; retry in a moment",
+    E_NO_RUNTIME: "the process has not loaded a device runtime (libascendcl) yet",
+    E_DENIED: "run as root or as the process's owner",
+}
+
+
+@dataclass(frozen=True)
+class AgentReply:
+    ok: bool
+    code: int
+    state: Optional[str]
+    error: Optional[str]
+    elapsed_ms: float
+    pid: int
+    runtime: Optional[str]
+    device: Optional[dict[str, Any]] = field(default=None)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AgentReply:
+        device = data.get("device")
+        return cls(
+            ok=bool(data["ok"]),
+            code=int(data["code"]),
+            state=data.get("state"),
+            error=data.get("error"),
+            elapsed_ms=float(data.get("elapsed_ms", 0.0)),
+            pid=int(data.get("pid", 0)),
+            runtime=data.get("runtime"),
+            device=device if isinstance(device, dict) else None,
+        )
+
+
+class AgentClient:
+    """Talks to the agent inside process ``pid``; every call is one connection."""
+
+    def __init__(self, pid: int, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.pid = pid
+        self.connect_timeout = connect_timeout
+
+    # -- commands -------------------------------------------------------------
+    def ping(self) -> AgentReply:
+        return self.request("ping")
+
+    def status(self) -> AgentReply:
+        return self.request("status")
+
+    def lock(self, timeout_s: float) -> AgentReply:
+        ms = max(0, int(timeout_s * 1000))
+        return self.request(f"lock {ms}", timeout=timeout_s + LOCK_GRACE_S)
+
+    def backup(self, timeout: float = TRANSFER_TIMEOUT_S) -> AgentReply:
+        return self.request("backup", timeout=timeout)
+
+    def restore(self, timeout: float = TRANSFER_TIMEOUT_S) -> AgentReply:
+        return self.request("restore", timeout=timeout)
+
+    def unlock(self, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
+        return self.request("unlock", timeout=timeout)
+
+    # -- transport ------------------------------------------------------------
+    def request(
+        self, command: str, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True
+    ) -> AgentReply:
+        """Sends one request line; returns the reply (raises AgentError on ok=false if check)."""
+        raw = self._exchange(command, timeout)
+        try:
+            reply = AgentReply.from_json(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as e:
+            raise AgentProtocolError(
+                f"unreadable reply from the agent of process {self.pid}: {raw[:200]!r}"
+            ) from e
+        if check and not reply.ok:
+            cls = LockTimeoutError if reply.code == LOCK_TIMEOUT else AgentError
+            raise cls(reply, command)
+        return reply
+
+    def _exchange(self, command: str, timeout: float) -> str:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.connect_timeout)
+            try:
+                sock.connect(agent_socket_name(self.pid))
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise AgentNotFound(self._not_found_message()) from e
+            except socket.timeout as e:
+                raise AgentProtocolError(
+                    f"the agent of process {self.pid} did not accept a connection within "
+                    f"{self.connect_timeout:g} s (busy with a long backup or restore?)"
+                ) from e
+            sock.settimeout(timeout)
+            chunks: list[bytes] = []
+            try:
+                sock.sendall(command.encode() + b"\n")
+                size = 0
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if chunk.endswith(b"\n") or size > MAX_REPLY:
+                        break
+            except socket.timeout as e:
+                raise AgentProtocolError(
+                    f"no reply to `{command}` from the agent of process {self.pid} "
+                    f"within {timeout:g} s"
+                ) from e
+            except OSError as e:
+                raise AgentProtocolError(
+                    f"lost the connection to the agent of process {self.pid}: {e}"
+                ) from e
+            raw = b"".join(chunks).decode(errors="replace").strip()
+            if not raw:
+                raise AgentProtocolError(
+                    f"the agent of process {self.pid} closed the connection without answering"
+                )
+            return raw
+        finally:
+            sock.close()
+
+    def _not_found_message(self) -> str:
+        if not Path(f"/proc/{self.pid}").exists():
+            return f"no such process {self.pid}"
+        return f"no npusnap agent is listening in process {self.pid}"
+
+
+def has_agent(pid: int, library_name: str = AGENT_LIB.name) -> bool:
+    """True when the agent library is mapped in the process or the agent answers."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            if any(line.rstrip().endswith("/" + library_name) for line in f):
+                return True
+    except OSError:
+        pass
+    try:
+        AgentClient(pid, connect_timeout=0.5).request("ping", timeout=2.0)
+    except AgentProblem:
+        return False
+    return True
+
+
+_INJECT_HINTS = {
+    INJECT_NO_PROCESS: "check the pid with `ps -p PID`",
+    INJECT_PERMISSION: "run as root (or with CAP_SYS_PTRACE), or as the process's owner with "
+    "kernel.yama.ptrace_scope=0",
+    INJECT_DLOPEN_FAILED: "the process could not load the agent library; is it readable there "
+    "(same filesystem view, not a container)?",
+    INJECT_DAMAGED: "the process may be in a bad state; check it and restart it if needed",
+}
+
+
+def inject(
+    pid: int,
+    library: Union[str, Path] = AGENT_LIB,
+    injector: Union[str, Path] = INJECTOR,
+    timeout: float = 20.0,
+    ready_timeout: float = 5.0,
+) -> AgentReply:
+    """Loads the agent into running process ``pid`` and waits until it answers ``ping``.
+
+    Does nothing but ping when the agent is already there.
+    """
+    if has_agent(pid):
+        return _wait_ready(pid, ready_timeout)
+    library = Path(library).resolve()
+    if not os.access(injector, os.X_OK):
+        raise InjectFailed(
+            f"the injector {injector} is missing or not executable",
+            "reinstall npusnap (pip install .) so the native parts are built",
+        )
+    try:
+        proc = subprocess.run(
+            [str(injector), "--timeout", f"{timeout:g}", str(pid), str(library)],
+            capture_output=True,
+            text=True,
+            timeout=timeout + 15,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise InjectFailed(f"the injector did not finish for process {pid}") from e
+    if proc.returncode != 0:
+        line = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        if line.startswith("npusnap-inject: "):
+            line = line[len("npusnap-inject: ") :]
+        raise InjectFailed(
+            f"could not inject the agent into process {pid}: {line}",
+            _INJECT_HINTS.get(proc.returncode),
+            proc.returncode,
+        )
+    return _wait_ready(pid, ready_timeout)
+
+
+def _wait_ready(pid: int, timeout: float) -> AgentReply:
+    deadline = time.monotonic() + timeout
+    client = AgentClient(pid, connect_timeout=0.5)
+    while True:
+        try:
+            return client.ping()
+        except AgentNotFound:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)

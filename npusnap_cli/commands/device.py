@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import shlex
+from typing import Optional
+
+import click
+
+from ..output import Terminal, human_bytes
+from . import json_option
+
+socket_option = click.option("--socket", "sock", metavar="PATH", envvar="NPUSIM_SOCKET",
+                             help="The daemon's socket (default $NPUSIM_SOCKET or /tmp/npusim/daemon.sock).")
+
+
+@click.group()
+def device() -> None:
+    """Manage npusim, the software NPU daemon (for machines without an accelerator)."""
+
+
+@device.command()
+@socket_option
+@click.option("--devices", type=click.IntRange(1, 64), default=2, show_default=True, help="Number of devices.")
+@click.option("--memory", default="4G", show_default=True, help="Memory per device (e.g. 4G, 512M).")
+@json_option
+@click.pass_obj
+def start(term: Terminal, sock: Optional[str], devices: int, memory: str) -> None:
+    """Start the daemon (does nothing if one already runs on the socket)."""
+    from .. import simdevice
+
+    try:
+        size = simdevice.parse_size(memory)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--memory") from None
+    path = simdevice.socket_path(sock)
+    pid, started = simdevice.start(path, devices, size)
+    if term.json_mode:
+        term.data("device-start", {"socket": path, "pid": pid, "started": started})
+    elif started:
+        term.success(f"npusim daemon {pid} on {path}: {devices} devices x {human_bytes(size)}")
+    else:
+        term.info(f"npusim daemon {pid} already running on {path}")
+
+
+@device.command()
+@socket_option
+@json_option
+@click.pass_obj
+def stop(term: Terminal, sock: Optional[str]) -> None:
+    """Stop the daemon."""
+    from .. import simdevice
+
+    path = simdevice.socket_path(sock)
+    pid = simdevice.stop(path)
+    if term.json_mode:
+        term.data("device-stop", {"socket": path, "pid": pid, "stopped": pid is not None})
+    else:
+        term.info(f"stopped npusim daemon {pid}" if pid else f"no npusim daemon on {path}")
+
+
+@device.command()
+@socket_option
+@json_option
+@click.pass_obj
+def status(term: Terminal, sock: Optional[str]) -> None:
+    """Show devices, memory used/free, and client processes."""
+    from .. import simdevice
+    from ..errors import DeviceFailed
+
+    path = simdevice.socket_path(sock)
+    st = simdevice.status(path)
+    if st is None:
+        raise DeviceFailed(f"no npusim daemon answers on {path}", "start one with `npusnap device start`")
+    if term.json_mode:
+        term.data("device-status", {"socket": path, **st})
+        return
+    from rich.table import Table
+
+    term.render(f"npusim daemon {st.get('pid')} on {path}")
+    table = Table("device", "total", "used", "free", box=None, header_style="bold")
+    for d in st.get("devices", []):
+        table.add_row(str(d.get("id")), human_bytes(d.get("total", 0)), human_bytes(d.get("used", 0)),
+                      human_bytes(d.get("free", 0)))
+    term.render(table)
+    clients = st.get("clients", [])
+    if clients:
+        ct = Table("client pid", "device memory", box=None, header_style="bold")
+        for c in clients:
+            ct.add_row(str(c.get("pid")), human_bytes(c.get("bytes", 0)))
+        term.render(ct)
+    else:
+        term.render("no client processes")
+
+
+@device.command()
+@socket_option
+def env(sock: Optional[str]) -> None:
+    """Print shell exports for the simulated CANN toolkit: eval "$(npusnap device env)"."""
+    from .. import simdevice
+
+    for key, value in simdevice.shell_env(simdevice.socket_path(sock)).items():
+        click.echo(f"export {key}={shlex.quote(value)}")

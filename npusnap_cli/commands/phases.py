@@ -1,0 +1,171 @@
+"""One command per phase, for runbooks: status, lock, backup, dump, device-restore,
+unlock, and recover (back to running from any intermediate state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from ..output import Terminal
+from . import criu_option, json_option, pid_argument
+
+
+def _agent(pid: str) -> Any:
+    from ..backends import AgentBackend, select
+    from ..errors import WrongState
+    from ..target import open_target, parse_pid
+
+    target = open_target(parse_pid(pid))
+    backend = select(target.pid, "auto", target.maps())
+    if not isinstance(backend, AgentBackend):
+        raise WrongState(f"process {target.pid} has no device state to lock or back up",
+                         f"checkpoint it directly: `npusnap checkpoint {target.pid} -D DIR`")
+    return backend
+
+
+def _done(term: Terminal, kind: str, backend: Any, message: str) -> None:
+    reply = backend._last
+    if term.json_mode:
+        term.data(kind, {"pid": backend.pid, "state": reply.state, "elapsed_ms": reply.elapsed_ms})
+    else:
+        term.success(f"{message} ({reply.elapsed_ms:.1f} ms); process {backend.pid} is now {reply.state}")
+
+
+@click.command()
+@pid_argument
+@json_option
+@click.pass_obj
+def status(term: Terminal, pid: str) -> None:
+    """Show which phase process PID is in, and its device state."""
+    from ..agent import AgentClient, AgentNotFound
+    from ..target import open_target, parse_pid
+
+    target = open_target(parse_pid(pid))
+    try:
+        reply = AgentClient(target.pid).status()
+        doc: dict[str, Any] = {"pid": target.pid, "agent": True, "state": reply.state,
+                               "runtime": reply.runtime, "device": reply.device}
+    except AgentNotFound:
+        doc = {"pid": target.pid, "agent": False, "state": "RUNNING", "runtime": None, "device": None}
+    stat = Path(f"/proc/{target.pid}/stat").read_text().rpartition(")")[2].split()[0]
+    doc["stopped"] = stat in ("T", "t")
+    if term.json_mode:
+        term.data("status", doc)
+        return
+    agent = "agent loaded" if doc["agent"] else "no agent (npusnap run / attach to add it)"
+    term.render(f"process {target.pid}: [bold]{doc['state']}[/bold]"
+                f"{' (stopped)' if doc['stopped'] else ''}; {agent}")
+    if doc["runtime"]:
+        term.render(f"  runtime: {doc['runtime']}")
+    if doc["device"]:
+        d = doc["device"]
+        term.render(f"  device: {d.get('allocations', 0)} allocations, {d.get('bytes', 0)} bytes"
+                    f" on devices {d.get('devices', [])}")
+
+
+@click.command()
+@pid_argument
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
+              help="How long device work may take to quiesce.")
+@json_option
+@click.pass_obj
+def lock(term: Terminal, pid: str, timeout: float) -> None:
+    """LOCK: finish queued device work and block new device calls in PID."""
+    backend = _agent(pid)
+    backend.lock(timeout)
+    _done(term, "lock", backend, "locked")
+
+
+@click.command()
+@pid_argument
+@json_option
+@click.pass_obj
+def backup(term: Terminal, pid: str) -> None:
+    """BACKUP: copy PID's device state into its host memory and release the device."""
+    backend = _agent(pid)
+    backend.backup()
+    _done(term, "backup", backend, "device state backed up")
+
+
+@click.command(name="device-restore")
+@pid_argument
+@json_option
+@click.pass_obj
+def device_restore(term: Terminal, pid: str) -> None:
+    """DEVICE RESTORE: put PID's backed-up device state back on the device."""
+    backend = _agent(pid)
+    backend.restore()
+    _done(term, "device-restore", backend, "device state restored")
+
+
+@click.command()
+@pid_argument
+@json_option
+@click.pass_obj
+def unlock(term: Terminal, pid: str) -> None:
+    """UNLOCK: let PID's device calls run again."""
+    backend = _agent(pid)
+    backend.unlock()
+    _done(term, "unlock", backend, "unlocked")
+
+
+@click.command()
+@pid_argument
+@click.option("-D", "--directory", "directory", required=True, type=click.Path(path_type=Path),
+              help="Where to write the checkpoint.")
+@click.option("--leave-running", is_flag=True, help="Resume the process (still backed up) after the dump.")
+@click.option("--shell-job", is_flag=True, help="The process shares a terminal with its shell.")
+@click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
+@click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
+@criu_option
+@json_option
+@click.pass_obj
+def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
+         tcp_established: bool, replace: bool, criu_path: Optional[str]) -> None:
+    """DUMP: write PID (device already backed up) to DIRECTORY with CRIU."""
+    from ..pipeline import CheckpointOptions, checkpoint
+    from ..target import parse_pid
+
+    opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
+                             tcp_established=tcp_established, replace=replace, criu_path=criu_path)
+    m = checkpoint(parse_pid(pid), opts, report=term.reporter(), device_phases=False)
+    if term.json_mode:
+        term.data("dump", {"directory": str(directory.absolute()), "pid": m.pid,
+                           "bytes": sum(f.size for f in m.files), "left_running": leave_running})
+    else:
+        term.success(f"dumped {m.pid} into {directory}")
+
+
+@click.command()
+@pid_argument
+@json_option
+@click.pass_obj
+def recover(term: Terminal, pid: str) -> None:
+    """Bring PID back to running from any intermediate phase (stopped, locked, backed up)."""
+    import os
+    import signal
+
+    from ..agent import AgentClient, AgentNotFound
+    from ..backends import AgentBackend
+    from ..target import open_target, parse_pid
+
+    target = open_target(parse_pid(pid))
+    os.kill(target.pid, signal.SIGCONT)  # a dump left it stopped
+    steps = []
+    try:
+        state = AgentClient(target.pid).status().state
+    except AgentNotFound:
+        state = "RUNNING"
+    if state != "RUNNING":
+        backend = AgentBackend(target.pid, "auto")
+        if state == "BACKED_UP":
+            backend.restore()
+            steps.append("device-restore")
+        backend.unlock()
+        steps.append("unlock")
+    if term.json_mode:
+        term.data("recover", {"pid": target.pid, "was": state, "steps": steps, "state": "RUNNING"})
+    else:
+        term.success(f"process {target.pid} is running (was {state}; did: {', '.join(steps) or 'nothing'})")

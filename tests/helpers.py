@@ -1,0 +1,129 @@
+"""Shared test plumbing: run the CLI, start workloads with a readiness handshake,
+and always reap what was started."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+
+def npusnap_cmd() -> list[str]:
+    exe = shutil.which("npusnap", path=os.path.dirname(sys.executable))
+    return [exe] if exe else [sys.executable, "-m", "npusnap_cli"]
+
+
+def npusnap(*args: object, timeout: float = 120, env: Optional[dict[str, str]] = None,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess; returns the completed process (text mode)."""
+    proc = subprocess.run([*npusnap_cmd(), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"npusnap {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+@functools.lru_cache(maxsize=None)
+def criu_works() -> bool:
+    try:
+        from npusnap_cli.criu import Criu, find_criu
+
+        return Criu(find_criu()).check()[0]
+    except Exception:
+        return False
+
+
+requires_criu = pytest.mark.skipif("not __import__('tests.helpers', fromlist=['x']).criu_works()",
+                                   reason="needs a working CRIU >= 4.1 (probed with criu check); run scripts/install-criu.sh")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def kill_and_wait(pid: int, timeout: float = 10) -> None:
+    """SIGKILL a process (our child or not) and wait until its pid is free."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        if not os.path.exists(f"/proc/{pid}"):
+            return
+        time.sleep(0.02)
+
+
+class Workload:
+    """A process started with `setsid CMD >out </dev/null` (not a shell job)."""
+
+    def __init__(self, argv: Sequence[str], out: Path, env: Optional[dict[str, str]] = None,
+                 cwd: Optional[Path] = None) -> None:
+        self.out = out
+        self.argv = list(argv)
+        with open(out, "wb") as f:
+            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, env=env, cwd=cwd)
+        self.pid = self.proc.pid
+        self.extra_pids: list[int] = []  # restored incarnations with the same or other pids
+
+    def lines(self) -> list[str]:
+        return self.out.read_text(errors="replace").splitlines()
+
+    def wait_for_line(self, predicate: "str | int", timeout: float = 30) -> list[str]:
+        """Wait until the output holds a line containing predicate (str) or N lines (int)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = self.lines()
+            if isinstance(predicate, int) and len(lines) >= predicate:
+                return lines
+            if isinstance(predicate, str) and any(predicate in line for line in lines):
+                return lines
+            if self.proc.poll() is not None and not pid_alive(self.pid):
+                raise AssertionError(f"workload exited early ({self.proc.returncode}): {self.lines()[-5:]}")
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {predicate!r}; output tail: {self.lines()[-5:]}")
+
+    def wait_exit(self, timeout: float = 60) -> None:
+        """Wait for the pid to go away (works for restored processes that are not our children)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is None:
+                pass
+            if not pid_alive(self.pid):
+                self.proc.poll()
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"pid {self.pid} still running after {timeout}s")
+
+    def stop(self) -> None:
+        for pid in [self.pid, *self.extra_pids]:
+            kill_and_wait(pid)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def build_c(source: Path, out: Path, *flags: str) -> Path:
+    subprocess.run(["cc", "-O2", "-o", str(out), str(source), *flags], check=True)
+    return out
