@@ -185,7 +185,10 @@ class AgentClient:
             sock.settimeout(timeout)
             chunks: list[bytes] = []
             try:
-                sock.sendall(command.encode() + b"\n")
+                try:
+                    sock.sendall(command.encode() + b"\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the agent may answer (e.g. a refusal) before reading: read it below
                 size = 0
                 while True:
                     chunk = sock.recv(65536)

@@ -75,7 +75,9 @@ def main(argv: Optional[list[str]] = None) -> Any:
     """Entry point: run the app and turn every failure into one line and an exit code."""
     verbose = _debug_env() or any(a in ("-v", "--verbose") for a in (argv or sys.argv[1:]))
     try:
-        app.main(args=argv, prog_name="npusnap", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit()'s code instead of exiting.
+        rc = app.main(args=argv, prog_name="npusnap", standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
@@ -94,7 +96,6 @@ def main(argv: Optional[list[str]] = None) -> Any:
             raise
         click.echo(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
         sys.exit(3)
-    sys.exit(0)
 
 
 def _fail(error: NpusnapError, verbose: bool) -> None:

@@ -159,7 +159,7 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 def _errmsg(resp: Any, what: str, log_hint: str) -> CriuFailed:
     err = resp.cr_errno if resp.HasField("cr_errno") else 0
     msg = resp.cr_errmsg if resp.HasField("cr_errmsg") and resp.cr_errmsg else ""
-    detail = msg or (os.strerror(err) if err else "failed")
+    detail = " ".join(msg.split()) or (os.strerror(err) if err else "failed")
     if err == errno_mod.EEXIST and what == "restore":
         return CriuFailed(f"CRIU restore failed: a process already uses a pid from the image ({detail})",
                           "stop that process, or restore on another machine")

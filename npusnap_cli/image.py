@@ -102,9 +102,35 @@ class Manifest:
             kw["device"] = DeviceState(**d.get("device", {}))
             kw["phases"] = [PhaseTiming(**p) for p in d.get("phases", [])]
             kw["files"] = [FileEntry(**f) for f in d.get("files", [])]
-            return cls(**kw)
+            m = cls(**kw)
         except (TypeError, ValueError, AttributeError) as e:
             raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e
+        m._check_types()
+        return m
+
+    def _check_types(self) -> None:
+        """Refuse values of the wrong type, so later code never trips on them."""
+        def bad(what: str, value: Any) -> ImageInvalid:
+            return ImageInvalid(f"manifest.yaml is malformed: {what} is {type(value).__name__} {value!r}")
+
+        if not isinstance(self.pid, int) or isinstance(self.pid, bool):
+            raise bad("pid", self.pid)
+        for f in self.files:
+            if not isinstance(f.path, str) or not isinstance(f.checksum, str):
+                raise bad("a file's path or checksum", f.path)
+            if not isinstance(f.size, int) or f.size < 0:
+                raise bad(f"{f.path}'s size", f.size)
+        for p in self.processes:
+            if not all(isinstance(v, int) for v in (p.pid, p.ppid, p.threads)):
+                raise bad("a process entry", p)
+        for ph in self.phases:
+            if not isinstance(ph.seconds, (int, float)) or not isinstance(ph.bytes, int):
+                raise bad("a phase timing", ph)
+        dev = self.device
+        if not isinstance(dev.backend, str) or not isinstance(dev.bytes, int) or not isinstance(dev.devices, list):
+            raise bad("the device section", dev)
+        if not isinstance(self.options, dict) or not isinstance(self.command, list):
+            raise bad("options or command", self.options)
 
 
 def new_hasher() -> Any:
@@ -176,7 +202,7 @@ def load_manifest(root: Path) -> Manifest:
     try:
         data = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ImageInvalid(f"{path} is not valid YAML: {e}".splitlines()[0]) from e
+        raise ImageInvalid(f"{path} is not valid YAML: " + " ".join(str(e).split())) from e
     return Manifest.from_dict(data)
 
 

@@ -170,45 +170,54 @@ class Inspection:
 def inspect(root: Path) -> Inspection:
     """Read DIR's manifest and CRIU images into an Inspection (reads only)."""
     manifest = load_manifest(root)
+    ins = _from_manifest(root, manifest)
     reader = _ImageReader(root, manifest)
-    notes: list[str] = []
 
-    processes = _processes(reader, manifest, notes)
+    ins.processes = _processes(reader, manifest, ins.notes)
     page_size = mmap.PAGESIZE
-    for proc in processes:
+    for proc in ins.processes:
         proc.memory = _memory(reader, proc.pid, page_size)
-        files_id = _files_id(reader, proc.pid)
-        proc.files, proc.sockets = _fds(reader, proc.pid, files_id)
+        proc.files, proc.sockets = _fds(reader, proc.pid, _files_id(reader, proc.pid))
         proc.cwd = _cwd(reader, proc.pid)
-        if proc.memory is not None:
-            proc.exe = reader.exe_name(proc.pid)
+        proc.exe = reader.exe_name(proc.pid)
 
-    dumped = sum(p.memory.dumped for p in processes if p.memory is not None)
-    images = _image_sizes(manifest)
-    pages_on_disk = sum(f.size for f in images.files
-                        if Path(f.path).parent.name == CRIU_DIR and Path(f.path).name.startswith("pages-"))
-    if pages_on_disk and dumped != pages_on_disk:
-        notes.append(f"the pagemaps account for {dumped} bytes but pages-*.img hold {pages_on_disk} "
-                     f"(shared memory, or a page size other than {page_size})")
+    ins.memory_dumped = sum(p.memory.dumped for p in ins.processes if p.memory is not None)
+    pages_on_disk = sum(f.size for f in ins.images.files
+                        if Path(f.path).parent == Path(CRIU_DIR)
+                        and Path(f.path).name.startswith("pages-"))
+    if pages_on_disk and ins.memory_dumped != pages_on_disk:
+        ins.notes.append(f"the pagemaps account for {ins.memory_dumped} bytes but pages-*.img hold "
+                         f"{pages_on_disk} (shared memory, or a page size other than {page_size})")
+    return ins
 
-    return Inspection(
-        directory=str(root.absolute()),
-        format_version=manifest.format_version,
-        created=str(manifest.created),
-        host=str(manifest.host),
-        kernel=str(manifest.kernel),
-        npusnap_version=str(manifest.npusnap_version),
-        criu_version=str(manifest.criu_version),
-        pid=int(manifest.pid),
-        command=[str(a) for a in manifest.command],
-        options=dict(manifest.options),
-        processes=processes,
-        memory_dumped=dumped,
-        device=manifest.device,
-        phases=[_phase(p.name, p.seconds, p.bytes) for p in manifest.phases],
-        images=images,
-        notes=notes,
-    )
+
+def _from_manifest(root: Path, m: Manifest) -> Inspection:
+    """The manifest's part of the model, with every value checked for its type."""
+    try:
+        d = m.device
+        device = DeviceState(backend=str(d.backend), devices=[int(x) for x in d.devices],
+                             allocations=int(d.allocations), bytes=int(d.bytes),
+                             method=str(d.method),
+                             runtime=None if d.runtime is None else str(d.runtime))
+        return Inspection(
+            directory=str(root.absolute()),
+            format_version=int(m.format_version),
+            created=str(m.created),
+            host=str(m.host),
+            kernel=str(m.kernel),
+            npusnap_version=str(m.npusnap_version),
+            criu_version=str(m.criu_version),
+            pid=int(m.pid),
+            command=[str(a) for a in m.command],
+            options=dict(m.options),
+            processes=[],
+            memory_dumped=0,
+            device=device,
+            phases=[_phase(p.name, p.seconds, p.bytes) for p in m.phases],
+            images=_image_sizes(m),
+        )
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e
 
 
 def _phase(name: str, seconds: float, nbytes: int) -> PhaseInfo:
@@ -232,6 +241,8 @@ class _ImageReader:
     def __init__(self, root: Path, manifest: Manifest) -> None:
         self.root = root
         self.listed = {str(f.path) for f in manifest.files}
+        for rel in sorted(self.listed):
+            safe_member(root, rel)   # inside DIR, present, and no symlink on the way
         self._cache: dict[str, Optional[list[dict[str, Any]]]] = {}
         self._files: Optional[dict[int, dict[str, Any]]] = None
 
@@ -262,9 +273,10 @@ class _ImageReader:
             try:
                 img = images.load(f)
             except Exception as e:  # pycriu raises whatever protobuf/struct raise
-                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise ImageInvalid(f"{rel} is not a CRIU image pycriu can decode ({reason})",
-                                   "the checkpoint is damaged; `npusnap verify DIR` checks every file") from e
+                reason = _reason(e)
+                raise ImageInvalid(
+                    f"{rel} is not a CRIU image pycriu can decode ({reason})",
+                    "the checkpoint is damaged; `npusnap verify DIR` checks every file") from e
         if not isinstance(img, dict) or img.get("magic") != magic:
             found = img.get("magic") if isinstance(img, dict) else None
             raise ImageInvalid(f"{rel} is a {found} image, not {magic}")
@@ -296,9 +308,17 @@ class _ImageReader:
         return self.path_of(mm.get("exe_file_id")) if mm else ""
 
 
+def _reason(e: Exception) -> str:
+    magic = getattr(e, "magic", None)
+    if isinstance(magic, int):   # pycriu's MagicException carries only the number
+        return f"unknown image magic {magic & 0xFFFFFFFF:#010x}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _pycriu_images() -> Any:
     try:
-        import pycriu.images
+        import pycriu.images  # type: ignore[import-untyped,unused-ignore]
     except ImportError as e:
         from .criu import INSTALL_HINT
 
@@ -320,12 +340,13 @@ def _text(value: Any) -> str:
 
 
 def _processes(reader: _ImageReader, manifest: Manifest, notes: list[str]) -> list[ProcessInfo]:
-    recorded = {p.pid: p for p in manifest.processes}
+    recorded = {p.pid: p for p in manifest.processes
+                if isinstance(p.pid, int) and isinstance(p.ppid, int)}
     tree = reader.load("pstree.img", "PSTREE")
     procs: list[ProcessInfo] = []
     if tree is None:
         notes.append("no pstree.img: the process list comes from the manifest")
-        for p in manifest.processes:
+        for p in recorded.values():
             procs.append(ProcessInfo(pid=p.pid, ppid=p.ppid, pgid=0, sid=0, comm=str(p.comm),
                                      state="", threads=[ThreadInfo(p.pid, str(p.comm))]))
     else:
@@ -348,9 +369,10 @@ def _processes(reader: _ImageReader, manifest: Manifest, notes: list[str]) -> li
             procs.append(ProcessInfo(pid=pid, ppid=ppid, pgid=_int(e.get("pgid")),
                                      sid=_int(e.get("sid")), comm=comm, state=state,
                                      threads=threads))
-    for p in procs:
-        if p.pid == manifest.pid:
-            p.command = [str(a) for a in manifest.command]
+    command = [str(a) for a in manifest.command] if isinstance(manifest.command, list) else []
+    for proc in procs:
+        if proc.pid == manifest.pid:
+            proc.command = command
     return procs
 
 
@@ -371,7 +393,8 @@ def _thread_comm(reader: _ImageReader, tid: int) -> str:
 def _vma_kind(status: int, flags: int, start: int, end: int, stack_top: int) -> str:
     if status & (VMA_AREA_VDSO | VMA_AREA_VVAR | VMA_AREA_VSYSCALL):
         return "other"
-    if status & (VMA_AREA_STACK | VMA_AREA_SHSTK) or flags & MAP_GROWSDOWN or start <= stack_top < end:
+    if status & (VMA_AREA_STACK | VMA_AREA_SHSTK) or flags & MAP_GROWSDOWN \
+            or start <= stack_top < end:
         return "stack"
     if status & VMA_AREA_HEAP:
         return "heap"
@@ -417,8 +440,9 @@ def _memory(reader: _ImageReader, pid: int, page_size: int) -> Optional[MemoryIn
         dumped += nbytes
         _account(kinds, vmas, starts, _int(e.get("vaddr")), nbytes)
 
-    return MemoryInfo(page_size=page_size, vmas=len(vmas), mapped=sum(k.mapped for k in kinds.values()),
-                      dumped=dumped, in_parent=in_parent,
+    return MemoryInfo(page_size=page_size, vmas=len(vmas),
+                      mapped=sum(k.mapped for k in kinds.values()), dumped=dumped,
+                      in_parent=in_parent,
                       kinds=[k for k in kinds.values() if k.vmas or k.dumped])
 
 
@@ -447,10 +471,12 @@ def _files_id(reader: _ImageReader, pid: int) -> Optional[int]:
     return fid if isinstance(fid, int) else None
 
 
-def _fds(reader: _ImageReader, pid: int, files_id: Optional[int]) -> tuple[list[OpenFile], list[SocketInfo]]:
-    # CRIU names the fd table after its files_id (inventory's fdinfo_per_id); older images after the pid.
-    name = f"fdinfo-{files_id}.img" if files_id is not None and reader.has(f"fdinfo-{files_id}.img") \
-        else f"fdinfo-{pid}.img"
+def _fds(reader: _ImageReader, pid: int,
+         files_id: Optional[int]) -> tuple[list[OpenFile], list[SocketInfo]]:
+    # CRIU names the fd table after the files_id (inventory's fdinfo_per_id); old images, the pid.
+    name = f"fdinfo-{pid}.img"
+    if files_id is not None and reader.has(f"fdinfo-{files_id}.img"):
+        name = f"fdinfo-{files_id}.img"
     fdinfo = reader.load(name, "FDINFO") or []
     files: list[OpenFile] = []
     sockets: list[SocketInfo] = []
@@ -484,11 +510,12 @@ def _open_file(reader: _ImageReader, fd: int, ftype: str, entry: dict[str, Any])
     return OpenFile(fd, kind, kind)
 
 
-def _socket(fd: int, ftype: str, entry: dict[str, Any], unix_names: dict[int, str]) -> Optional[SocketInfo]:
+def _socket(fd: int, ftype: str, entry: dict[str, Any],
+            unix_names: dict[int, str]) -> Optional[SocketInfo]:
     if ftype == "UNIXSK":
         u = entry.get("usk") or {}
-        peer = _int(u.get("peer"))
-        peer_name = (unix_names.get(peer) or f"socket ino {peer}") if peer else ""
+        peer_ino = _int(u.get("peer"))
+        peer_name = (unix_names.get(peer_ino) or f"socket ino {peer_ino}") if peer_ino else ""
         return SocketInfo(fd, "unix", _sk_type(u.get("type")), _sk_state(u.get("state")),
                           _unix_name(u.get("name")), peer_name)
     if ftype == "INETSK":
@@ -498,9 +525,10 @@ def _socket(fd: int, ftype: str, entry: dict[str, Any], unix_names: dict[int, st
         proto = {6: "tcp", 17: "udp", 136: "udplite"}.get(_int(s.get("proto")), "")
         stype = _sk_type(s.get("type"))
         local = _inet_addr(family, s.get("src_addr"), _int(s.get("src_port")))
-        peer = _inet_addr(family, s.get("dst_addr"), _int(s.get("dst_port"))) if s.get("dst_port") else ""
-        return SocketInfo(fd, fam, f"{stype}/{proto}" if proto else stype, _sk_state(s.get("state")),
-                          local, peer)
+        dst_port = _int(s.get("dst_port"))
+        peer = _inet_addr(family, s.get("dst_addr"), dst_port) if dst_port else ""
+        return SocketInfo(fd, fam, f"{stype}/{proto}" if proto else stype,
+                          _sk_state(s.get("state")), local, peer)
     if ftype in ("NETLINKSK", "PACKETSK"):
         return SocketInfo(fd, "netlink" if ftype == "NETLINKSK" else "packet", "", "", "")
     return None
@@ -508,7 +536,8 @@ def _socket(fd: int, ftype: str, entry: dict[str, Any], unix_names: dict[int, st
 
 SK_TYPES = {1: "stream", 2: "dgram", 3: "raw", 5: "seqpacket", 10: "packet"}
 SK_STATES = {1: "established", 2: "syn_sent", 3: "syn_recv", 4: "fin_wait1", 5: "fin_wait2",
-             6: "time_wait", 7: "close", 8: "close_wait", 9: "last_ack", 10: "listen", 11: "closing"}
+             6: "time_wait", 7: "close", 8: "close_wait", 9: "last_ack", 10: "listen",
+             11: "closing"}
 
 
 def _sk_type(value: Any) -> str:

@@ -31,7 +31,7 @@ class Terminal:
         if self._out is None:
             from rich.console import Console
 
-            self._out = Console(highlight=False, soft_wrap=True)
+            self._out = Console(highlight=False)
         return self._out
 
     @property

@@ -129,9 +129,29 @@ def _resume(pids: list[int]) -> None:
 
 
 def _kill(pids: list[int]) -> None:
+    """SIGKILL the tree and wait (bounded) until it is dead, so a restore may follow at once."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    _wait_gone(pids, timeout=10, zombies_count=False)
+
+
+def _wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int]:
+    """Wait until no pid is alive (or, with zombies_count, even a zombie); return those left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if _exists(p, zombies_count)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
+def _exists(pid: int, zombies_count: bool) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return zombies_count or state not in ("Z", "X")
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
@@ -180,7 +200,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
             undos.callback(undo("device restore", backend.restore))
             tree = target.tree()
             tree_pids = [p.pid for p in tree]
-            with phase("dump"), signals.critical():
+            with phase("dump") as dump_timing, signals.critical():
                 undos.callback(undo("resume", lambda: _resume(tree_pids)))
                 criu.dump(DumpOptions(
                     pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,
@@ -189,7 +209,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 ))
             with phase("seal") as t:
                 files = staging.seal()
-                t.bytes = sum(f.size for f in files)
+                t.bytes = dump_timing.bytes = sum(f.size for f in files if f.path.startswith(CRIU_DIR))
             manifest = Manifest(
                 pid=pid,
                 created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -235,7 +255,8 @@ class _Already(backends.NoDevice):
 
 
 def _pids_in_use(manifest: Manifest) -> list[int]:
-    return [p.pid for p in manifest.processes if os.path.exists(f"/proc/{p.pid}")]
+    # A zombie still holds its pid; give its parent a moment to reap it.
+    return _wait_gone([p.pid for p in manifest.processes], timeout=2, zombies_count=True)
 
 
 def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:

@@ -127,3 +127,21 @@ class Workload:
 def build_c(source: Path, out: Path, *flags: str) -> Path:
     subprocess.run(["cc", "-O2", "-o", str(out), str(source), *flags], check=True)
     return out
+
+
+def rewind_to_checkpoint(checkpoint: Path, path: Path) -> None:
+    """Truncate an output file to the size it had at checkpoint time.
+
+    CRIU restores open files by name and refuses one whose size changed since
+    the dump; a process left running keeps writing, so before restoring its
+    image the file is put back as it was (as a migration would ship it)."""
+    import pycriu
+
+    with open(checkpoint / "criu" / "files.img", "rb") as f:
+        entries = pycriu.images.load(f)["entries"]
+    for e in entries:
+        reg = e.get("reg")
+        if reg and reg["name"].lstrip("/") == str(path).lstrip("/"):
+            os.truncate(path, int(reg["size"]))
+            return
+    raise AssertionError(f"{path} is not open in the checkpoint")

@@ -42,10 +42,12 @@ def render_tree(ins: Inspection) -> Tree:
     from rich.tree import Tree
 
     root = Tree(_t(f"[bold]Checkpoint[/bold] {_clean(ins.directory)}"))
-    root.add(_t(f"created {_clean(ins.created)} on {_clean(ins.host)} (kernel {_clean(ins.kernel)})"))
+    root.add(_t(f"created {_clean(ins.created)} on {_clean(ins.host)} "
+                f"(kernel {_clean(ins.kernel)})"))
     root.add(_t(f"npusnap {_clean(ins.npusnap_version)}, CRIU {_clean(ins.criu_version)}, "
                 f"format {ins.format_version}"))
-    root.add(_t(f"pid {ins.pid}: {_clean(_command(ins.command)) or '?'}"))
+    root.add(_t(f"pid {ins.pid}" + ("" if any(p.command for p in ins.processes)
+                                     else f": {_clean(_command(ins.command)) or '?'}")))
     if ins.options:
         opts = ", ".join(f"{_clean(str(k))}={_clean(_fmt_opt(v))}" for k, v in ins.options.items())
         root.add(_t(f"options: {opts}"))
@@ -87,7 +89,8 @@ def render_tree(ins: Inspection) -> Tree:
     for f in largest[:LARGEST_IMAGES]:
         images.add(_t(f"{_clean(f.path)}  {human_bytes(f.size)}"))
     if len(largest) > LARGEST_IMAGES:
-        images.add(_t(f"[dim]… {len(largest) - LARGEST_IMAGES} smaller files (--json lists all)[/dim]"))
+        more = len(largest) - LARGEST_IMAGES
+        images.add(_t(f"[dim]… {more} smaller files (--json lists all)[/dim]"))
 
     for note in ins.notes:
         root.add(_t(f"[yellow]note:[/yellow] {_clean(note)}"))
@@ -128,7 +131,8 @@ def _process(parent: Tree, p: ProcessInfo) -> Tree:
 
 
 def _memory(parent: Tree, m: MemoryInfo) -> None:
-    line = f"memory: {human_bytes(m.dumped)} dumped of {human_bytes(m.mapped)} mapped in {m.vmas} mappings"
+    line = (f"memory: {human_bytes(m.dumped)} dumped of {human_bytes(m.mapped)} mapped "
+            f"in {m.vmas} mappings")
     if m.in_parent:
         line += f", {human_bytes(m.in_parent)} in the parent checkpoint"
     node = parent.add(_t(line))
@@ -154,10 +158,15 @@ def _device(root: Tree, ins: Inspection) -> None:
 
 
 def _t(markup: str) -> Any:
-    """Our own markup only: every value from the directory went through _clean first."""
+    """Our own markup only: every value from the directory went through _clean first.
+
+    Long lines fold instead of being cropped at the console's width (a tree crops
+    what does not fit, and a path cut short is worse than a path on two lines)."""
     from rich.text import Text
 
-    return Text.from_markup(markup)
+    text = Text.from_markup(markup, overflow="fold")
+    text.no_wrap = False
+    return text
 
 
 def _clean(text: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import WORKLOADS, Workload, build_c, npusnap, pid_alive, requires_criu
+from tests.helpers import WORKLOADS, Workload, build_c, npusnap, pid_alive, requires_criu, rewind_to_checkpoint
 
 pytestmark = requires_criu
 
@@ -63,6 +63,7 @@ def test_leave_running_then_restore_the_image(argv: list[str], reference: list[s
         npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--leave-running", check=True)
         assert w.proc.wait(timeout=60) == EXIT  # the original carries on to the end
         assert w.lines() == reference
+        rewind_to_checkpoint(tmp_path / "ck", w.out)
         rs = npusnap("restore", tmp_path / "ck", "--detach", "--pidfile", tmp_path / "pid", "--json", check=True)
         assert json.loads(rs.stdout)["pid"] == w.pid == int((tmp_path / "pid").read_text())
         w.wait_exit()

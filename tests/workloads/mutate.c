@@ -15,6 +15,7 @@ int main(int argc, char **argv) {
     uint64_t *buf = calloc(WORDS, sizeof *buf);
     uint64_t x = 88172645463325252ull;
     if (!buf) return 99;
+    for (size_t i = 0; i < WORDS; i++) buf[i] = i * 0x9E3779B97F4A7C15ull; /* every page real */
     for (int step = 0; step < steps; step++) {
         for (int i = 0; i < 4096; i++) { /* xorshift: scattered writes over every page */
             x ^= x << 13; x ^= x >> 7; x ^= x << 17;

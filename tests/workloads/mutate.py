@@ -8,7 +8,7 @@ import time
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 sleep_s = (int(sys.argv[2]) if len(sys.argv) > 2 else 100) / 1000
 code = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-buf = bytearray(64 << 20)
+buf = bytearray(range(256)) * ((64 << 20) // 256)  # every page real, not zero
 x = 12345
 for step in range(steps):
     for _ in range(256):
