@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .errors import DeviceFailed, EnvironmentProblem, LockTimeout, WrongState
+from .errors import (DeviceFailed, EnvironmentProblem, LockTimeout, NpusnapError, PermissionProblem,
+                     TargetNotFound, WrongState)
 from .image import DeviceState
 
 BACKENDS = ("auto", "none", "sim", "ascend", "cuda")
-LOCK_TIMEOUT_CODE = 507905
 
 
 class NoDevice:
@@ -53,17 +53,12 @@ class AgentBackend(NoDevice):
         self._last: Optional[Any] = None
 
     def _call(self, what: str, *args: Any) -> Any:
-        from .agent import AgentError, AgentProblem
+        from .agent import AgentProblem
 
         try:
             reply = getattr(self.client, what)(*args)
-        except AgentError as e:
-            if getattr(e, "code", None) == LOCK_TIMEOUT_CODE:
-                raise LockTimeout(f"device lock of {self.pid} timed out: {e}") from e
-            raise DeviceFailed(f"device {what} of process {self.pid} failed: {e}",
-                               getattr(e, "hint", None)) from e
         except AgentProblem as e:
-            raise DeviceFailed(str(e), getattr(e, "hint", None)) from e
+            raise agent_error(e, f"device {what} of process {self.pid}") from e
         self._last = reply
         return reply
 
@@ -95,6 +90,25 @@ class AgentBackend(NoDevice):
         self._call("unlock")
 
 
+def agent_error(e: Exception, doing: str) -> NpusnapError:
+    """The one place where the agent client's errors become npusnap's error kinds."""
+    from . import agent
+
+    message = f"{doing} failed: {e}"
+    hint = getattr(e, "hint", None)
+    if isinstance(e, agent.AgentNotFound):
+        return WrongState(message, hint)
+    if isinstance(e, agent.InjectFailed):
+        kind = {agent.INJECT_NO_PROCESS: TargetNotFound,
+                agent.INJECT_PERMISSION: PermissionProblem}.get(e.exit_status, DeviceFailed)
+        return kind(message, hint)
+    if isinstance(e, agent.AgentError):
+        kind = {agent.LOCK_TIMEOUT: LockTimeout, agent.E_STATE: WrongState, agent.E_NO_RUNTIME: WrongState,
+                agent.E_DENIED: PermissionProblem}.get(e.code, DeviceFailed)
+        return kind(message, hint)
+    return DeviceFailed(message, hint)
+
+
 def select(pid: int, requested: str = "auto", maps: str = "") -> NoDevice:
     """The backend for a process: as requested, or found from the process itself."""
     if requested == "none":
@@ -102,7 +116,7 @@ def select(pid: int, requested: str = "auto", maps: str = "") -> NoDevice:
     if requested == "cuda" or (requested == "auto" and "/dev/nvidia" in maps):
         raise EnvironmentProblem("the cuda backend is not available in this build",
                                  "use --device none to checkpoint without GPU state")
-    from .agent import AgentNotFound, AgentProblem, AgentClient
+    from .agent import AgentClient, AgentNotFound, AgentProblem
 
     try:
         reply = AgentClient(pid).status()
@@ -114,7 +128,7 @@ def select(pid: int, requested: str = "auto", maps: str = "") -> NoDevice:
             ) from None
         return NoDevice()
     except AgentProblem as e:
-        raise DeviceFailed(str(e), getattr(e, "hint", None)) from e
+        raise agent_error(e, f"asking the agent of process {pid}") from e
     if reply.runtime is None:
         if requested in ("sim", "ascend"):
             raise WrongState(f"process {pid} has the agent but no device runtime loaded",

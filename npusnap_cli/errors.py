@@ -8,6 +8,7 @@ Exit codes (documented in the README for scheduler scripts):
   9 device / agent failure             10 lock timeout
  11 wrong phase order / state          12 storage problem (space, read-only, exists)
  13 the target cannot be checkpointed (pid 1, a kernel thread)
+ 14 configuration file problem (unknown key, bad value, not YAML)
 130 interrupted (Ctrl-C; everything was rolled back)
 """
 
@@ -76,6 +77,11 @@ class UnsupportedTarget(NpusnapError):
     exit_code = 13
 
 
+class ConfigProblem(NpusnapError):
+    exit_code = 14
+    default_hint = "fix or remove the key; `npusnap config show` lists every key and its value"
+
+
 class Interrupted(NpusnapError):
     exit_code = 130
 
@@ -98,5 +104,6 @@ EXIT_CODES = {
     WrongState.exit_code: "wrong phase order or process state",
     StorageProblem.exit_code: "storage problem (no space, read-only, already exists)",
     UnsupportedTarget.exit_code: "the target cannot be checkpointed (pid 1, a kernel thread)",
+    ConfigProblem.exit_code: "configuration file problem (unknown key, bad value, not YAML)",
     Interrupted.exit_code: "interrupted; rolled back",
 }

@@ -16,23 +16,18 @@ def attach(term: Terminal, pid: str) -> None:
     The process is stopped only for the injection and never left stopped.
     Attaching twice is harmless.
     """
-    from ..agent import AgentClient, has_agent, inject
-    from ..errors import DeviceFailed
+    from ..agent import AgentClient, AgentProblem, has_agent, inject
+    from ..backends import agent_error
     from ..target import open_target, parse_pid
 
     target = open_target(parse_pid(pid))
     already = has_agent(target.pid)
-    if not already:
-        try:
+    try:
+        if not already:
             inject(target.pid)
-        except Exception as e:
-            from ..errors import NpusnapError
-
-            if isinstance(e, NpusnapError):
-                raise
-            raise DeviceFailed(f"could not inject the agent into {target.pid}: {e}",
-                               getattr(e, "hint", None)) from e
-    reply = AgentClient(target.pid).status()
+        reply = AgentClient(target.pid).status()
+    except AgentProblem as e:
+        raise agent_error(e, f"injecting the agent into {target.pid}") from e
     if term.json_mode:
         term.data("attach", {"pid": target.pid, "injected": not already, "state": reply.state,
                              "runtime": reply.runtime})

@@ -1,0 +1,644 @@
+/*
+ * libnpusnap_agent.so: the agent npusnap puts inside a target process.
+ *
+ * It arrives by LD_PRELOAD (npusnap run) or by a ptrace-driven dlopen
+ * (npusnap attach, see inject.c). The constructor only starts one detached
+ * control thread, with every signal blocked; everything else happens there.
+ *
+ * Protocol (native/README.md, "agent <-> CLI"): abstract Unix socket
+ * "@npusnap-agent-<pid>", peers must be this process's uid or root
+ * (SO_PEERCRED); one request line per connection, one JSON line back, then
+ * the agent closes. Requests: ping, status, lock <timeout_ms>, backup,
+ * restore, unlock. Device commands call aclrtSnapShotProcess*(getpid(), NULL)
+ * of the runtime, found lazily at the first command that needs it.
+ *
+ * Reply "code" is the runtime's aclError, 507905 for a lock timeout, or one
+ * of the agent's own negative codes (AGENT_E_*) for requests the agent
+ * refused without calling the runtime.
+ *
+ * Nothing is exported: every symbol is static and the library is built with
+ * hidden visibility and -z nodelete (the control thread runs our code, so it
+ * must never be unloaded).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ACL_LOCK_TIMEOUT 507905 /* what CANN returns when a lock times out */
+
+/* The agent's own refusals (never passed to the runtime). */
+#define AGENT_E_REQUEST (-1)   /* malformed or unknown request */
+#define AGENT_E_NORUNTIME (-2) /* no device runtime loaded */
+#define AGENT_E_STATE (-3)     /* wrong order for the current state */
+#define AGENT_E_BUSY (-4)      /* an abandoned lock is still inside the runtime */
+#define AGENT_E_DENIED (-5)    /* peer uid is neither ours nor root */
+#define AGENT_E_INTERNAL (-6)  /* resource failure inside the agent */
+
+#define IO_TIMEOUT_S 5          /* per-connection read/write bound */
+#define DEFAULT_LOCK_MS 30000   /* "lock" without an argument */
+#define MAX_LOCK_MS 86400000L   /* one day */
+#define DEVICE_INFO_MAX 4096
+
+typedef int (*snap_fn)(int pid, void *reserved);
+typedef int (*info_fn)(char *buf, size_t len);
+
+enum state { ST_RUNNING, ST_LOCKED, ST_BACKED_UP };
+static const char *const state_names[] = {"RUNNING", "LOCKED", "BACKED_UP"};
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC, set up by the control thread */
+    int listen_fd;
+    enum state state;
+    /* runtime, resolved lazily and kept once found */
+    snap_fn lock, backup, restore, unlock;
+    info_fn info;
+    char runtime[PATH_MAX];
+    /* lock worker: pending while a worker is inside the runtime's lock call */
+    int lock_pending, lock_done, lock_rc, lock_abandoned;
+    char log_path[PATH_MAX];
+} g = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .listen_fd = -1,
+    .state = ST_RUNNING,
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Appends one line to $NPUSNAP_AGENT_LOG; opened and closed each time so no
+ * descriptor of ours stays open across a checkpoint. */
+__attribute__((format(printf, 1, 2))) static void log_line(const char *fmt, ...)
+{
+    if (!g.log_path[0])
+        return;
+    char line[1024];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    localtime_r(&ts.tv_sec, &tm);
+    int n = (int)strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
+    n += snprintf(line + n, sizeof line - (size_t)n, ".%03ld npusnap-agent[%d] ",
+                  ts.tv_nsec / 1000000L, (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    if (n < (int)sizeof line)
+        n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    int fd = open(g.log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    ssize_t w = write(fd, line, (size_t)n);
+    (void)w;
+    close(fd);
+}
+
+struct buf {
+    char *p;
+    size_t len, cap;
+};
+
+static void buf_add(struct buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap)
+        n = b->cap - b->len - 1; /* truncate rather than overflow */
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+__attribute__((format(printf, 2, 3))) static void buf_printf(struct buf *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        buf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+static void buf_json_str(struct buf *b, const char *s)
+{
+    if (!s) {
+        buf_add(b, "null", 4);
+        return;
+    }
+    buf_add(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            buf_add(b, e, 2);
+        } else if (c < 0x20) {
+            buf_printf(b, "\\u%04x", c);
+        } else {
+            buf_add(b, (const char *)&c, 1);
+        }
+    }
+    buf_add(b, "\"", 1);
+}
+
+/* ---------------------------------------------------------------- runtime */
+
+struct names {
+    char **v;
+    size_t n, cap;
+};
+
+static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    struct names *nm = data;
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        return 0; /* the main program, or an anonymous object */
+    if (nm->n == nm->cap) {
+        size_t cap = nm->cap ? nm->cap * 2 : 64;
+        char **v = realloc(nm->v, cap * sizeof *v);
+        if (!v)
+            return 1;
+        nm->v = v;
+        nm->cap = cap;
+    }
+    char *s = strdup(info->dlpi_name);
+    if (s)
+        nm->v[nm->n++] = s;
+    return 0;
+}
+
+/* A handle on which dlsym finds the snapshot API, or NULL. RTLD_DEFAULT first;
+ * then every loaded object, because a runtime that a Python extension pulled
+ * in is RTLD_LOCAL and invisible to RTLD_DEFAULT. The names are collected
+ * first and opened after dl_iterate_phdr returns (no loader calls while the
+ * loader's list lock is held). */
+static void *find_runtime_handle(void)
+{
+    if (dlsym(RTLD_DEFAULT, "aclrtSnapShotProcessLock"))
+        return RTLD_DEFAULT;
+    struct names nm = {0};
+    dl_iterate_phdr(collect_object, &nm);
+    void *found = NULL;
+    for (size_t i = 0; i < nm.n; i++) {
+        if (!found) {
+            void *h = dlopen(nm.v[i], RTLD_NOLOAD | RTLD_LAZY);
+            if (h && dlsym(h, "aclrtSnapShotProcessLock"))
+                found = h; /* keep the reference: the runtime never unloads under us */
+            else if (h)
+                dlclose(h);
+        }
+        free(nm.v[i]);
+    }
+    free(nm.v);
+    return found;
+}
+
+/* Returns NULL when the runtime is usable, else a message. Called under g.mu. */
+static const char *resolve_runtime(void)
+{
+    if (g.lock)
+        return NULL;
+    void *h = find_runtime_handle();
+    if (!h)
+        return "no device runtime loaded in this process";
+    snap_fn l = (snap_fn)dlsym(h, "aclrtSnapShotProcessLock");
+    snap_fn b = (snap_fn)dlsym(h, "aclrtSnapShotProcessBackup");
+    snap_fn r = (snap_fn)dlsym(h, "aclrtSnapShotProcessRestore");
+    snap_fn u = (snap_fn)dlsym(h, "aclrtSnapShotProcessUnlock");
+    if (!l || !b || !r || !u)
+        return "the loaded device runtime lacks part of the aclrtSnapShotProcess* API";
+    Dl_info di;
+    if (dladdr((void *)l, &di) && di.dli_fname)
+        snprintf(g.runtime, sizeof g.runtime, "%s", di.dli_fname);
+    g.info = (info_fn)dlsym(h, "npusimSnapshotInfo");
+    g.backup = b;
+    g.restore = r;
+    g.unlock = u;
+    g.lock = l; /* last: g.lock != NULL means "resolved" */
+    return NULL;
+}
+
+/* Fills out (a JSON object on one line) from npusimSnapshotInfo; empty when
+ * the runtime lacks it or it fails. */
+static void device_info(char *out, size_t len)
+{
+    out[0] = '\0';
+    if (!g.info)
+        return;
+    int n = g.info(out, len);
+    if (n <= 0 || (size_t)n >= len) {
+        out[0] = '\0';
+        return;
+    }
+    out[n] = '\0';
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
+        out[--n] = '\0';
+    for (int i = 0; i < n; i++)
+        if (out[i] == '\n' || out[i] == '\r')
+            out[i] = ' ';
+    if (out[0] != '{' || n == 0 || out[n - 1] != '}')
+        out[0] = '\0';
+}
+
+/* The runtime is authoritative about its state when it can tell us. */
+static void sync_state(const char *info)
+{
+    const char *p = info[0] ? strstr(info, "\"state\"") : NULL;
+    if (!p)
+        return;
+    p += 7;
+    while (*p == ' ' || *p == ':')
+        p++;
+    for (int s = ST_RUNNING; s <= ST_BACKED_UP; s++) {
+        size_t n = strlen(state_names[s]);
+        if (*p == '"' && strncmp(p + 1, state_names[s], n) == 0 && p[1 + n] == '"') {
+            g.state = (enum state)s;
+            return;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- lock */
+
+static void *lock_worker(void *arg)
+{
+    (void)arg;
+    int rc = g.lock(getpid(), NULL);
+    pthread_mutex_lock(&g.mu);
+    int abandoned = g.lock_abandoned;
+    if (!abandoned) {
+        g.lock_done = 1;
+        g.lock_rc = rc;
+        pthread_cond_broadcast(&g.cv);
+        pthread_mutex_unlock(&g.mu);
+        return NULL;
+    }
+    pthread_mutex_unlock(&g.mu);
+    /* The caller gave up: never leave the workload locked behind its back. */
+    int urc = rc == 0 ? g.unlock(getpid(), NULL) : 0;
+    log_line("abandoned lock returned %d after the caller's timeout%s (unlock rc %d)", rc,
+             rc == 0 ? "; unlocked at once" : "", urc);
+    pthread_mutex_lock(&g.mu);
+    g.lock_pending = 0;
+    g.lock_abandoned = 0;
+    g.state = ST_RUNNING;
+    pthread_mutex_unlock(&g.mu);
+    return NULL;
+}
+
+/* Called under g.mu with the runtime resolved and state RUNNING. */
+static int do_lock(long timeout_ms, const char **err)
+{
+    g.lock_pending = 1;
+    g.lock_done = 0;
+    g.lock_abandoned = 0;
+    pthread_attr_t a;
+    pthread_t t;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    int e = pthread_create(&t, &a, lock_worker, NULL);
+    pthread_attr_destroy(&a);
+    if (e) {
+        g.lock_pending = 0;
+        *err = "could not start the lock worker thread";
+        return AGENT_E_INTERNAL;
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    while (!g.lock_done) {
+        if (pthread_cond_timedwait(&g.cv, &g.mu, &dl) == ETIMEDOUT && !g.lock_done) {
+            g.lock_abandoned = 1; /* the worker undoes the lock if it ever succeeds */
+            *err = "lock did not complete within the timeout; the agent will unlock if the "
+                   "runtime's lock returns later";
+            return ACL_LOCK_TIMEOUT;
+        }
+    }
+    g.lock_pending = 0;
+    if (g.lock_rc == 0)
+        g.state = ST_LOCKED;
+    else
+        *err = "the runtime refused to lock";
+    return g.lock_rc;
+}
+
+/* ---------------------------------------------------------------- commands */
+
+struct request {
+    char cmd[16];
+    long arg;
+    int has_arg;
+};
+
+static int parse_request(const char *line, struct request *rq)
+{
+    memset(rq, 0, sizeof *rq);
+    char extra[2];
+    char argbuf[32] = "";
+    int n = sscanf(line, "%15s %31s %1s", rq->cmd, argbuf, extra);
+    if (n < 1 || n > 2)
+        return -1;
+    if (n == 2) {
+        char *end;
+        errno = 0;
+        rq->arg = strtol(argbuf, &end, 10);
+        if (errno || *end || rq->arg < 0)
+            return -1;
+        rq->has_arg = 1;
+    }
+    return 0;
+}
+
+/* Executes one request; writes the JSON reply into out. */
+static void execute(const char *line, struct buf *out)
+{
+    double t0 = now_ms();
+    struct request rq;
+    const char *err = NULL;
+    int code = 0;
+    char info[DEVICE_INFO_MAX];
+    info[0] = '\0';
+
+    pthread_mutex_lock(&g.mu);
+    if (parse_request(line, &rq) < 0) {
+        code = AGENT_E_REQUEST;
+        err = "malformed request; expected one of: ping, status, lock <timeout_ms>, backup, "
+              "restore, unlock";
+    } else if (!strcmp(rq.cmd, "ping") || !strcmp(rq.cmd, "status")) {
+        if (rq.has_arg) {
+            code = AGENT_E_REQUEST;
+            err = "this request takes no argument";
+        } else if (!strcmp(rq.cmd, "status")) {
+            resolve_runtime(); /* status reports the runtime when there is one */
+        }
+    } else if (!strcmp(rq.cmd, "lock") || !strcmp(rq.cmd, "backup") ||
+               !strcmp(rq.cmd, "restore") || !strcmp(rq.cmd, "unlock")) {
+        int is_lock = !strcmp(rq.cmd, "lock");
+        if (rq.has_arg && !is_lock) {
+            code = AGENT_E_REQUEST;
+            err = "this request takes no argument";
+        } else if ((err = resolve_runtime()) != NULL) {
+            code = AGENT_E_NORUNTIME;
+        } else if (g.lock_pending) {
+            code = AGENT_E_BUSY;
+            err = "an earlier lock that timed out is still inside the runtime; retry shortly "
+                  "(the agent unlocks it when it returns)";
+        } else {
+            device_info(info, sizeof info);
+            sync_state(info);
+            enum state st = g.state;
+            if (is_lock) {
+                long ms = rq.has_arg ? rq.arg : DEFAULT_LOCK_MS;
+                if (ms > MAX_LOCK_MS)
+                    ms = MAX_LOCK_MS;
+                if (st != ST_RUNNING) {
+                    code = AGENT_E_STATE;
+                    err = "lock refused: the process is already locked";
+                } else {
+                    code = do_lock(ms, &err);
+                }
+            } else if (!strcmp(rq.cmd, "backup")) {
+                if (st != ST_LOCKED) {
+                    code = AGENT_E_STATE;
+                    err = st == ST_RUNNING ? "backup refused: lock the process first"
+                                           : "backup refused: already backed up (restore first)";
+                } else if ((code = g.backup(getpid(), NULL)) == 0) {
+                    g.state = ST_BACKED_UP;
+                } else {
+                    err = "the runtime's backup failed";
+                }
+            } else if (!strcmp(rq.cmd, "restore")) {
+                if (st != ST_BACKED_UP) {
+                    code = AGENT_E_STATE;
+                    err = "restore refused: nothing is backed up (backup first)";
+                } else if ((code = g.restore(getpid(), NULL)) == 0) {
+                    g.state = ST_LOCKED;
+                } else {
+                    err = "the runtime's restore failed";
+                }
+            } else { /* unlock: from LOCKED or BACKED_UP, as in CANN */
+                if (st == ST_RUNNING) {
+                    code = AGENT_E_STATE;
+                    err = "unlock refused: the process is not locked";
+                } else if ((code = g.unlock(getpid(), NULL)) == 0) {
+                    g.state = ST_RUNNING;
+                } else {
+                    err = "the runtime's unlock failed";
+                }
+            }
+        }
+    } else {
+        code = AGENT_E_REQUEST;
+        err = "unknown request; expected one of: ping, status, lock <timeout_ms>, backup, "
+              "restore, unlock";
+    }
+    /* Fresh device view after the command (state may have moved). Skipped while
+     * an abandoned lock is inside the runtime: the info call might wait for it. */
+    if (g.lock && !g.lock_pending)
+        device_info(info, sizeof info);
+    if (code == 0)
+        sync_state(info);
+    int ok = code == 0 && !err;
+    double elapsed = now_ms() - t0;
+
+    buf_printf(out, "{\"ok\": %s, \"code\": %d, \"state\": ", ok ? "true" : "false", code);
+    buf_json_str(out, state_names[g.state]);
+    buf_add(out, ", \"error\": ", 11);
+    buf_json_str(out, ok ? NULL : err);
+    buf_printf(out, ", \"elapsed_ms\": %.3f, \"pid\": %d, \"runtime\": ", elapsed, (int)getpid());
+    buf_json_str(out, g.runtime[0] ? g.runtime : NULL);
+    buf_add(out, ", \"device\": ", 12);
+    if (info[0])
+        buf_add(out, info, strlen(info));
+    else
+        buf_add(out, "null", 4);
+    buf_add(out, "}\n", 2);
+    const char *st_name = state_names[g.state];
+    pthread_mutex_unlock(&g.mu);
+
+    log_line("%.40s -> ok=%d code=%d state=%s elapsed_ms=%.3f%s%s", line, ok, code, st_name,
+             elapsed, ok ? "" : " error=", ok ? "" : err);
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void serve(int c)
+{
+    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+
+    char reply_mem[DEVICE_INFO_MAX + 2 * PATH_MAX + 512];
+    struct buf out = {reply_mem, 0, sizeof reply_mem};
+    reply_mem[0] = '\0';
+
+    struct ucred cr;
+    socklen_t crlen = sizeof cr;
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 ||
+        (cr.uid != 0 && cr.uid != getuid() && cr.uid != geteuid())) {
+        /* Take the request line off the socket first (briefly) so that the
+         * client's write does not race our close, then refuse. */
+        struct timeval brief = {.tv_usec = 200 * 1000};
+        char sink[128];
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof brief);
+        ssize_t r = recv(c, sink, sizeof sink, 0);
+        (void)r;
+        buf_printf(&out,
+                   "{\"ok\": false, \"code\": %d, \"state\": null, \"error\": \"permission "
+                   "denied: only uid %u or root may control process %d\", \"elapsed_ms\": 0, "
+                   "\"pid\": %d, \"runtime\": null, \"device\": null}\n",
+                   AGENT_E_DENIED, (unsigned)getuid(), (int)getpid(), (int)getpid());
+        write_all(c, out.p, out.len);
+        log_line("refused a peer with uid %d", crlen == sizeof cr ? (int)cr.uid : -1);
+        return;
+    }
+
+    char line[128];
+    size_t n = 0;
+    while (n < sizeof line - 1) {
+        ssize_t r = recv(c, line + n, sizeof line - 1 - n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (memchr(line, '\n', n))
+            break;
+    }
+    line[n] = '\0';
+    char *nl = strpbrk(line, "\r\n");
+    if (nl)
+        *nl = '\0';
+    else if (n == 0)
+        return; /* peer went away (or a bare connect to probe us) */
+    execute(line, &out);
+    write_all(c, out.p, out.len);
+}
+
+/* ---------------------------------------------------------------- thread */
+
+static void *control_main(void *arg)
+{
+    (void)arg;
+    pthread_setname_np(pthread_self(), "npusnap-agent");
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g.cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        log_line("socket: %s; agent not started", strerror(errno));
+        return NULL;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "npusnap-agent-%d", (int)getpid());
+    socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
+    if (bind(fd, (struct sockaddr *)&sa, salen) < 0 || listen(fd, 8) < 0) {
+        /* EADDRINUSE: another copy of the agent already serves this process. */
+        log_line("bind @%s: %s; agent not started", sa.sun_path + 1, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    g.listen_fd = fd;
+    log_line("listening on @%s", sa.sun_path + 1);
+
+    for (;;) {
+        int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            /* EMFILE and friends: back off instead of spinning. */
+            struct timespec ts = {0, 100 * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        serve(c);
+        close(c);
+    }
+    return NULL;
+}
+
+static void start_control_thread(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited by the control thread */
+    pthread_attr_t a;
+    pthread_t t;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 512 * 1024);
+    pthread_create(&t, &a, control_main, NULL);
+    pthread_attr_destroy(&a);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* A forked child inherits our memory but not the control thread: drop the
+ * parent's listening socket (clients of the parent must never reach a process
+ * that cannot answer), reset what the parent's threads may have held, and
+ * serve the child under its own pid, as an exec'd child with LD_PRELOAD is. */
+static void atfork_child(void)
+{
+    if (g.listen_fd >= 0) {
+        close(g.listen_fd);
+        g.listen_fd = -1;
+    }
+    pthread_mutex_init(&g.mu, NULL);
+    g.state = ST_RUNNING;
+    g.lock_pending = g.lock_done = g.lock_abandoned = 0;
+    start_control_thread();
+}
+
+__attribute__((constructor)) static void npusnap_agent_init(void)
+{
+    static atomic_int started;
+    if (atomic_exchange(&started, 1))
+        return;
+    const char *lp = getenv("NPUSNAP_AGENT_LOG");
+    if (lp && lp[0])
+        snprintf(g.log_path, sizeof g.log_path, "%s", lp);
+    pthread_atfork(NULL, NULL, atfork_child);
+    start_control_thread();
+}

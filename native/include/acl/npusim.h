@@ -1,0 +1,43 @@
+/*
+ * npusim-only extensions: the software NPU's kernels, observability and daemon administration.
+ * A real CANN runtime has none of these; code that must also run on CANN looks them up with dlsym.
+ */
+#ifndef NPUSIM_ACL_NPUSIM_H_
+#define NPUSIM_ACL_NPUSIM_H_
+
+#include "acl_rt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Kernels. Pointers are device addresses on the stream's device (NULL stream: the default stream of
+ * the current device); float data is float32. Like any launch, they only queue the work. */
+ACL_FUNC_VISIBILITY aclError npusimLaunchFill(void *dst, size_t count, float value, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError npusimLaunchCopy(void *dst, const void *src, size_t size, aclrtStream stream);
+/* y[i] = alpha * x[i] + y[i] for i < n */
+ACL_FUNC_VISIBILITY aclError npusimLaunchAxpy(size_t n, float alpha, const void *x, void *y, aclrtStream stream);
+/* c[m,n] = a[m,k] . b[k,n], row-major */
+ACL_FUNC_VISIBILITY aclError npusimLaunchMatmul(size_t m, size_t n, size_t k, const void *a, const void *b,
+                                                void *c, aclrtStream stream);
+
+/* One-line JSON object describing this process's device state, written NUL-terminated into buf:
+ * {"state": "RUNNING|LOCKED|BACKED_UP", "devices": [..], "allocations": N, "bytes": B,
+ *  "streams": N, "events": N, "connected": bool}.
+ * Returns the length written, or a negative aclError (-ACL_ERROR_INVALID_PARAM if buf is too small). */
+ACL_FUNC_VISIBILITY int npusimSnapshotInfo(char *buf, size_t len);
+
+/* Daemon administration, for tools: the daemon's status as one JSON object
+ * {"pid": N, "socket": "...", "devices": [{"id", "total", "used", "free"}],
+ *  "clients": [{"pid", "bytes", "allocations", "streams", "connections"}]}.
+ * On success *needed is the JSON length; if it does not fit len (NUL included), nothing is written
+ * and ACL_ERROR_INVALID_PARAM is returned with *needed set. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonStatus(const char *socketPath, char *buf, size_t len, size_t *needed);
+/* Asks the daemon on socketPath to exit; returns once it has acknowledged. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonShutdown(const char *socketPath);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NPUSIM_ACL_NPUSIM_H_ */

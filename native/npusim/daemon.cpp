@@ -1,0 +1,161 @@
+// npusimd: the software NPU's device daemon.
+//
+//   npusimd --socket PATH --devices N --memory BYTES_PER_DEVICE [--foreground]
+//
+// Prints "ready <pid>" on stdout once it accepts connections. Without --foreground it detaches
+// (the pid printed is the daemon's). Exits 3 if a live daemon already answers on PATH; a stale
+// socket file is replaced. SIGTERM/SIGINT or an admin Shutdown request remove the socket and exit.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "device_state.h"
+#include "va.h"
+#include "wire.h"
+
+namespace {
+
+int g_wake_fd = -1;  // write end of the self-pipe that ends the accept loop
+
+void on_signal(int) {
+  const char c = 's';
+  [[maybe_unused]] ssize_t n = ::write(g_wake_fd, &c, 1);
+}
+
+[[noreturn]] void die(int code, const std::string &msg) {
+  std::fprintf(stderr, "npusimd: %s\n", msg.c_str());
+  std::exit(code);
+}
+
+struct Options {
+  std::string socket = "/tmp/npusim/daemon.sock";
+  uint32_t devices = 1;
+  uint64_t memory = 1ULL << 30;
+  bool foreground = false;
+};
+
+// Accepts a plain byte count or one with a K/M/G suffix (powers of 1024).
+uint64_t parse_bytes(const char *s) {
+  char *end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno != 0 || end == s) die(2, std::string("invalid byte count: ") + s);
+  switch (*end) {
+    case 'K': case 'k': v <<= 10; ++end; break;
+    case 'M': case 'm': v <<= 20; ++end; break;
+    case 'G': case 'g': v <<= 30; ++end; break;
+    default: break;
+  }
+  if (*end != '\0' && std::strcmp(end, "iB") != 0 && std::strcmp(end, "B") != 0)
+    die(2, std::string("invalid byte count: ") + s);
+  return v;
+}
+
+Options parse(int argc, char **argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> const char * {
+      if (i + 1 >= argc) die(2, "missing value for " + a);
+      return argv[++i];
+    };
+    if (a == "--socket") o.socket = value();
+    else if (a == "--devices") o.devices = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
+    else if (a == "--memory") o.memory = parse_bytes(value());
+    else if (a == "--foreground") o.foreground = true;
+    else die(2, "usage: npusimd --socket PATH --devices N --memory BYTES [--foreground]");
+  }
+  if (o.devices == 0 || o.devices > npusim::va::kMaxDevices) die(2, "--devices must be 1..256");
+  if (o.memory == 0 || o.memory > npusim::va::kWindowSize) die(2, "--memory must be 1 byte..1 TiB");
+  return o;
+}
+
+void make_parent_dirs(const std::string &path) {
+  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1))
+    ::mkdir(path.substr(0, pos).c_str(), 0755);
+}
+
+int listen_on(const std::string &path) {
+  int probe = npusim::wire::connect_unix(path);
+  if (probe >= 0) {
+    ::close(probe);
+    die(3, "a daemon already answers on " + path);
+  }
+  if (probe == -ECONNREFUSED) ::unlink(path.c_str());  // stale socket left by a dead daemon
+  make_parent_dirs(path);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) die(2, "socket path too long: " + path);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0)
+    die(1, "cannot listen on " + path + ": " + std::strerror(errno));
+  return fd;
+}
+
+void detach() {
+  pid_t child = ::fork();
+  if (child < 0) die(1, std::string("fork: ") + std::strerror(errno));
+  if (child > 0) {
+    std::printf("ready %d\n", child);
+    std::fflush(stdout);
+    ::_exit(0);
+  }
+  ::setsid();
+  int null = ::open("/dev/null", O_RDWR);
+  for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+  if (null > 2) ::close(null);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options opt = parse(argc, argv);
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) die(1, "pipe");
+  g_wake_fd = pipefd[1];
+  std::signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+
+  const int listen_fd = listen_on(opt.socket);
+  if (opt.foreground) {
+    std::printf("ready %d\n", ::getpid());
+    std::fflush(stdout);
+  } else {
+    detach();
+  }
+
+  static npusim::DeviceState state(opt.devices, opt.memory, opt.socket);
+  pollfd fds[2] = {{listen_fd, POLLIN, 0}, {pipefd[0], POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[1].revents != 0) break;
+    if (fds[0].revents & POLLIN) {
+      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      std::thread([fd] {
+        if (npusim::serve_connection(state, fd)) on_signal(0);
+      }).detach();
+    }
+  }
+  ::unlink(opt.socket.c_str());
+  // Clients still connected see the connection drop; no destructor may race their threads.
+  ::_exit(0);
+}

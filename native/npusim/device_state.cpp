@@ -1,0 +1,271 @@
+#include "device_state.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <sstream>
+
+#include "acl/acl_base.h"
+#include "va.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+namespace npusim {
+
+Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size_t mapped_)
+    : va(va_), size(size_), device(device_), base(base_), mapped(mapped_) {}
+
+Buffer::~Buffer() { ::munmap(base, mapped); }
+
+namespace {
+
+// Device memory is committed when allocated, as on real hardware, so that copies into it run at
+// memory speed instead of taking page faults.
+char *map_device_memory(uint64_t size, size_t *mapped) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  *mapped = (size + page - 1) / page * page;
+  void *p = ::mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);
+  if (::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
+    ::munmap(p, *mapped);  // out of memory: the device is full
+    return nullptr;
+  }
+  return static_cast<char *>(p);
+}
+
+bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+DeviceState::DeviceState(uint32_t devices, uint64_t memory, std::string socket_path)
+    : memory_(memory),
+      socket_path_(std::move(socket_path)),
+      used_(devices, 0),
+      window_owner_(devices, std::vector<pid_t>(va::kWindows, 0)) {}
+
+std::shared_ptr<Session> DeviceState::join(pid_t pid) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto &s = sessions_[pid];
+  if (!s) {
+    s = std::make_shared<Session>();
+    s->pid = pid;
+  }
+  ++s->connections;
+  return s;
+}
+
+void DeviceState::leave(const std::shared_ptr<Session> &s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (--s->connections > 0) return;
+    release_locked(*s);
+    sessions_.erase(s->pid);
+  }
+  streams::stop_all(*s);
+}
+
+void DeviceState::release(Session &s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    release_locked(s);
+  }
+  streams::stop_all(s);
+}
+
+void DeviceState::release_locked(Session &s) {
+  for (auto &[va, buf] : s.allocs) used_[buf->device] -= buf->size;
+  s.allocs.clear();
+  for (auto [device, window] : s.windows) window_owner_[device][window] = 0;
+  s.windows.clear();
+}
+
+int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
+  auto it = s.windows.find(device);
+  if (it != s.windows.end()) return it->second == window || window < 0 ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+  auto &owners = window_owner_[device];
+  if (window < 0) {
+    // A random free window, so that restored clients rarely find theirs taken.
+    static thread_local std::mt19937 rng{std::random_device{}()};
+    std::uniform_int_distribution<int> pick(0, va::kWindows - 1);
+    for (int tries = 0; tries < 64 && window < 0; ++tries) {
+      int w = pick(rng);
+      if (owners[w] == 0) window = w;
+    }
+    for (int w = 0; w < static_cast<int>(va::kWindows) && window < 0; ++w)
+      if (owners[w] == 0) window = w;
+    if (window < 0) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  } else if (owners[window] != 0) {
+    return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;  // another client holds this window now
+  }
+  owners[window] = s.pid;
+  s.windows[device] = window;
+  return ACL_SUCCESS;
+}
+
+int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size) {
+  if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  size_t mapped = 0;
+  char *base = map_device_memory(size, &mapped);
+  if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped);
+  used_[device] += size;
+  return ACL_SUCCESS;
+}
+
+int32_t DeviceState::malloc(Session &s, uint32_t device, uint64_t size, uint64_t *out) {
+  if (device >= device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
+  if (size == 0 || size > memory_) return size == 0 ? ACL_ERROR_INVALID_PARAM : ACL_ERROR_RT_MEMORY_ALLOCATION;
+  size = va::round_size(size);
+  std::lock_guard<std::mutex> g(mu_);
+  if (int32_t rc = claim_window(s, device, -1); rc != ACL_SUCCESS) return rc;
+  const uint32_t window = static_cast<uint32_t>(s.windows[device]);
+  const uint64_t lo = va::make(device, window, 0);
+  const uint64_t hi = lo + va::kWindowSize;
+  // First fit over the gaps between this window's allocations.
+  uint64_t cursor = lo;
+  for (auto it = s.allocs.lower_bound(lo); it != s.allocs.end() && it->first < hi; ++it) {
+    if (it->first >= cursor && it->first - cursor >= size) break;
+    cursor = std::max(cursor, (it->first + it->second->size + va::kAlign - 1) / va::kAlign * va::kAlign);
+  }
+  if (hi - cursor < size) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  if (int32_t rc = place(s, device, cursor, size); rc != ACL_SUCCESS) return rc;
+  *out = cursor;
+  return ACL_SUCCESS;
+}
+
+int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size) {
+  if (device >= device_count() || !va::is_device(va) || va::device_of(va) != device)
+    return ACL_ERROR_RT_INVALID_DEVICEID;
+  size = va::round_size(size);
+  if (size == 0 || va::offset_of(va) + size > va::kWindowSize) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(mu_);
+  if (int32_t rc = claim_window(s, device, static_cast<int>(va::window_of(va))); rc != ACL_SUCCESS) return rc;
+  auto next = s.allocs.lower_bound(va);
+  if (next != s.allocs.end() && next->first < va + size) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  if (next != s.allocs.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  }
+  return place(s, device, va, size);
+}
+
+int32_t DeviceState::free(Session &s, uint64_t va) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = s.allocs.find(va);
+  if (it == s.allocs.end()) return ACL_ERROR_INVALID_PARAM;
+  used_[it->second->device] -= it->second->size;
+  s.allocs.erase(it);
+  return ACL_SUCCESS;
+}
+
+int32_t DeviceState::mem_info(uint32_t device, uint64_t *free, uint64_t *total) {
+  if (device >= device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
+  std::lock_guard<std::mutex> g(mu_);
+  *total = memory_;
+  *free = memory_ - used_[device];
+  return ACL_SUCCESS;
+}
+
+int32_t DeviceState::lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr) {
+  if (!va::is_device(va)) return ACL_ERROR_INVALID_PARAM;
+  auto it = s.allocs.upper_bound(va);
+  if (it == s.allocs.begin()) return ACL_ERROR_INVALID_PARAM;
+  --it;
+  const Buffer &b = *it->second;
+  if (va - b.va > b.size || len > b.size - (va - b.va)) return ACL_ERROR_INVALID_PARAM;
+  *buf = it->second;
+  *ptr = b.base + (va - b.va);
+  return ACL_SUCCESS;
+}
+
+int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_device, bool on_stream, Work &w) {
+  using proto::TaskKind;
+  w.task = t;
+  w.pid = s.pid;
+  uint64_t dst_len = 0, src_len = 0, src2_len = 0;
+  bool dst_dev = true, src_dev = false, kernel = true;
+  switch (t.kind) {
+    case TaskKind::HostToDevice: dst_len = t.size; kernel = false; break;
+    case TaskKind::DeviceToHost: src_len = t.size; dst_dev = false; src_dev = true; kernel = false; break;
+    case TaskKind::DeviceToDevice: dst_len = src_len = t.size; src_dev = true; kernel = false; break;
+    case TaskKind::Memset: dst_len = t.size; kernel = false; break;
+    case TaskKind::Fill:
+      if (!mul_ok(t.m, sizeof(float), &dst_len)) return ACL_ERROR_INVALID_PARAM;
+      break;
+    case TaskKind::Axpy:
+      if (!mul_ok(t.m, sizeof(float), &dst_len)) return ACL_ERROR_INVALID_PARAM;
+      src_len = dst_len;
+      src_dev = true;
+      break;
+    case TaskKind::Matmul: {
+      uint64_t mk, kn, mn;
+      if (!mul_ok(t.m, t.k, &mk) || !mul_ok(t.k, t.n, &kn) || !mul_ok(t.m, t.n, &mn) ||
+          !mul_ok(mk, sizeof(float), &src_len) || !mul_ok(kn, sizeof(float), &src2_len) ||
+          !mul_ok(mn, sizeof(float), &dst_len))
+        return ACL_ERROR_INVALID_PARAM;
+      src_dev = true;
+      break;
+    }
+    case TaskKind::RecordEvent:
+    case TaskKind::WaitEvent: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+    default: return ACL_ERROR_INVALID_PARAM;
+  }
+  if (kernel && on_stream) {
+    // Kernels run on the stream's device and can only touch its memory.
+    for (uint64_t a : {t.dst, t.src, t.src2})
+      if (a != 0 && va::is_device(a) && va::device_of(a) != stream_device) return ACL_ERROR_INVALID_PARAM;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  std::shared_ptr<Buffer> b;
+  char *p = nullptr;
+  if (dst_dev) {
+    if (int32_t rc = lookup(s, t.dst, dst_len, &b, &p); rc != ACL_SUCCESS) return rc;
+    w.dst = p;
+    w.hold.push_back(b);
+  }
+  if (src_dev) {
+    if (int32_t rc = lookup(s, t.src, src_len, &b, &p); rc != ACL_SUCCESS) return rc;
+    w.src = p;
+    w.hold.push_back(b);
+  }
+  if (src2_len > 0) {
+    if (int32_t rc = lookup(s, t.src2, src2_len, &b, &p); rc != ACL_SUCCESS) return rc;
+    w.src2 = p;
+    w.hold.push_back(b);
+  }
+  return ACL_SUCCESS;
+}
+
+std::string DeviceState::status_json() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::ostringstream o;
+  o << "{\"pid\": " << ::getpid() << ", \"socket\": \"" << socket_path_ << "\", \"devices\": [";
+  for (size_t d = 0; d < used_.size(); ++d) {
+    o << (d ? ", " : "") << "{\"id\": " << d << ", \"total\": " << memory_ << ", \"used\": " << used_[d]
+      << ", \"free\": " << memory_ - used_[d] << "}";
+  }
+  o << "], \"clients\": [";
+  bool first = true;
+  for (auto &[pid, s] : sessions_) {
+    uint64_t bytes = 0;
+    for (auto &[va, b] : s->allocs) bytes += b->size;
+    size_t nstreams;
+    {
+      std::lock_guard<std::mutex> sg(s->mu);
+      nstreams = s->streams.size();
+    }
+    o << (first ? "" : ", ") << "{\"pid\": " << pid << ", \"bytes\": " << bytes
+      << ", \"allocations\": " << s->allocs.size() << ", \"streams\": " << nstreams
+      << ", \"connections\": " << s->connections << "}";
+    first = false;
+  }
+  o << "]}";
+  return o.str();
+}
+
+}  // namespace npusim

@@ -1,0 +1,135 @@
+// The daemon's state: devices and their memory, client sessions, streams and events.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol.h"
+
+namespace npusim {
+
+// One device allocation: anonymous memory in the daemon, known to clients only by its address.
+struct Buffer {
+  Buffer(uint64_t va, uint64_t size, uint32_t device, char *base, size_t mapped);
+  ~Buffer();
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+
+  const uint64_t va;
+  const uint64_t size;  // rounded to va::kSizeGranule
+  const uint32_t device;
+  char *const base;
+  const size_t mapped;
+};
+
+// A task with its device addresses resolved. It holds its buffers, so freeing an allocation while
+// work on it is queued cannot pull memory from under a worker.
+struct Work {
+  proto::Task task{};
+  pid_t pid = 0;  // the client, for process_vm_readv/writev
+  char *dst = nullptr;
+  const char *src = nullptr;
+  const char *src2 = nullptr;
+  std::vector<std::shared_ptr<Buffer>> hold;
+};
+
+struct Stream {
+  uint32_t id = 0;
+  uint32_t device = 0;
+  std::deque<Work> queue;
+  uint64_t enqueued = 0;
+  uint64_t done = 0;
+  bool cancel = false;
+  int32_t error = 0;  // first failure of an async task, reported by the next synchronize
+  std::thread worker;
+};
+
+struct Event {
+  uint64_t completed = 0;
+  uint64_t timestamp_ns = 0;
+};
+
+// Everything one client process owns. mu/cv guard streams and events; allocations and windows are
+// guarded by the daemon's mutex because they are checked against device capacity.
+struct Session {
+  pid_t pid = 0;
+  int connections = 0;
+  std::map<uint64_t, std::shared_ptr<Buffer>> allocs;  // by address
+  std::map<uint32_t, int> windows;                     // device -> window
+
+  std::mutex mu;
+  std::condition_variable cv;  // any stream progress, event completion or cancellation
+  std::map<uint32_t, std::shared_ptr<Stream>> streams;
+  std::map<uint32_t, Event> events;
+  uint32_t next_id = 1;
+};
+
+class DeviceState {
+ public:
+  DeviceState(uint32_t devices, uint64_t memory, std::string socket_path);
+
+  uint32_t device_count() const { return static_cast<uint32_t>(used_.size()); }
+  uint64_t memory() const { return memory_; }
+  const std::string &socket_path() const { return socket_path_; }
+
+  std::shared_ptr<Session> join(pid_t pid);
+  void leave(const std::shared_ptr<Session> &s);
+  // Drops every resource of the session now (runtime Backup/Finalize); the session stays joined.
+  void release(Session &s);
+
+  int32_t malloc(Session &s, uint32_t device, uint64_t size, uint64_t *va);
+  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size);
+  int32_t free(Session &s, uint64_t va);
+  int32_t mem_info(uint32_t device, uint64_t *free, uint64_t *total);
+  // Resolves the task's device addresses against the session's allocations.
+  int32_t resolve(Session &s, const proto::Task &task, uint32_t stream_device, bool on_stream, Work &w);
+
+  std::string status_json();
+
+ private:
+  int32_t claim_window(Session &s, uint32_t device, int window);
+  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size);
+  int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
+  void release_locked(Session &s);
+
+  std::mutex mu_;
+  const uint64_t memory_;
+  const std::string socket_path_;
+  std::vector<uint64_t> used_;                  // per device
+  std::vector<std::vector<pid_t>> window_owner_;  // [device][window]
+  std::map<pid_t, std::shared_ptr<Session>> sessions_;
+};
+
+// Executes one resolved task; returns an aclError.
+int32_t run_work(Work &w);
+
+// Serves one client connection until it closes (server.cpp). Returns true if the client asked the
+// daemon to shut down.
+bool serve_connection(DeviceState &state, int fd);
+
+// Stream and event operations (streams.cpp).
+namespace streams {
+uint32_t create(Session &s, uint32_t device);
+int32_t destroy(Session &s, uint32_t id, bool force);
+bool device_of(Session &s, uint32_t id, uint32_t *device);
+int32_t enqueue(Session &s, uint32_t id, Work &&w);
+int32_t sync(Session &s, uint32_t id);
+int32_t sync_device(Session &s, uint32_t device);
+int32_t drain(Session &s, int64_t timeout_ms);
+void stop_all(Session &s);
+uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns);
+int32_t event_destroy(Session &s, uint32_t id);
+int32_t event_query(Session &s, uint32_t id, Event *out);
+int32_t event_sync(Session &s, uint32_t id, uint64_t target);
+}  // namespace streams
+
+}  // namespace npusim

@@ -1,0 +1,120 @@
+// Internal state of the client runtime (libascendcl.so). Device memory, streams and events live
+// in npusimd; this process holds only handles: device addresses, and stream/event objects whose
+// daemon ids are re-mapped on restore, so the handles an application holds stay valid.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "acl/acl_rt.h"
+#include "protocol.h"
+
+namespace npusim::rt {
+
+// A pool of connections to the daemon, all joined to this process's session: a thread blocked in
+// a synchronize holds one connection while other threads keep working on others.
+class ConnPool {
+ public:
+  int32_t open(const std::string &path);  // connects, says Hello, learns the daemon's shape
+  void close_all();                       // every connection, idle or not yet returned
+  bool connected();
+  int32_t call(const proto::Request &rq, proto::Reply *rp = nullptr);
+
+  pid_t daemon_pid = 0;
+  uint32_t device_count = 0;
+  uint64_t memory = 0;
+
+ private:
+  int connect_one(proto::Reply *hello);
+
+  std::mutex mu_;
+  std::string path_;
+  std::vector<int> idle_;
+  bool open_ = false;
+  uint64_t generation_ = 0;  // bumped by close_all: connections of an older generation are dropped
+};
+
+struct StreamObj {
+  uint32_t id;
+  int32_t device;
+  bool is_default;
+};
+
+struct EventObj {
+  uint32_t id;
+  int32_t device;
+  uint64_t records;       // records queued so far; a wait targets the latest
+  uint64_t completed;     // saved by Backup
+  uint64_t timestamp_ns;  // saved by Backup
+};
+
+struct Alloc {
+  uint64_t size;
+  int32_t device;
+  void *backup = nullptr;  // host copy taken by Backup (private anonymous memory)
+};
+
+struct DeviceCtx {
+  int refs = 0;
+  StreamObj *default_stream = nullptr;
+};
+
+enum class State { Running, Locked, BackedUp };
+
+struct Runtime {
+  std::mutex mu;  // guards every field below
+  bool initialized = false;
+  std::string socket_path;
+  ConnPool pool;
+  int32_t current_device = -1;  // process-wide; a thread's own aclrtSetDevice takes precedence
+  std::map<uint64_t, Alloc> allocs;
+  std::set<StreamObj *> streams;
+  std::set<EventObj *> events;
+  std::map<int32_t, DeviceCtx> devices;
+  std::set<std::pair<int32_t, int32_t>> peers;  // (device, peer) enabled
+  std::map<void *, size_t> host_allocs;
+
+  // Snapshot state machine.
+  std::condition_variable gate_cv;
+  State state = State::Running;
+  std::thread::id locker;
+  int inflight = 0;  // device calls that passed the gate and have not returned
+  std::vector<std::pair<aclrtSnapShotCallBack, void *>> callbacks[ACL_RT_SNAPSHOT_UNLOCK_POST + 1];
+};
+
+Runtime &runtime();
+
+// Every device call holds one: it waits while the process is locked (unless this thread locked
+// it) and tells Lock that a call is in flight.
+class CallScope {
+ public:
+  CallScope();
+  ~CallScope();
+  CallScope(const CallScope &) = delete;
+  CallScope &operator=(const CallScope &) = delete;
+};
+
+// The calling thread's device, or -1.
+int32_t current_device();
+void set_thread_device(int32_t device);
+// Resolves a stream handle (NULL: the current device's default stream).
+int32_t resolve_stream(aclrtStream stream, StreamObj **out);
+// True if device memory on a may be copied to/from b.
+bool peer_ok(int32_t a, int32_t b);
+// Sends task to run now (stream == nullptr) or queued on stream.
+int32_t submit(const proto::Task &task, StreamObj *stream);
+// Frees the daemon side of a device's resources (aclrtResetDevice).
+void release_device(int32_t device);
+// Snapshot internals (snapshot.cpp), called with no lock held.
+int32_t device_restore();
+void drop_backups();
+
+}  // namespace npusim::rt

@@ -1,0 +1,98 @@
+// One connection: read a request, act, reply; repeat until the client hangs up.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "acl/acl_base.h"
+#include "device_state.h"
+#include "wire.h"
+
+namespace npusim {
+namespace {
+
+using proto::Op;
+
+pid_t peer_pid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
+}
+
+// Handles one request of a joined session.
+int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::Reply &rp) {
+  switch (rq.op) {
+    case Op::Malloc: return state.malloc(s, static_cast<uint32_t>(rq.device), rq.size, &rp.value[0]);
+    case Op::MallocAt: return state.malloc_at(s, static_cast<uint32_t>(rq.device), rq.addr, rq.size);
+    case Op::Free: return state.free(s, rq.addr);
+    case Op::MemInfo: return state.mem_info(static_cast<uint32_t>(rq.device), &rp.value[0], &rp.value[1]);
+    case Op::Exec: {
+      Work w;
+      int32_t rc = state.resolve(s, rq.task, 0, false, w);
+      return rc != ACL_SUCCESS ? rc : run_work(w);
+    }
+    case Op::StreamCreate:
+      if (rq.device < 0 || static_cast<uint32_t>(rq.device) >= state.device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
+      rp.value[0] = streams::create(s, static_cast<uint32_t>(rq.device));
+      return ACL_SUCCESS;
+    case Op::StreamDestroy: return streams::destroy(s, rq.stream, rq.flags != 0);
+    case Op::Enqueue: {
+      uint32_t device = 0;
+      if (!streams::device_of(s, rq.stream, &device)) return ACL_ERROR_INVALID_PARAM;
+      Work w;
+      int32_t rc = state.resolve(s, rq.task, device, true, w);
+      return rc != ACL_SUCCESS ? rc : streams::enqueue(s, rq.stream, std::move(w));
+    }
+    case Op::StreamSync: return streams::sync(s, rq.stream);
+    case Op::DeviceSync: return streams::sync_device(s, static_cast<uint32_t>(rq.device));
+    case Op::Drain: return streams::drain(s, rq.timeout_ms);
+    case Op::Release: state.release(s); return ACL_SUCCESS;
+    case Op::EventCreate:
+      rp.value[0] = streams::event_create(s, rq.value[0], rq.value[1]);
+      return ACL_SUCCESS;
+    case Op::EventDestroy: return streams::event_destroy(s, rq.event);
+    case Op::EventQuery: {
+      Event e;
+      int32_t rc = streams::event_query(s, rq.event, &e);
+      rp.value[0] = e.completed;
+      rp.value[1] = e.timestamp_ns;
+      return rc;
+    }
+    case Op::EventSync: return streams::event_sync(s, rq.event, rq.value[0]);
+    default: return ACL_ERROR_INVALID_PARAM;
+  }
+}
+
+}  // namespace
+
+bool serve_connection(DeviceState &state, int fd) {
+  std::shared_ptr<Session> session;
+  bool shutdown = false;
+  proto::Request rq{};
+  while (!shutdown && wire::recv_all(fd, &rq, sizeof(rq))) {
+    proto::Reply rp{};
+    std::string payload;
+    if (rq.magic != proto::kMagic) {
+      rp.code = ACL_ERROR_RT_DRV_INTERNAL_ERROR;  // a runtime from another npusim version
+    } else if (rq.op == Op::Hello) {
+      if (!session) session = state.join(peer_pid(fd));
+      rp.value[0] = static_cast<uint64_t>(::getpid());
+      rp.value[1] = state.device_count();
+      rp.value[2] = state.memory();
+    } else if (rq.op == Op::Status) {
+      payload = state.status_json();
+    } else if (rq.op == Op::Shutdown) {
+      ::unlink(state.socket_path().c_str());  // gone before the ack: the caller may start a new daemon
+      shutdown = true;
+    } else if (!session) {
+      rp.code = ACL_ERROR_UNINITIALIZE;
+    } else {
+      rp.code = handle(state, *session, rq, rp);
+    }
+    rp.payload_len = static_cast<uint32_t>(payload.size());
+    if (!wire::send_all(fd, &rp, sizeof(rp)) || !wire::send_all(fd, payload.data(), payload.size())) break;
+  }
+  if (session) state.leave(session);
+  ::close(fd);
+  return shutdown;
+}
+
+}  // namespace npusim

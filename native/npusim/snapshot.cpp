@@ -1,0 +1,319 @@
+// The CANN snapshot API: Lock / Backup / Restore / Unlock and stage callbacks.
+//
+// Backup copies every allocation into private host memory, saves event state and then releases
+// the device entirely (daemon resources freed, every connection closed), so CRIU sees an ordinary
+// process. Restore reconnects to whatever daemon now answers on the remembered socket, re-creates
+// each allocation at its old address, each stream and event under its old handle, and copies the
+// data back.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "acl/npusim.h"
+#include "runtime.h"
+#include "wire.h"
+
+using namespace npusim;
+using namespace npusim::rt;
+
+namespace {
+
+constexpr int64_t kLockTimeoutMs = 60000;  // CANN waits 60 s for the process to quiesce
+
+int64_t lock_timeout_ms() {
+  const char *env = std::getenv("NPUSIM_LOCK_TIMEOUT_MS");  // tests shorten it
+  return env != nullptr && env[0] != '\0' ? std::max(0LL, std::atoll(env)) : kLockTimeoutMs;
+}
+
+const char *state_name(State s) {
+  switch (s) {
+    case State::Running: return "RUNNING";
+    case State::Locked: return "LOCKED";
+    default: return "BACKED_UP";
+  }
+}
+
+// Calls each callback of stage once per open device.
+int32_t invoke(aclrtSnapShotStage stage) {
+  Runtime &r = runtime();
+  std::vector<std::pair<aclrtSnapShotCallBack, void *>> cbs;
+  std::vector<int32_t> devices;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    cbs = r.callbacks[stage];
+    for (auto &[d, ctx] : r.devices) devices.push_back(d);
+  }
+  for (auto &[cb, args] : cbs)
+    for (int32_t d : devices)
+      if (cb(d, args) != 0) return ACL_ERROR_SNAPSHOT_CALLBACK_FAILED;
+  return ACL_SUCCESS;
+}
+
+void unmap_backup(Alloc &a) {
+  if (a.backup != nullptr) ::munmap(a.backup, a.size);
+  a.backup = nullptr;
+}
+
+int32_t device_backup() {
+  Runtime &r = runtime();
+  if (!r.pool.connected()) return ACL_SUCCESS;  // no device in use: nothing to save
+  std::vector<std::pair<uint64_t, Alloc *>> allocs;
+  std::vector<EventObj *> events;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
+    events.assign(r.events.begin(), r.events.end());
+  }
+  for (auto &[va, a] : allocs) {
+    unmap_backup(*a);
+    void *p = ::mmap(nullptr, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    a->backup = p;
+    proto::Task t{};
+    t.kind = proto::TaskKind::DeviceToHost;
+    t.dst = reinterpret_cast<uint64_t>(p);
+    t.src = va;
+    t.size = a->size;
+    if (submit(t, nullptr) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+  }
+  for (EventObj *e : events) {
+    proto::Request rq = wire::request(proto::Op::EventQuery);
+    rq.event = e->id;
+    proto::Reply rp{};
+    if (r.pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    e->completed = rp.value[0];
+    e->timestamp_ns = rp.value[1];
+  }
+  r.pool.call(wire::request(proto::Op::Release));
+  r.pool.close_all();
+  return ACL_SUCCESS;
+}
+
+int32_t restore_resources() {
+  Runtime &r = runtime();
+  std::vector<std::pair<uint64_t, Alloc *>> allocs;
+  std::vector<StreamObj *> streams;
+  std::vector<EventObj *> events;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    for (auto &[d, ctx] : r.devices)
+      if (static_cast<uint32_t>(d) >= r.pool.device_count) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
+    streams.assign(r.streams.begin(), r.streams.end());
+    events.assign(r.events.begin(), r.events.end());
+  }
+  for (auto &[va, a] : allocs) {
+    proto::Request rq = wire::request(proto::Op::MallocAt);
+    rq.device = a->device;
+    rq.addr = va;
+    rq.size = a->size;
+    if (r.pool.call(rq) != ACL_SUCCESS || a->backup == nullptr) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    proto::Task t{};
+    t.kind = proto::TaskKind::HostToDevice;
+    t.dst = va;
+    t.src = reinterpret_cast<uint64_t>(a->backup);
+    t.size = a->size;
+    if (submit(t, nullptr) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  }
+  for (StreamObj *s : streams) {
+    proto::Request rq = wire::request(proto::Op::StreamCreate);
+    rq.device = s->device;
+    proto::Reply rp{};
+    if (r.pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    s->id = static_cast<uint32_t>(rp.value[0]);
+  }
+  for (EventObj *e : events) {
+    proto::Request rq = wire::request(proto::Op::EventCreate);
+    rq.value[0] = e->completed;  // a recorded event stays recorded
+    rq.value[1] = e->timestamp_ns;
+    proto::Reply rp{};
+    if (r.pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    e->id = static_cast<uint32_t>(rp.value[0]);
+    e->records = e->completed;
+  }
+  return ACL_SUCCESS;
+}
+
+bool bad_pid(int pid) { return pid != static_cast<int>(::getpid()); }
+
+}  // namespace
+
+namespace npusim::rt {
+
+int32_t device_restore() {
+  Runtime &r = runtime();
+  std::string path;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (!r.initialized) return ACL_SUCCESS;
+    path = r.socket_path;
+  }
+  if (r.pool.open(path) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  if (int32_t rc = restore_resources(); rc != ACL_SUCCESS) {
+    r.pool.call(wire::request(proto::Op::Release));  // leave nothing half-restored on the device
+    r.pool.close_all();
+    return rc;
+  }
+  drop_backups();
+  return ACL_SUCCESS;
+}
+
+void drop_backups() {
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  for (auto &[va, a] : r.allocs) unmap_backup(a);
+}
+
+}  // namespace npusim::rt
+
+extern "C" {
+
+aclError aclrtSnapShotProcessLock(int pid, void *reserve) {
+  if (bad_pid(pid) || reserve != nullptr) return ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (r.state != State::Running) return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+  }
+  if (int32_t rc = invoke(ACL_RT_SNAPSHOT_LOCK_PRE); rc != ACL_SUCCESS) return rc;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(lock_timeout_ms());
+  {
+    std::unique_lock<std::mutex> l(r.mu);
+    if (r.state != State::Running) return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+    r.state = State::Locked;
+    r.locker = std::this_thread::get_id();
+    // New device calls now wait at the gate; let the ones already inside finish.
+    if (r.gate_cv.wait_until(l, deadline, [&] { return r.inflight == 0; })) {
+      l.unlock();
+      int32_t rc = ACL_SUCCESS;
+      if (r.pool.connected()) {
+        // Then all queued device work.
+        proto::Request rq = wire::request(proto::Op::Drain);
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        rq.timeout_ms = std::max<int64_t>(0, left.count());
+        rc = r.pool.call(rq);
+      }
+      l.lock();
+      if (rc == ACL_SUCCESS) return ACL_SUCCESS;
+      if (rc != ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT) rc = ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+      r.state = State::Running;
+      r.locker = std::thread::id();
+      r.gate_cv.notify_all();
+      return rc;
+    }
+    r.state = State::Running;  // timed out: back to RUNNING, the process untouched
+    r.locker = std::thread::id();
+    r.gate_cv.notify_all();
+  }
+  return ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT;
+}
+
+aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBackupArgs *args) {
+  if (bad_pid(pid) || (args != nullptr && args->backupFlags != 0)) return ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (r.state != State::Locked) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+  }
+  if (int32_t rc = invoke(ACL_RT_SNAPSHOT_BACKUP_PRE); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = device_backup(); rc != ACL_SUCCESS) {
+    drop_backups();  // the device is untouched: stay LOCKED
+    return rc;
+  }
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.state = State::BackedUp;
+  }
+  return invoke(ACL_RT_SNAPSHOT_BACKUP_POST);
+}
+
+aclError aclrtSnapShotProcessRestore(int pid, aclrtSnapShotRestoreArgs *args) {
+  if (bad_pid(pid) || (args != nullptr && args->restoreFlags != 0)) return ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (r.state != State::BackedUp) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  }
+  if (int32_t rc = invoke(ACL_RT_SNAPSHOT_RESTORE_PRE); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = device_restore(); rc != ACL_SUCCESS) return rc;  // still BACKED_UP: may be retried
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.state = State::Locked;
+  }
+  return invoke(ACL_RT_SNAPSHOT_RESTORE_POST);
+}
+
+aclError aclrtSnapShotProcessUnlock(int pid, void *reserve) {
+  if (bad_pid(pid) || reserve != nullptr) return ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  State s;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    s = r.state;
+  }
+  if (s == State::Running) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
+  // Unlocking a backed-up process puts its device state back first, so it can carry on.
+  if (s == State::BackedUp && device_restore() != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.state = State::Running;
+    r.locker = std::thread::id();
+    r.gate_cv.notify_all();
+  }
+  return invoke(ACL_RT_SNAPSHOT_UNLOCK_POST);
+}
+
+aclError aclrtSnapShotCallbackRegister(aclrtSnapShotStage stage, aclrtSnapShotCallBack callback, void *args) {
+  if (stage < ACL_RT_SNAPSHOT_LOCK_PRE || stage > ACL_RT_SNAPSHOT_UNLOCK_POST || callback == nullptr)
+    return ACL_ERROR_RT_PARAM_INVALID;
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto &list = r.callbacks[stage];
+  if (std::any_of(list.begin(), list.end(), [&](auto &e) { return e.first == callback; }))
+    return ACL_ERROR_SNAPSHOT_REGISTER_CALLBACK_FAILED;
+  list.emplace_back(callback, args);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSnapShotCallbackUnregister(aclrtSnapShotStage stage, aclrtSnapShotCallBack callback) {
+  if (stage < ACL_RT_SNAPSHOT_LOCK_PRE || stage > ACL_RT_SNAPSHOT_UNLOCK_POST || callback == nullptr)
+    return ACL_ERROR_RT_PARAM_INVALID;
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto &list = r.callbacks[stage];
+  auto it = std::find_if(list.begin(), list.end(), [&](auto &e) { return e.first == callback; });
+  if (it == list.end()) return ACL_ERROR_RT_PARAM_INVALID;
+  list.erase(it);
+  return ACL_SUCCESS;
+}
+
+int npusimSnapshotInfo(char *buf, size_t len) {
+  if (buf == nullptr) return -ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  const bool connected = r.pool.connected();
+  std::ostringstream o;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    uint64_t bytes = 0;
+    for (auto &[va, a] : r.allocs) bytes += a.size;
+    o << "{\"state\": \"" << state_name(r.state) << "\", \"devices\": [";
+    bool first = true;
+    for (auto &[d, ctx] : r.devices) {
+      o << (first ? "" : ", ") << d;
+      first = false;
+    }
+    o << "], \"allocations\": " << r.allocs.size() << ", \"bytes\": " << bytes << ", \"streams\": " << r.streams.size()
+      << ", \"events\": " << r.events.size() << ", \"connected\": " << (connected ? "true" : "false") << "}";
+  }
+  const std::string s = o.str();
+  if (s.size() + 1 > len) return -ACL_ERROR_INVALID_PARAM;
+  std::memcpy(buf, s.c_str(), s.size() + 1);
+  return static_cast<int>(s.size());
+}
+
+}  // extern "C"

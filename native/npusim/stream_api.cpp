@@ -1,0 +1,193 @@
+// Streams and events. Handles are objects of this process; the daemon knows them by id, and
+// Restore gives them new ids without changing the handles.
+#include <algorithm>
+
+#include "runtime.h"
+#include "wire.h"
+
+using namespace npusim;
+using namespace npusim::rt;
+
+namespace {
+
+int32_t check_event(aclrtEvent event, EventObj **out) {
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
+  auto *e = static_cast<EventObj *>(event);
+  if (e == nullptr || r.events.count(e) == 0) return ACL_ERROR_INVALID_PARAM;
+  *out = e;
+  return ACL_SUCCESS;
+}
+
+int32_t check_user_stream(aclrtStream stream, StreamObj **out) {
+  if (stream == nullptr) return ACL_ERROR_INVALID_PARAM;
+  if (int32_t rc = resolve_stream(stream, out); rc != ACL_SUCCESS) return rc;
+  return (*out)->is_default ? ACL_ERROR_INVALID_PARAM : ACL_SUCCESS;
+}
+
+aclError destroy_stream(aclrtStream stream, bool force) {
+  Runtime &r = runtime();
+  CallScope scope;
+  StreamObj *s = nullptr;
+  if (int32_t rc = check_user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  proto::Request rq = wire::request(proto::Op::StreamDestroy);
+  rq.stream = s->id;
+  rq.flags = force ? 1 : 0;
+  if (int32_t rc = r.pool.call(rq); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(r.mu);
+  r.streams.erase(s);
+  delete s;
+  return ACL_SUCCESS;
+}
+
+struct EventState {
+  uint64_t completed;
+  uint64_t timestamp_ns;
+};
+
+int32_t query_event(EventObj *e, EventState *out) {
+  proto::Request rq = wire::request(proto::Op::EventQuery);
+  rq.event = e->id;
+  proto::Reply rp{};
+  if (int32_t rc = runtime().pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
+  *out = EventState{rp.value[0], rp.value[1]};
+  return ACL_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+aclError aclrtCreateStream(aclrtStream *stream) {
+  if (stream == nullptr) return ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  CallScope scope;
+  int32_t d;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
+    d = current_device();
+    if (r.devices.count(d) == 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  }
+  proto::Request rq = wire::request(proto::Op::StreamCreate);
+  rq.device = d;
+  proto::Reply rp{};
+  if (int32_t rc = r.pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
+  auto *s = new StreamObj{static_cast<uint32_t>(rp.value[0]), d, false};
+  std::lock_guard<std::mutex> g(r.mu);
+  r.streams.insert(s);
+  *stream = s;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyStream(aclrtStream stream) { return destroy_stream(stream, false); }
+
+aclError aclrtDestroyStreamForce(aclrtStream stream) { return destroy_stream(stream, true); }
+
+aclError aclrtSynchronizeStream(aclrtStream stream) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  proto::Request rq = wire::request(proto::Op::StreamSync);
+  rq.stream = s->id;
+  return runtime().pool.call(rq);
+}
+
+aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  EventObj *e = nullptr;
+  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  proto::Task t{};
+  t.kind = proto::TaskKind::WaitEvent;
+  t.event = e->id;
+  {
+    // Waits for the latest record queued so far; an event never recorded is waited for forever.
+    std::lock_guard<std::mutex> g(runtime().mu);
+    t.target = std::max<uint64_t>(1, e->records);
+  }
+  return submit(t, s);
+}
+
+aclError aclrtCreateEvent(aclrtEvent *event) {
+  if (event == nullptr) return ACL_ERROR_INVALID_PARAM;
+  Runtime &r = runtime();
+  CallScope scope;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
+  }
+  proto::Reply rp{};
+  if (int32_t rc = r.pool.call(wire::request(proto::Op::EventCreate), &rp); rc != ACL_SUCCESS) return rc;
+  auto *e = new EventObj{static_cast<uint32_t>(rp.value[0]), current_device(), 0, 0, 0};
+  std::lock_guard<std::mutex> g(r.mu);
+  r.events.insert(e);
+  *event = e;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyEvent(aclrtEvent event) {
+  Runtime &r = runtime();
+  CallScope scope;
+  EventObj *e = nullptr;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  proto::Request rq = wire::request(proto::Op::EventDestroy);
+  rq.event = e->id;
+  if (int32_t rc = r.pool.call(rq); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(r.mu);
+  r.events.erase(e);
+  delete e;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  EventObj *e = nullptr;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  proto::Task t{};
+  t.kind = proto::TaskKind::RecordEvent;
+  t.event = e->id;
+  std::lock_guard<std::mutex> g(runtime().mu);  // keeps records in queue order across threads
+  int32_t rc = submit(t, s);
+  if (rc == ACL_SUCCESS) ++e->records;
+  return rc;
+}
+
+aclError aclrtSynchronizeEvent(aclrtEvent event) {
+  CallScope scope;
+  EventObj *e = nullptr;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  proto::Request rq = wire::request(proto::Op::EventSync);
+  rq.event = e->id;
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    if (e->records == 0) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
+    rq.value[0] = e->records;
+  }
+  return runtime().pool.call(rq);
+}
+
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent) {
+  if (ms == nullptr) return ACL_ERROR_INVALID_PARAM;
+  CallScope scope;
+  EventObj *a = nullptr, *b = nullptr;
+  if (int32_t rc = check_event(startEvent, &a); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = check_event(endEvent, &b); rc != ACL_SUCCESS) return rc;
+  EventState sa{}, sb{};
+  if (int32_t rc = query_event(a, &sa); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = query_event(b, &sb); rc != ACL_SUCCESS) return rc;
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    if (sa.completed == 0 || sb.completed == 0 || sa.completed < a->records || sb.completed < b->records)
+      return ACL_ERROR_RT_EVENT_NOT_COMPLETE;
+  }
+  if (sb.timestamp_ns < sa.timestamp_ns) return ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL;
+  *ms = static_cast<float>(static_cast<double>(sb.timestamp_ns - sa.timestamp_ns) / 1e6);
+  return ACL_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,188 @@
+// Streams and events. Each stream has its own worker thread, so work is FIFO within a stream and
+// streams run concurrently, as on a real device. A stream whose head is a WaitEvent stalls until
+// the event has completed the record it waits for (forever, if it is never recorded).
+#include <time.h>
+
+#include <chrono>
+
+#include "acl/acl_base.h"
+#include "device_state.h"
+
+namespace npusim::streams {
+namespace {
+
+uint64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // system-wide: timestamps survive a daemon restart
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+bool head_ready(Session &s, const Work &w) {
+  if (w.task.kind != proto::TaskKind::WaitEvent) return true;
+  auto it = s.events.find(w.task.event);
+  return it == s.events.end() || it->second.completed >= w.task.target;
+}
+
+void worker(Session *s, std::shared_ptr<Stream> st) {
+  std::unique_lock<std::mutex> l(s->mu);
+  for (;;) {
+    s->cv.wait(l, [&] { return st->cancel || (!st->queue.empty() && head_ready(*s, st->queue.front())); });
+    if (st->cancel) return;
+    Work w = std::move(st->queue.front());
+    st->queue.pop_front();
+    if (w.task.kind == proto::TaskKind::RecordEvent) {
+      auto it = s->events.find(w.task.event);
+      if (it != s->events.end()) {
+        ++it->second.completed;
+        it->second.timestamp_ns = now_ns();
+      }
+    } else if (w.task.kind != proto::TaskKind::WaitEvent) {
+      l.unlock();
+      int32_t rc = run_work(w);
+      w.hold.clear();
+      l.lock();
+      if (rc != ACL_SUCCESS && st->error == ACL_SUCCESS) st->error = rc;
+    }
+    ++st->done;
+    s->cv.notify_all();
+  }
+}
+
+std::shared_ptr<Stream> find(Session &s, uint32_t id) {
+  auto it = s.streams.find(id);
+  return it == s.streams.end() ? nullptr : it->second;
+}
+
+// Waits (s.mu held) until st has run everything queued before this call.
+int32_t wait_stream(Session &s, std::unique_lock<std::mutex> &l, const std::shared_ptr<Stream> &st) {
+  const uint64_t target = st->enqueued;
+  s.cv.wait(l, [&] { return st->cancel || st->done >= target; });
+  int32_t rc = st->error;
+  st->error = ACL_SUCCESS;
+  return rc;
+}
+
+}  // namespace
+
+uint32_t create(Session &s, uint32_t device) {
+  auto st = std::make_shared<Stream>();
+  std::lock_guard<std::mutex> g(s.mu);
+  st->id = s.next_id++;
+  st->device = device;
+  s.streams[st->id] = st;
+  st->worker = std::thread(worker, &s, st);
+  return st->id;
+}
+
+int32_t destroy(Session &s, uint32_t id, bool force) {
+  std::shared_ptr<Stream> st;
+  {
+    std::unique_lock<std::mutex> l(s.mu);
+    st = find(s, id);
+    if (!st) return ACL_ERROR_INVALID_PARAM;
+    if (!force) wait_stream(s, l, st);
+    st->cancel = true;
+    st->queue.clear();
+    s.streams.erase(id);
+    s.cv.notify_all();
+  }
+  st->worker.join();
+  return ACL_SUCCESS;
+}
+
+bool device_of(Session &s, uint32_t id, uint32_t *device) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (st) *device = st->device;
+  return st != nullptr;
+}
+
+int32_t enqueue(Session &s, uint32_t id, Work &&w) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  st->queue.push_back(std::move(w));
+  ++st->enqueued;
+  s.cv.notify_all();
+  return ACL_SUCCESS;
+}
+
+int32_t sync(Session &s, uint32_t id) {
+  std::unique_lock<std::mutex> l(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  return wait_stream(s, l, st);
+}
+
+int32_t sync_device(Session &s, uint32_t device) {
+  std::unique_lock<std::mutex> l(s.mu);
+  std::vector<std::shared_ptr<Stream>> on_device;
+  for (auto &[id, st] : s.streams)
+    if (st->device == device) on_device.push_back(st);
+  int32_t rc = ACL_SUCCESS;
+  for (auto &st : on_device) {
+    int32_t r = wait_stream(s, l, st);
+    if (rc == ACL_SUCCESS) rc = r;
+  }
+  return rc;
+}
+
+int32_t drain(Session &s, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> l(s.mu);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const bool idle = s.cv.wait_until(l, deadline, [&] {
+    for (auto &[id, st] : s.streams)
+      if (st->done < st->enqueued) return false;
+    return true;
+  });
+  return idle ? ACL_SUCCESS : ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT;
+}
+
+void stop_all(Session &s) {
+  std::map<uint32_t, std::shared_ptr<Stream>> stopped;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    stopped.swap(s.streams);
+    for (auto &[id, st] : stopped) {
+      st->cancel = true;
+      st->queue.clear();
+    }
+    s.events.clear();
+    s.cv.notify_all();
+  }
+  for (auto &[id, st] : stopped) st->worker.join();
+}
+
+uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns) {
+  std::lock_guard<std::mutex> g(s.mu);
+  uint32_t id = s.next_id++;
+  s.events[id] = Event{completed, timestamp_ns};
+  return id;
+}
+
+int32_t event_destroy(Session &s, uint32_t id) {
+  std::lock_guard<std::mutex> g(s.mu);
+  if (s.events.erase(id) == 0) return ACL_ERROR_INVALID_PARAM;
+  s.cv.notify_all();  // streams waiting on it move on
+  return ACL_SUCCESS;
+}
+
+int32_t event_query(Session &s, uint32_t id, Event *out) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto it = s.events.find(id);
+  if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  *out = it->second;
+  return ACL_SUCCESS;
+}
+
+int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
+  std::unique_lock<std::mutex> l(s.mu);
+  if (s.events.find(id) == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  s.cv.wait(l, [&] {
+    auto it = s.events.find(id);
+    return it == s.events.end() || it->second.completed >= target;
+  });
+  return ACL_SUCCESS;
+}
+
+}  // namespace npusim::streams

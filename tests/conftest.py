@@ -1,0 +1,104 @@
+"""Shared fixtures: a private npusim device daemon per test."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import select
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+from npusnap_cli import native
+
+_READY_TIMEOUT_S = 10.0
+
+
+def installed(path: Path) -> Path:
+    """path (from npusnap_cli.native) in the installed package.
+
+    A source checkout on sys.path shadows the installed package but has no built _native/;
+    the built files are then found through the installed distribution.
+    """
+    if path.exists():
+        return path
+    rel = path.relative_to(native.NATIVE_DIR.parent.parent)
+    return Path(str(importlib.metadata.distribution("npusnap").locate_file(rel)))
+
+_SUN_PATH_MAX = 107  # sockaddr_un.sun_path, NUL excluded
+
+
+@dataclass
+class NpuSimDaemon:
+    """A running npusimd on a private socket. .env carries NPUSIM_SOCKET for child processes."""
+
+    socket: str
+    devices: int = 2
+    memory: int = 1 << 30
+    env: dict = field(default_factory=dict)
+    proc: Optional[subprocess.Popen] = None
+    npusimd: Path = field(default_factory=lambda: installed(native.NPUSIMD))
+    toolkit: Path = field(default_factory=lambda: installed(native.TOOLKIT_HOME))
+
+    def start(self) -> None:
+        if not self.npusimd.exists():
+            pytest.fail(f"{self.npusimd} is missing: build and install with "
+                        "`pip install --no-build-isolation .`")
+        self.proc = subprocess.Popen(
+            [str(self.npusimd), "--socket", self.socket, "--devices", str(self.devices),
+             "--memory", str(self.memory), "--foreground"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], _READY_TIMEOUT_S)
+        line = self.proc.stdout.readline().strip() if ready else ""
+        if line != f"ready {self.proc.pid}":
+            self.stop()
+            pytest.fail(f"npusimd did not become ready (got {line!r})")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 5 s; always reaps."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _socket_dir(tmp_path: Path) -> tuple[Path, Optional[tempfile.TemporaryDirectory]]:
+    # Unix socket paths are short; fall back to a private /tmp directory for long test names.
+    if len(str(tmp_path / "npusim.sock")) <= _SUN_PATH_MAX:
+        return tmp_path, None
+    tmp = tempfile.TemporaryDirectory(prefix="npusim-")
+    return Path(tmp.name), tmp
+
+
+@pytest.fixture
+def npusim_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NpuSimDaemon]:
+    """A private npusimd (2 devices, 1 GiB each); NPUSIM_SOCKET is exported to child processes."""
+    directory, cleanup = _socket_dir(tmp_path)
+    daemon = NpuSimDaemon(socket=str(directory / "npusim.sock"))
+    daemon.env = {**os.environ, "NPUSIM_SOCKET": daemon.socket}
+    monkeypatch.setenv("NPUSIM_SOCKET", daemon.socket)
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+        if cleanup is not None:
+            cleanup.cleanup()

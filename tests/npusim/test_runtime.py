@@ -1,0 +1,270 @@
+"""The npusim runtime through its Python bindings: isolation, the snapshot state machine, the
+lock gate, and device state surviving backup + daemon restart + restore. Each workload runs in
+its own process, as one client of a private daemon."""
+
+from __future__ import annotations
+
+import json
+
+import npusim
+import pytest
+
+from npusim_helpers import reap, run_py, spawn_py
+
+LOCK_TIMEOUT = 507905
+LOCK_FAILED = 507906
+UNLOCK_FAILED = 507907
+BACKUP_FAILED = 507908
+RESTORE_FAILED = 507909
+INVALID_PARAM = 100000
+
+PRELUDE = """
+import json, os, sys, threading, time
+import numpy as np
+import npusim
+
+def code(f, *args):
+    try:
+        f(*args)
+    except npusim.AclError as e:
+        return e.code
+    return 0
+"""
+
+
+def test_two_clients_are_isolated(npusim_daemon) -> None:
+    owner = spawn_py(PRELUDE + """
+npusim.init(); npusim.set_device(0)
+p = npusim.malloc(4096)
+npusim.memcpy_h2d(p, np.full(1024, 1.5, np.float32))
+print(p)
+sys.stdin.readline()
+out = np.zeros(1024, np.float32); npusim.memcpy_d2h(out, p)
+print(out.min(), out.max())
+""", npusim_daemon.env)
+    try:
+        theirs = int(owner.stdout.readline())
+        out = run_py(PRELUDE + f"""
+theirs = {theirs}
+npusim.init(); npusim.set_device(0)
+mine = npusim.malloc(4096)
+assert (mine >> 40) & 0xfff != (theirs >> 40) & 0xfff, "each client has its own VA window"
+buf = np.zeros(1024, np.float32)
+assert code(npusim.memcpy_d2h, buf, theirs) == {INVALID_PARAM}
+assert code(npusim.memcpy_h2d, theirs, buf) == {INVALID_PARAM}
+assert code(npusim.free, theirs) == {INVALID_PARAM}
+npusim.memset(mine, 0, 4096)
+print("isolated")
+""", npusim_daemon.env)
+        assert out == "isolated\n"
+        status = npusim.daemon_status(npusim_daemon.socket)
+        assert [c["pid"] for c in status["clients"]] == [owner.pid]
+        assert status["clients"][0]["bytes"] == 4096
+        assert status["devices"][0]["used"] == 4096
+        owner.stdin.write("\n")
+        owner.stdin.flush()
+        assert owner.stdout.readline().split() == ["1.5", "1.5"]
+        assert owner.wait(timeout=10) == 0
+    finally:
+        reap(owner)
+    assert npusim.daemon_status(npusim_daemon.socket)["clients"] == []
+
+
+def test_lock_waits_for_queued_work(npusim_daemon) -> None:
+    out = run_py(PRELUDE + """
+n = 320
+npusim.init(); npusim.set_device(0)
+a, b, c = (npusim.malloc(n * n * 4) for _ in range(3))
+s = npusim.create_stream()
+npusim.launch_fill(a, n * n, 1.0, s); npusim.launch_fill(b, n * n, 2.0, s)
+npusim.synchronize_stream(s)
+t = time.perf_counter(); npusim.launch_matmul(n, n, n, a, b, c, s); npusim.synchronize_stream(s)
+one = time.perf_counter() - t
+npusim.memset(c, 0, n * n * 4)
+for _ in range(6):
+    npusim.launch_matmul(n, n, n, a, b, c, s)
+t = time.perf_counter()
+npusim.snapshot_lock()
+waited = time.perf_counter() - t
+assert npusim.snapshot_info()["state"] == "LOCKED"
+out = np.empty(n * n, np.float32)
+npusim.memcpy_d2h(out, c)  # the locking thread keeps its access
+assert (out == 2.0 * n).all(), "lock returned before the queued work finished"
+assert waited > 3 * one, (waited, one)
+npusim.snapshot_unlock()
+print("ok")
+""", npusim_daemon.env)
+    assert out == "ok\n"
+
+
+def test_lock_times_out_on_work_that_never_finishes(npusim_daemon) -> None:
+    env = {**npusim_daemon.env, "NPUSIM_LOCK_TIMEOUT_MS": "300"}
+    out = run_py(PRELUDE + f"""
+npusim.init(); npusim.set_device(0)
+p = npusim.malloc(64)
+s = npusim.create_stream(); e = npusim.create_event()
+npusim.stream_wait_event(s, e)     # never recorded: s is stuck
+npusim.launch_fill(p, 16, 4.0, s)
+t = time.perf_counter()
+assert code(npusim.snapshot_lock) == {LOCK_TIMEOUT}
+assert 0.25 < time.perf_counter() - t < 5
+assert npusim.snapshot_info()["state"] == "RUNNING"
+npusim.record_event(e, 0)          # the process is untouched: unblock the stream and carry on
+npusim.synchronize_stream(s)
+out = np.zeros(16, np.float32); npusim.memcpy_d2h(out, p)
+assert (out == 4.0).all()
+npusim.snapshot_lock(); npusim.snapshot_unlock()
+print("ok")
+""", env)
+    assert out == "ok\n"
+
+
+def test_other_threads_block_while_locked(npusim_daemon) -> None:
+    out = run_py(PRELUDE + """
+npusim.init(); npusim.set_device(0)
+p = npusim.malloc(64)
+done = threading.Event()
+def worker():
+    q = npusim.malloc(64)
+    npusim.memcpy_h2d(q, np.ones(16, np.float32))
+    done.set()
+npusim.snapshot_lock()
+th = threading.Thread(target=worker); th.start()
+assert not done.wait(0.5), "a device call ran while the process was locked"
+npusim.memset(p, 1, 64)            # the locking thread is not blocked
+npusim.snapshot_backup()
+assert not done.wait(0.2)
+npusim.snapshot_restore()
+assert not done.wait(0.2)
+npusim.snapshot_unlock()
+assert done.wait(10), "the blocked call did not proceed after unlock"
+th.join()
+print("ok")
+""", npusim_daemon.env)
+    assert out == "ok\n"
+
+
+def test_state_machine_misuse_returns_cann_codes(npusim_daemon) -> None:
+    out = run_py(PRELUDE + f"""
+pid = os.getpid()
+npusim.init(); npusim.set_device(0)
+p = npusim.malloc(1 << 16)
+data = np.random.default_rng(1).integers(0, 255, 1 << 16, dtype=np.uint8)
+npusim.memcpy_h2d(p, data)
+assert code(npusim.snapshot_backup) == {BACKUP_FAILED}      # RUNNING
+assert code(npusim.snapshot_restore) == {RESTORE_FAILED}
+assert code(npusim.snapshot_unlock) == {UNLOCK_FAILED}
+assert code(npusim.snapshot_lock, pid + 1) == {INVALID_PARAM}
+assert code(npusim.snapshot_lock, None, 8) == {INVALID_PARAM}
+assert code(npusim.snapshot_backup, pid + 1) == {INVALID_PARAM}
+npusim.snapshot_lock()
+assert code(npusim.snapshot_lock) == {LOCK_FAILED}
+assert code(npusim.snapshot_restore) == {RESTORE_FAILED}    # LOCKED, nothing backed up
+npusim.snapshot_backup()
+assert npusim.snapshot_info()["state"] == "BACKED_UP"
+assert code(npusim.snapshot_backup) == {BACKUP_FAILED}      # BACKED_UP
+assert code(npusim.snapshot_lock) == {LOCK_FAILED}
+assert code(npusim.snapshot_unlock, pid + 1) == {INVALID_PARAM}
+assert code(npusim.snapshot_restore, pid + 1) == {INVALID_PARAM}
+npusim.snapshot_restore()
+assert npusim.snapshot_info()["state"] == "LOCKED"
+npusim.snapshot_backup()                                    # repeatable after a restore
+npusim.snapshot_unlock()                                    # from BACKED_UP: the device comes back
+info = npusim.snapshot_info()
+assert info["state"] == "RUNNING" and info["connected"], info
+out = np.zeros_like(data); npusim.memcpy_d2h(out, p)
+assert (out == data).all()
+print("ok")
+""", npusim_daemon.env)
+    assert out == "ok\n"
+
+
+WORKLOAD = PRELUDE + """
+rng = np.random.default_rng(7)
+npusim.init()
+npusim.set_device(1)
+p1 = npusim.malloc(1 << 20)
+d1 = rng.integers(0, 255, 1 << 20, dtype=np.uint8)
+npusim.memcpy_h2d(p1, d1)
+npusim.set_device(0)
+npusim.device_enable_peer_access(1)
+p0 = npusim.malloc((5 << 20) + 3)
+d0 = rng.integers(0, 255, (5 << 20) + 3, dtype=np.uint8)
+npusim.memcpy_h2d(p0, d0)
+w = npusim.malloc(4096 * 4)
+npusim.launch_fill(w, 4096, 0.25)
+s = npusim.create_stream()
+e0, e1 = npusim.create_event(), npusim.create_event()
+npusim.record_event(e0, s); npusim.launch_axpy(4096, 2.0, w, w, s); npusim.record_event(e1, s)
+npusim.synchronize_event(e1)
+elapsed = npusim.event_elapsed_time(e0, e1)
+print(json.dumps({"p0": p0, "p1": p1, "w": w, "s": s, "e": e1}))
+
+def restored_ok():
+    b0 = np.zeros_like(d0); npusim.memcpy_d2h(b0, p0)
+    b1 = np.zeros_like(d1); npusim.memcpy_d2h(b1, p1)
+    bw = np.zeros(4096, np.float32); npusim.memcpy_d2h(bw, w)
+    assert (b0 == d0).all() and (b1 == d1).all() and (bw == 0.75).all(), "device data changed"
+    npusim.synchronize_event(e1)                          # a recorded event stays recorded
+    assert npusim.event_elapsed_time(e0, e1) == elapsed
+    npusim.launch_axpy(4096, 1.0, w, w, s)               # the same stream handle still works
+    npusim.synchronize_stream(s)
+    npusim.memcpy_d2h(bw, w); assert (bw == 1.5).all()
+    npusim.memcpy_d2d(p1, p0, 1 << 20)                    # peer access stays enabled
+    npusim.memcpy_d2h(b1, p1); assert (b1 == d0[: 1 << 20]).all()
+    return True
+"""
+
+
+def test_device_state_survives_backup_daemon_restart_restore(npusim_daemon) -> None:
+    proc = spawn_py(WORKLOAD + f"""
+npusim.snapshot_lock(); npusim.snapshot_backup()
+info = npusim.snapshot_info()
+assert info["state"] == "BACKED_UP" and not info["connected"], info
+print("backed-up")
+sys.stdin.readline()                                      # the daemon is gone now
+assert code(npusim.snapshot_restore) == {RESTORE_FAILED}
+assert npusim.snapshot_info()["state"] == "BACKED_UP"
+print("restore-failed")
+sys.stdin.readline()                                      # a new daemon runs now
+npusim.snapshot_restore(); npusim.snapshot_unlock()
+assert restored_ok()
+print("restored", json.dumps(npusim.snapshot_info()))
+""", npusim_daemon.env)
+    try:
+        handles = json.loads(proc.stdout.readline())
+        assert proc.stdout.readline() == "backed-up\n"
+        status = npusim.daemon_status(npusim_daemon.socket)
+        assert status["clients"] == [] and all(d["used"] == 0 for d in status["devices"])
+        old_pid = status["pid"]
+        npusim_daemon.stop()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "restore-failed\n"
+        npusim_daemon.start()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line.startswith("restored "), line + proc.stderr.read()
+        info = json.loads(line.split(" ", 1)[1])
+        assert info == {"state": "RUNNING", "devices": [0, 1], "allocations": 3,
+                        "bytes": ((5 << 20) + 32) + (1 << 20) + 4096 * 4, "streams": 3,
+                        "events": 2, "connected": True}
+        status = npusim.daemon_status(npusim_daemon.socket)
+        assert status["pid"] != old_pid
+        assert [c["pid"] for c in status["clients"]] == [proc.pid]
+        assert status["clients"][0]["bytes"] == info["bytes"]
+        assert handles["p0"] >> 52 == (1 << 8) | 0 and handles["p1"] >> 52 == (1 << 8) | 1
+        assert proc.wait(timeout=10) == 0
+    finally:
+        reap(proc)
+
+
+def test_daemon_admin_status_and_shutdown(npusim_daemon) -> None:
+    status = npusim.daemon_status(npusim_daemon.socket)
+    assert status["pid"] == npusim_daemon.proc.pid
+    assert [d["total"] for d in status["devices"]] == [1 << 30, 1 << 30]
+    npusim.daemon_shutdown(npusim_daemon.socket)
+    assert npusim_daemon.proc.wait(timeout=10) == 0
+    with pytest.raises(npusim.AclError):
+        npusim.daemon_status(npusim_daemon.socket)
