@@ -5,7 +5,7 @@ PIP    := $(VENV)/bin/pip
 PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' 2>/dev/null) pyproject.toml CMakeLists.txt
 
-.PHONY: setup demo test bench bench-quick criu completions clean
+.PHONY: setup demo test bench bench-quick criu completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -38,6 +38,15 @@ bench: setup
 
 bench-quick: setup
 	$(PY) -m bench --quick
+
+# Generated from the click app, committed, and checked by tests/cli/test_{completions,docs}.py.
+completions: $(VENV)/bin/python
+	$(PY) scripts/gen_completions.py completions
+
+man: $(VENV)/bin/python
+	$(PY) scripts/gen_man.py docs/npusnap.1
+
+docs: completions man
 
 clean:
 	rm -rf build $(VENV)

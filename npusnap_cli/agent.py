@@ -4,6 +4,11 @@ The agent listens on the abstract Unix socket ``@npusnap-agent-<pid>``. Each
 request is one connection: one line out, one JSON line back, closed by the
 agent. No connection is kept, so CRIU can dump the process between requests.
 
+A lock may be held on a lease (``lock(timeout_s, lease_s)``, ``renew(lease_s)``):
+if the CLI stops renewing it (it died), the agent puts the process back to
+RUNNING by itself once the lease has run out in the process's own run time
+(time spent frozen by CRIU or stopped by SIGSTOP does not count).
+
 The exceptions are local for now; they all derive from :class:`AgentProblem`
 and carry a ``hint`` saying how to fix the problem.
 """
@@ -109,6 +114,8 @@ class AgentReply:
     pid: int
     runtime: Optional[str]
     device: Optional[dict[str, Any]] = field(default=None)
+    # ms of run time left on the lock's lease; None when no lease is armed
+    lease_ms_left: Optional[float] = field(default=None)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentReply:
@@ -122,6 +129,8 @@ class AgentReply:
             pid=int(data.get("pid", 0)),
             runtime=data.get("runtime"),
             device=device if isinstance(device, dict) else None,
+            lease_ms_left=(float(data["lease_ms_left"])
+                           if isinstance(data.get("lease_ms_left"), (int, float)) else None),
         )
 
 
@@ -139,9 +148,23 @@ class AgentClient:
     def status(self) -> AgentReply:
         return self.request("status")
 
-    def lock(self, timeout_s: float) -> AgentReply:
+    def lock(self, timeout_s: float, lease_s: Optional[float] = None) -> AgentReply:
+        """Lock; with lease_s the lock is held on a lease: unless renewed (renew) within
+        lease_s seconds of the process's run time, the agent undoes it by itself
+        (unlocks, or restores the device and unlocks when backed up)."""
         ms = max(0, int(timeout_s * 1000))
-        return self.request(f"lock {ms}", timeout=timeout_s + LOCK_GRACE_S)
+        line = f"lock {ms}"
+        if lease_s is not None:
+            if lease_s <= 0:
+                raise ValueError("lease_s must be > 0")
+            line += f" {max(1, int(lease_s * 1000))}"
+        return self.request(line, timeout=timeout_s + LOCK_GRACE_S)
+
+    def renew(self, lease_s: float, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
+        """Extend the lock's lease to lease_s seconds from now (ok=false, E_STATE when none)."""
+        if lease_s <= 0:
+            raise ValueError("lease_s must be > 0")
+        return self.request(f"renew {max(1, int(lease_s * 1000))}", timeout=timeout)
 
     def backup(self, timeout: float = TRANSFER_TIMEOUT_S) -> AgentReply:
         return self.request("backup", timeout=timeout)

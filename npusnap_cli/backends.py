@@ -28,7 +28,7 @@ class NoDevice:
     def describe(self) -> DeviceState:
         return DeviceState()
 
-    def lock(self, timeout: float) -> None:
+    def lock(self, timeout: float, lease: Optional[float] = None) -> None:
         pass
 
     def backup(self) -> None:
@@ -39,6 +39,40 @@ class NoDevice:
 
     def unlock(self) -> None:
         pass
+
+    def release(self) -> None:
+        """Stop holding the device lock's lease (the checkpoint is over, one way or another)."""
+
+
+class LeaseKeeper:
+    """Renews the agent's lease while we work, so the workload unlocks itself if we die.
+
+    Renewals fail while CRIU has the process frozen; that is fine: the agent
+    counts only time the process actually ran."""
+
+    def __init__(self, pid: int, lease: float) -> None:
+        import threading
+
+        from .agent import AgentClient
+
+        self.client = AgentClient(pid, connect_timeout=0.5)
+        self.lease = lease
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"lease-{pid}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from .agent import AgentProblem
+
+        while not self.stopped.wait(self.lease / 4):
+            try:
+                self.client.renew(self.lease)
+            except AgentProblem:
+                pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
 
 
 class AgentBackend(NoDevice):
@@ -51,6 +85,7 @@ class AgentBackend(NoDevice):
         self.name = name
         self.client = AgentClient(pid)
         self._last: Optional[Any] = None
+        self._keeper: Optional[LeaseKeeper] = None
 
     def _call(self, what: str, *args: Any) -> Any:
         from .agent import AgentProblem
@@ -77,8 +112,10 @@ class AgentBackend(NoDevice):
             runtime=reply.runtime,
         )
 
-    def lock(self, timeout: float) -> None:
-        self._call("lock", timeout)
+    def lock(self, timeout: float, lease: Optional[float] = None) -> None:
+        self._call("lock", timeout, lease)
+        if lease:
+            self._keeper = LeaseKeeper(self.pid, lease)
 
     def backup(self) -> None:
         self._call("backup")
@@ -87,7 +124,13 @@ class AgentBackend(NoDevice):
         self._call("restore")
 
     def unlock(self) -> None:
+        self.release()
         self._call("unlock")
+
+    def release(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
 
 
 def agent_error(e: Exception, doing: str) -> NpusnapError:

@@ -31,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("phases:recover", "Bring a process back to running from any phase."),
     "device": ("device:device", "Manage the npusim software device daemon."),
     "demo": ("demo:demo", "Checkpoint and restore a training loop on npusim, end to end."),
+    "list": ("list:list_checkpoints", "List the checkpoints under a directory, valid or not."),
+    "prune": ("prune:prune", "Delete all but the newest N valid checkpoints in a directory."),
+    "config": ("config:config", "Show the effective configuration and where each value came from."),
 }
 
 
@@ -45,6 +48,14 @@ class LazyGroup(click.Group):
             return cmd
         return super().get_command(ctx, cmd_name)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """Command names from the table above: completing never imports every command."""
+        from click.shell_completion import CompletionItem
+
+        items: list[Any] = [CompletionItem(name, help=COMMANDS[name][1]) for name in sorted(COMMANDS)
+                            if name.startswith(incomplete)]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in sorted(COMMANDS)]
         with formatter.section("Commands"):
@@ -56,8 +67,25 @@ def _exit_code_epilog() -> str:
     return "\b\nExit codes:\n" + "\n".join(lines)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
+def _load_config(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> None:
+    """Eager: the config files become ctx.default_map before any other option is read."""
+    from .config import load
+    from .errors import ConfigProblem
+
+    try:
+        load(ctx, value)
+    except ConfigProblem:
+        if not ctx.resilient_parsing:  # shell completion must never fail on a bad file
+            raise
+
+
+# Precedence, later wins: /etc/npusnap, ~/.config/npusnap, --config, NPUSNAP_* variables, flags.
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "NPUSNAP"},
+             epilog=_exit_code_epilog())
 @click.version_option(__version__, prog_name="npusnap")
+@click.option("--config", metavar="FILE", envvar="NPUSNAP_CONFIG", is_eager=True, expose_value=False,
+              callback=_load_config, type=click.Path(exists=True, dir_okay=False),
+              help="Read settings from FILE too, after /etc/npusnap/config.yaml and ~/.config/npusnap/config.yaml.")
 @click.option("-v", "--verbose", is_flag=True, help="Show debug messages and tracebacks.")
 @click.pass_context
 def app(ctx: click.Context, verbose: bool) -> None:

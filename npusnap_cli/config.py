@@ -48,7 +48,7 @@ META_KEY = "npusnap.config"
 # Global keys: set the named parameter of every command that has it.
 GLOBAL_KEYS = {"criu": "criu_path"}
 # Options that make no sense in a file.
-NOT_CONFIGURABLE = frozenset({"help", "version", "config"})
+NOT_CONFIGURABLE = frozenset({"help", "version", "config", "json_output"})
 
 
 def user_config_path() -> Path:
@@ -147,6 +147,8 @@ def option_key(param: "click.Parameter") -> Optional[str]:
     import click
 
     if not isinstance(param, click.Option) or param.name in NOT_CONFIGURABLE:
+        return None
+    if param.is_eager and not param.expose_value:  # --help, --version, --json
         return None
     longs = [o for o in param.opts if o.startswith("--")]
     if not longs:
@@ -280,12 +282,9 @@ def effective(root: "click.Context", warn: Any = None) -> list[Setting]:
 
     def visit(ctx: click.Context, cmd: click.Command, path: tuple[str, ...]) -> None:
         for key, param in configurable_options(cmd).items():
-            if param.name in ctx.params:
-                value = ctx.params[param.name]
-            elif param.name == "json_output":
-                value = bool(getattr(ctx.obj, "json_mode", False))
-            else:
+            if param.name not in ctx.params:
                 continue
+            value = ctx.params[param.name]
             source, origin = source_of(ctx, param, path)
             out.append(Setting(".".join((*path, key)), param.opts[-1] if param.opts else key,
                                _plain(value), source, origin, env_name(ctx, param)))

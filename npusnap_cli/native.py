@@ -4,7 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-NATIVE_DIR = Path(__file__).resolve().parent / "_native"
+
+def _native_dir() -> Path:
+    """The built native parts: beside this file once installed. Run from a source
+    checkout (tests, `python -m npusnap_cli`), fall back to the installed copy."""
+    here = Path(__file__).resolve().parent / "_native"
+    if here.exists():
+        return here
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = Path(str(distribution("npusnap").locate_file("npusnap_cli/_native")))
+    except (ImportError, PackageNotFoundError):
+        return here
+    return installed if installed.exists() else here
+
+
+NATIVE_DIR = _native_dir()
 TOOLKIT_HOME = NATIVE_DIR / "toolkit"  # a CANN-shaped ASCEND_TOOLKIT_HOME
 NPUSIMD = NATIVE_DIR / "bin" / "npusimd"
 INJECTOR = NATIVE_DIR / "bin" / "npusnap-inject"

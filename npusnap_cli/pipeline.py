@@ -18,6 +18,7 @@ import os
 import platform
 import signal
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import __version__, backends
 from .criu import Criu, DumpOptions, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
+from .guardian import Guardian
 from .image import CRIU_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest, verify
 from .target import open_target
 
@@ -49,6 +51,7 @@ class CheckpointOptions:
     criu_timeout: Optional[float] = None
     replace: bool = False
     criu_path: Optional[str] = None
+    lease: float = 10.0  # the agent unlocks by itself after this much run time without us
 
 
 @dataclass
@@ -75,12 +78,26 @@ class Phases:
 
     @contextlib.contextmanager
     def __call__(self, name: str, nbytes: int = 0) -> Iterator[PhaseTiming]:
+        _test_pause(f"before:{name}")
         self.report("phase", name)
         t = PhaseTiming(name, 0.0, nbytes)
         start = time.monotonic()
         yield t
         t.seconds = round(time.monotonic() - start, 6)
         self.timings.append(t)
+        _test_pause(f"after:{name}")
+
+
+def _test_pause(point: str) -> None:
+    """Fault-injection hook for tests: NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE makes
+    the pipeline announce the point on stderr and wait there (up to 60 s) for a signal."""
+    if os.environ.get("NPUSNAP_TEST_PAUSE") != point:
+        return
+    sys.stderr.write(f"npusnap: test pause {point}\n")
+    sys.stderr.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class Signals:
@@ -178,6 +195,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     staging = Staging(opts.directory, opts.replace)
     phase = Phases(report)
     tree_pids: list[int] = []
+    guardian: Optional[Guardian] = None
 
     def undo(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
         def run() -> None:
@@ -187,59 +205,65 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 report("warn", f"rollback: {what} failed: {e}")
         return run
 
-    with Signals() as signals, contextlib.ExitStack() as undos:
-        undos.callback(staging.discard)
-        try:
-            with phase("lock"):
-                backend.lock(opts.lock_timeout)
-            undos.callback(undo("unlock", backend.unlock))
-            with phase("backup") as t:
-                backend.backup()
-                device = backend.describe()
-                t.bytes = device.bytes
-            undos.callback(undo("device restore", backend.restore))
-            tree = target.tree()
-            tree_pids = [p.pid for p in tree]
-            with phase("dump") as dump_timing, signals.critical():
-                undos.callback(undo("resume", lambda: _resume(tree_pids)))
-                criu.dump(DumpOptions(
-                    pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,
-                    leave_stopped=True, shell_job=opts.shell_job,
-                    tcp_established=opts.tcp_established, timeout=opts.criu_timeout,
-                ))
-            with phase("seal") as t:
-                files = staging.seal()
-                t.bytes = dump_timing.bytes = sum(f.size for f in files if f.path.startswith(CRIU_DIR))
-            manifest = Manifest(
-                pid=pid,
-                created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                host=socket.gethostname(),
-                kernel=platform.release(),
-                npusnap_version=__version__,
-                criu_version=criu.binary.version_str,
-                command=target.command,
-                options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
-                         "leave_running": opts.leave_running},
-                processes=tree,
-                device=device,
-                phases=phase.timings,
-                files=files,
-            )
-            with signals.critical():
-                staging.commit(manifest)
-        except BaseException:
-            signals.rolling_back = True
-            raise
-        undos.pop_all()
+    try:
+        with Signals() as signals, contextlib.ExitStack() as undos:
+            undos.callback(staging.discard)
+            try:
+                with phase("lock"):
+                    backend.lock(opts.lock_timeout, lease=opts.lease)
+                undos.callback(undo("unlock", backend.unlock))
+                with phase("backup") as t:
+                    backend.backup()
+                    device = backend.describe()
+                    t.bytes = device.bytes
+                undos.callback(undo("device restore", backend.restore))
+                tree = target.tree()
+                tree_pids = [p.pid for p in tree]
+                guardian = Guardian(tree_pids, staging.path)
+                with phase("dump") as dump_timing, signals.critical():
+                    undos.callback(undo("resume", lambda: _resume(tree_pids)))
+                    criu.dump(DumpOptions(
+                        pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,
+                        leave_stopped=True, shell_job=opts.shell_job,
+                        tcp_established=opts.tcp_established, timeout=opts.criu_timeout,
+                    ))
+                with phase("seal") as t:
+                    files = staging.seal()
+                    t.bytes = dump_timing.bytes = sum(f.size for f in files if f.path.startswith(CRIU_DIR))
+                manifest = Manifest(
+                    pid=pid,
+                    created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    host=socket.gethostname(),
+                    kernel=platform.release(),
+                    npusnap_version=__version__,
+                    criu_version=criu.binary.version_str,
+                    command=target.command,
+                    options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
+                             "leave_running": opts.leave_running},
+                    processes=tree,
+                    device=device,
+                    phases=phase.timings,
+                    files=files,
+                )
+                with signals.critical():
+                    staging.commit(manifest)
+            except BaseException:
+                signals.rolling_back = True
+                raise
+            undos.pop_all()
 
-    # Committed: from here on a failure costs nothing but this process's own state.
-    if not opts.leave_running:
-        _kill(tree_pids)
+        # Committed: from here on a failure costs nothing but this process's own state.
+        if not opts.leave_running:
+            _kill(tree_pids)
+            return manifest
+        _resume(tree_pids)
+        backend.restore()
+        backend.unlock()
         return manifest
-    _resume(tree_pids)
-    backend.restore()
-    backend.unlock()
-    return manifest
+    finally:
+        backend.release()
+        if guardian is not None:
+            guardian.release()
 
 
 class _Already(backends.NoDevice):

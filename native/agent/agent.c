@@ -8,9 +8,20 @@
  * Protocol (native/README.md, "agent <-> CLI"): abstract Unix socket
  * "@npusnap-agent-<pid>", peers must be this process's uid or root
  * (SO_PEERCRED); one request line per connection, one JSON line back, then
- * the agent closes. Requests: ping, status, lock <timeout_ms>, backup,
- * restore, unlock. Device commands call aclrtSnapShotProcess*(getpid(), NULL)
- * of the runtime, found lazily at the first command that needs it.
+ * the agent closes. Requests: ping, status, lock <timeout_ms> [<lease_ms>],
+ * renew <lease_ms>, backup, restore, unlock. Device commands call
+ * aclrtSnapShotProcess*(getpid(), NULL) of the runtime, found lazily at the
+ * first command that needs it.
+ *
+ * Lease: `lock T L` (L > 0) holds the lock on a lease of L ms; `renew L`
+ * extends it; `unlock` ends it. If the lease runs out while the process is
+ * LOCKED the agent unlocks by itself; while BACKED_UP it restores the device
+ * and unlocks. So a CLI that dies half-way never leaves the workload locked.
+ * The lease counts time the process actually ran: a ticker thread wakes every
+ * LEASE_TICK_MS and counts the time since its last wakeup capped at
+ * LEASE_MAX_STEP_MS, so a CRIU freeze or a SIGSTOP (the dump leaves the tree
+ * stopped) does not eat the lease, and neither does a long backup or restore
+ * (the ticker waits for the mutex the command holds).
  *
  * Reply "code" is the runtime's aclError, 507905 for a lock timeout, or one
  * of the agent's own negative codes (AGENT_E_*) for requests the agent
@@ -53,6 +64,9 @@
 #define DEFAULT_LOCK_MS 30000   /* "lock" without an argument */
 #define MAX_LOCK_MS 86400000L   /* one day */
 #define DEVICE_INFO_MAX 4096
+#define LEASE_TICK_MS 50        /* the lease ticker's period */
+#define LEASE_MAX_STEP_MS 100   /* most run time one tick may count (frozen time does not) */
+#define LEASE_RETRY_MS 1000     /* after a failed expiry action, retry this much later */
 
 typedef int (*snap_fn)(int pid, void *reserved);
 typedef int (*info_fn)(char *buf, size_t len);
@@ -71,6 +85,10 @@ static struct {
     char runtime[PATH_MAX];
     /* lock worker: pending while a worker is inside the runtime's lock call */
     int lock_pending, lock_done, lock_rc, lock_abandoned;
+    /* lease on the lock (lease_armed: lease_left_ms counts down in run time) */
+    int lease_armed;
+    double lease_left_ms;
+    pthread_cond_t lease_cv; /* wakes the ticker when a lease is armed */
     char log_path[PATH_MAX];
 } g = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
@@ -351,29 +369,130 @@ static int do_lock(long timeout_ms, const char **err)
     return g.lock_rc;
 }
 
+/* ---------------------------------------------------------------- lease */
+
+/* Called under g.mu. */
+static void lease_arm(long ms)
+{
+    g.lease_armed = 1;
+    g.lease_left_ms = (double)ms;
+    pthread_cond_broadcast(&g.lease_cv);
+}
+
+static void lease_disarm(void) { g.lease_armed = 0; g.lease_left_ms = 0; }
+
+/* The lease ran out (called under g.mu, runtime resolved): put the process
+ * back to RUNNING as the CLI's undo would have. On failure retry later; the
+ * process stays locked meanwhile (its device calls could not work anyway). */
+static void lease_expire(void)
+{
+    char info[DEVICE_INFO_MAX];
+    device_info(info, sizeof info);
+    sync_state(info);
+    enum state st = g.state;
+    if (st == ST_RUNNING) {
+        lease_disarm();
+        return;
+    }
+    if (st == ST_BACKED_UP) {
+        int rc = g.restore(getpid(), NULL);
+        if (rc != 0) {
+            log_line("lease expired while BACKED_UP; restore failed rc %d, retrying in %d ms", rc,
+                     LEASE_RETRY_MS);
+            g.lease_left_ms = LEASE_RETRY_MS;
+            return;
+        }
+        g.state = ST_LOCKED;
+        log_line("lease expired while BACKED_UP: device state restored");
+    }
+    int rc = g.unlock(getpid(), NULL);
+    if (rc != 0) {
+        log_line("lease expired; unlock failed rc %d, retrying in %d ms", rc, LEASE_RETRY_MS);
+        g.lease_left_ms = LEASE_RETRY_MS;
+        return;
+    }
+    g.state = ST_RUNNING;
+    lease_disarm();
+    log_line("lease expired while %s: unlocked by the agent", state_names[st]);
+}
+
+static void *lease_ticker(void *arg)
+{
+    (void)arg;
+    pthread_setname_np(pthread_self(), "npusnap-lease");
+    pthread_mutex_lock(&g.mu);
+    for (;;) {
+        while (!g.lease_armed)
+            pthread_cond_wait(&g.lease_cv, &g.mu);
+        double last = now_ms();
+        while (g.lease_armed) {
+            pthread_mutex_unlock(&g.mu);
+            struct timespec ts = {0, LEASE_TICK_MS * 1000000L};
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+            pthread_mutex_lock(&g.mu);
+            double now = now_ms();
+            double step = now - last;
+            last = now;
+            if (step > LEASE_MAX_STEP_MS)
+                step = LEASE_MAX_STEP_MS; /* frozen, stopped or waiting for a command */
+            if (step < 0)
+                step = 0;
+            if (!g.lease_armed || g.lock_pending || !g.lock)
+                continue;
+            g.lease_left_ms -= step;
+            if (g.lease_left_ms <= 0)
+                lease_expire();
+        }
+    }
+    return NULL;
+}
+
+static void start_lease_ticker(void)
+{
+    pthread_attr_t a;
+    pthread_t t;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    if (pthread_create(&t, &a, lease_ticker, NULL))
+        log_line("could not start the lease ticker; leases will not expire");
+    pthread_attr_destroy(&a);
+}
+
 /* ---------------------------------------------------------------- commands */
 
 struct request {
     char cmd[16];
-    long arg;
-    int has_arg;
+    long arg, arg2;
+    int has_arg, has_arg2;
 };
+
+static int parse_number(const char *s, long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtol(s, &end, 10);
+    return errno || *end || *out < 0 ? -1 : 0;
+}
 
 static int parse_request(const char *line, struct request *rq)
 {
     memset(rq, 0, sizeof *rq);
     char extra[2];
-    char argbuf[32] = "";
-    int n = sscanf(line, "%15s %31s %1s", rq->cmd, argbuf, extra);
-    if (n < 1 || n > 2)
+    char argbuf[32] = "", arg2buf[32] = "";
+    int n = sscanf(line, "%15s %31s %31s %1s", rq->cmd, argbuf, arg2buf, extra);
+    if (n < 1 || n > 3)
         return -1;
-    if (n == 2) {
-        char *end;
-        errno = 0;
-        rq->arg = strtol(argbuf, &end, 10);
-        if (errno || *end || rq->arg < 0)
+    if (n >= 2) {
+        if (parse_number(argbuf, &rq->arg) < 0)
             return -1;
         rq->has_arg = 1;
+    }
+    if (n == 3) {
+        if (parse_number(arg2buf, &rq->arg2) < 0)
+            return -1;
+        rq->has_arg2 = 1;
     }
     return 0;
 }
@@ -391,8 +510,21 @@ static void execute(const char *line, struct buf *out)
     pthread_mutex_lock(&g.mu);
     if (parse_request(line, &rq) < 0) {
         code = AGENT_E_REQUEST;
-        err = "malformed request; expected one of: ping, status, lock <timeout_ms>, backup, "
-              "restore, unlock";
+        err = "malformed request; expected one of: ping, status, lock <timeout_ms> [<lease_ms>], "
+              "renew <lease_ms>, backup, restore, unlock";
+    } else if (rq.has_arg2 && strcmp(rq.cmd, "lock") != 0) {
+        code = AGENT_E_REQUEST;
+        err = "too many arguments";
+    } else if (!strcmp(rq.cmd, "renew")) {
+        if (!rq.has_arg || rq.arg <= 0) {
+            code = AGENT_E_REQUEST;
+            err = "renew takes one argument: lease_ms > 0";
+        } else if (!g.lease_armed) {
+            code = AGENT_E_STATE;
+            err = "renew refused: no lease is armed (lock with a lease first)";
+        } else {
+            g.lease_left_ms = (double)(rq.arg > MAX_LOCK_MS ? MAX_LOCK_MS : rq.arg);
+        }
     } else if (!strcmp(rq.cmd, "ping") || !strcmp(rq.cmd, "status")) {
         if (rq.has_arg) {
             code = AGENT_E_REQUEST;
@@ -420,11 +552,18 @@ static void execute(const char *line, struct buf *out)
                 long ms = rq.has_arg ? rq.arg : DEFAULT_LOCK_MS;
                 if (ms > MAX_LOCK_MS)
                     ms = MAX_LOCK_MS;
+                long lease = rq.has_arg2 ? rq.arg2 : 0;
+                if (lease > MAX_LOCK_MS)
+                    lease = MAX_LOCK_MS;
                 if (st != ST_RUNNING) {
                     code = AGENT_E_STATE;
                     err = "lock refused: the process is already locked";
                 } else {
                     code = do_lock(ms, &err);
+                    if (code == 0 && lease > 0)
+                        lease_arm(lease);
+                    else
+                        lease_disarm();
                 }
             } else if (!strcmp(rq.cmd, "backup")) {
                 if (st != ST_LOCKED) {
@@ -451,6 +590,7 @@ static void execute(const char *line, struct buf *out)
                     err = "unlock refused: the process is not locked";
                 } else if ((code = g.unlock(getpid(), NULL)) == 0) {
                     g.state = ST_RUNNING;
+                    lease_disarm();
                 } else {
                     err = "the runtime's unlock failed";
                 }
@@ -458,8 +598,8 @@ static void execute(const char *line, struct buf *out)
         }
     } else {
         code = AGENT_E_REQUEST;
-        err = "unknown request; expected one of: ping, status, lock <timeout_ms>, backup, "
-              "restore, unlock";
+        err = "unknown request; expected one of: ping, status, lock <timeout_ms> [<lease_ms>], "
+              "renew <lease_ms>, backup, restore, unlock";
     }
     /* Fresh device view after the command (state may have moved). Skipped while
      * an abandoned lock is inside the runtime: the info call might wait for it. */
@@ -467,6 +607,8 @@ static void execute(const char *line, struct buf *out)
         device_info(info, sizeof info);
     if (code == 0)
         sync_state(info);
+    if (g.state == ST_RUNNING && g.lease_armed)
+        lease_disarm(); /* nothing left to guard */
     int ok = code == 0 && !err;
     double elapsed = now_ms() - t0;
 
@@ -476,6 +618,11 @@ static void execute(const char *line, struct buf *out)
     buf_json_str(out, ok ? NULL : err);
     buf_printf(out, ", \"elapsed_ms\": %.3f, \"pid\": %d, \"runtime\": ", elapsed, (int)getpid());
     buf_json_str(out, g.runtime[0] ? g.runtime : NULL);
+    if (g.lease_armed)
+        buf_printf(out, ", \"lease_ms_left\": %ld",
+                   g.lease_left_ms > 0 ? (long)(g.lease_left_ms + 0.5) : 0L);
+    else
+        buf_add(out, ", \"lease_ms_left\": null", 23);
     buf_add(out, ", \"device\": ", 12);
     if (info[0])
         buf_add(out, info, strlen(info));
@@ -565,7 +712,9 @@ static void *control_main(void *arg)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&g.cv, &ca);
+    pthread_cond_init(&g.lease_cv, &ca);
     pthread_condattr_destroy(&ca);
+    start_lease_ticker(); /* inherits our all-blocked signal mask */
 
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
@@ -628,6 +777,7 @@ static void atfork_child(void)
     pthread_mutex_init(&g.mu, NULL);
     g.state = ST_RUNNING;
     g.lock_pending = g.lock_done = g.lock_abandoned = 0;
+    lease_disarm(); /* the child was never locked by anyone */
     start_control_thread();
 }
 

@@ -40,6 +40,15 @@ char *map_device_memory(uint64_t size, size_t *mapped) {
 
 bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
+std::string json_string(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 DeviceState::DeviceState(uint32_t devices, uint64_t memory, std::string socket_path)
@@ -244,7 +253,7 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
 std::string DeviceState::status_json() {
   std::lock_guard<std::mutex> g(mu_);
   std::ostringstream o;
-  o << "{\"pid\": " << ::getpid() << ", \"socket\": \"" << socket_path_ << "\", \"devices\": [";
+  o << "{\"pid\": " << ::getpid() << ", \"socket\": " << json_string(socket_path_) << ", \"devices\": [";
   for (size_t d = 0; d < used_.size(); ++d) {
     o << (d ? ", " : "") << "{\"id\": " << d << ", \"total\": " << memory_ << ", \"used\": " << used_[d]
       << ", \"free\": " << memory_ - used_[d] << "}";

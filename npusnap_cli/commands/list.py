@@ -1,0 +1,175 @@
+"""`npusnap list DIR`: the checkpoints under DIR, and the scan `prune` shares.
+
+A checkpoint is a directory holding manifest.yaml: DIR itself or a direct child
+of it. Hidden siblings that npusnap itself names are shown too: `.NAME.partial-*`
+(a checkpoint being written, or one whose writer died: incomplete),
+`.NAME.old-*` (a checkpoint replaced by --replace) and `.NAME.deleting-*` (one
+prune was removing). Anything else, symlinks included, is not a checkpoint and
+is neither listed nor ever touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from ..output import Terminal, human_bytes
+from . import json_option
+
+# The hidden names Staging (image.py) and prune give directories; the token is secrets.token_hex(4).
+HIDDEN = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old|deleting)-(?P<token>[0-9a-f]{8})$")
+STATES = ("valid", "invalid", "incomplete", "leftover")
+
+
+@dataclass
+class Entry:
+    name: str                     # the checkpoint's name (for hidden ones, the name it was for)
+    path: str
+    state: str                    # valid | invalid | incomplete | leftover
+    created: Optional[str]        # from the manifest (ISO 8601), else None
+    timestamp: float              # created as a POSIX time (manifest mtime when created is unreadable)
+    age_seconds: float            # since the newest change anywhere inside
+    pid: Optional[int] = None
+    command: Optional[str] = None
+    bytes: int = 0                # image bytes the manifest lists
+    disk_bytes: int = 0           # everything in the directory
+    files: int = 0
+    device: Optional[str] = None  # backend: none | sim | ascend | cuda
+    problem: Optional[str] = None # why it is invalid
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def scan(directory: Path, verify: bool = False) -> list[Entry]:
+    """Checkpoints in DIRECTORY and its direct children, newest first."""
+    entries = []
+    if (directory / "manifest.yaml").is_file():
+        entries.append(_checkpoint(directory, directory.name or str(directory), verify))
+    with os.scandir(directory) as it:
+        children = sorted(it, key=lambda d: d.name)
+    for child in children:
+        if not child.is_dir(follow_symlinks=False):
+            continue
+        path = Path(child.path)
+        m = HIDDEN.match(child.name)
+        if m:
+            state = "incomplete" if m["kind"] == "partial" else "leftover"
+            mtime, age, disk = _tree_facts(path)
+            entries.append(Entry(m["name"], str(path), state, None, mtime, age, disk_bytes=disk,
+                                 problem={"partial": "being written, or its writer died",
+                                          "old": "replaced by --replace; removal unfinished",
+                                          "deleting": "removal by prune unfinished"}[m["kind"]]))
+        elif os.path.isfile(path / "manifest.yaml") and not os.path.islink(path / "manifest.yaml"):
+            entries.append(_checkpoint(path, child.name, verify))
+    entries.sort(key=lambda e: (-e.timestamp, e.name))
+    return entries
+
+
+def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
+    from ..errors import NpusnapError
+    from ..image import MANIFEST, load_manifest, safe_member, verify as verify_dir
+
+    mtime, age, disk = _tree_facts(path)
+    entry = Entry(name, str(path), "invalid", None, os.lstat(path / MANIFEST).st_mtime, age, disk_bytes=disk)
+    try:
+        m = load_manifest(path)
+    except NpusnapError as e:
+        entry.problem = e.message
+        return entry
+    entry.created = str(m.created)
+    try:
+        entry.timestamp = datetime.fromisoformat(str(m.created)).timestamp()
+    except ValueError:
+        pass
+    entry.pid = m.pid
+    argv = [str(a) for a in m.command] if m.command else [p.comm for p in m.processes[:1]]
+    entry.command = " ".join(shlex.quote(a) for a in argv) or None
+    entry.bytes = sum(f.size for f in m.files)
+    entry.files = len(m.files)
+    entry.device = m.device.backend
+    try:
+        if verify:
+            verify_dir(path, m)
+        else:
+            for f in m.files:
+                size = os.lstat(safe_member(path, f.path)).st_size
+                if size != f.size:
+                    raise NpusnapError(f"{f.path}: size {size} differs from the manifest's {f.size}")
+    except NpusnapError as e:
+        entry.problem = e.message
+        return entry
+    except OSError as e:
+        entry.problem = f"cannot read it: {e.strerror}"
+        return entry
+    entry.state = "valid"
+    return entry
+
+
+def _tree_facts(path: Path) -> tuple[float, float, int]:
+    """The newest mtime anywhere inside (nothing followed), the age that gives, and total bytes."""
+    newest, total = 0.0, 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            newest = max(newest, st.st_mtime)
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return newest, round(max(0.0, time.time() - newest), 1), total
+
+
+@click.command(name="list")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--verify", is_flag=True, help="Recompute every checksum (slow) instead of checking sizes.")
+@json_option
+@click.pass_obj
+def list_checkpoints(term: Terminal, directory: Path, verify: bool) -> None:
+    """List the checkpoints in DIRECTORY (itself and its direct children): time, pid,
+    command, size, device backend, and whether each is valid.
+
+    Valid means the manifest loads and every image file has the size it lists;
+    --verify checks the checksums too. Checkpoints still being written (or whose
+    writer died) show as incomplete.
+    """
+    entries = scan(directory, verify)
+    if term.json_mode:
+        term.data("list", {"directory": str(directory.absolute()), "verified": verify,
+                           "checkpoints": [e.to_dict() for e in entries]})
+        return
+    if not entries:
+        term.info(f"no checkpoints in {directory}")
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold")
+    for col in ("name", "created", "pid", "command", "size", "device", "state"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("pid", "size") else "left")
+    notes = []
+    for e in entries:
+        style = {"valid": "green", "invalid": "red", "incomplete": "yellow", "leftover": "yellow"}[e.state]
+        table.add_row(Text(e.name), Text(_when(e.timestamp)), Text(str(e.pid) if e.pid is not None else "-"),
+                      Text(e.command or "-"), Text(human_bytes(e.bytes or e.disk_bytes)),
+                      Text(e.device or "-"), Text(e.state, style=style))
+        if e.problem:
+            notes.append(Text(f"{e.name}: {e.state}: {e.problem}", style="dim"))
+    term.render(table)
+    for note in notes:
+        term.render(note)
+
+
+def _when(timestamp: float) -> str:
+    """Local time, to the minute: the manifest's exact ISO time is in --json."""
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
