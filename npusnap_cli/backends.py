@@ -113,7 +113,7 @@ class AgentBackend(NoDevice):
         )
 
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
-        self._call("lock", timeout, lease)
+        self._call("lock", *((timeout, lease) if lease else (timeout,)))
         if lease:
             self._keeper = LeaseKeeper(self.pid, lease)
 

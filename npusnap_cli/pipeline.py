@@ -51,7 +51,7 @@ class CheckpointOptions:
     criu_timeout: Optional[float] = None
     replace: bool = False
     criu_path: Optional[str] = None
-    lease: float = 10.0  # the agent unlocks by itself after this much run time without us
+    lease: Optional[float] = None  # TODO(lease): 10 s once the agent supports leases
 
 
 @dataclass

@@ -82,7 +82,8 @@ def test_malformed_requests(spawn, agent_lib):
     t = spawn(python_loop_argv(), env=preload(agent_lib))
     t.wait_ready()
     ag._wait_ready(t.pid, 10)
-    bad = [b"bogus\n", b"lock abc\n", b"lock -5\n", b"ping extra\n", b"lock 1 2\n", b"\n"]
+    bad = [b"bogus\n", b"lock abc\n", b"lock -5\n", b"ping extra\n", b"lock 1 2 3\n", b"ping 1 2\n",
+           b"lock 1 -2\n", b"renew\n", b"renew 0\n", b"renew x\n", b"\n"]
     for line in [*bad, b"x" * 500 + b"\n"]:
         reply = ag.AgentReply.from_json(json.loads(raw_request(t.pid, line)))
         assert not reply.ok and reply.code == ag.E_REQUEST, line
