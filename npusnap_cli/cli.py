@@ -96,7 +96,7 @@ def app(ctx: click.Context, verbose: bool) -> None:
 
 
 def _debug_env() -> bool:
-    return os.environ.get("NPUSNAP_DEBUG", "") not in ("", "0")
+    return any(os.environ.get(v, "") not in ("", "0") for v in ("NPUSNAP_DEBUG", "NPUSNAP_VERBOSE"))
 
 
 def main(argv: Optional[list[str]] = None) -> Any:

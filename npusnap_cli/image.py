@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -30,6 +31,14 @@ LOG_DIR = "logs"
 CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
 CHECKSUM_ALGO = "xxh3_128"
 CHUNK = 8 << 20
+
+# Hidden siblings npusnap names itself: `.NAME.partial-*` (being written),
+# `.NAME.old-*` (replaced by --replace), `.NAME.deleting-*` (being pruned).
+HIDDEN_SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old|deleting)-(?P<token>[0-9a-f]{8})$")
+
+
+def hidden_sibling(final: Path, kind: str) -> Path:
+    return final.parent / f".{final.name}.{kind}-{secrets.token_hex(4)}"
 
 
 @dataclass
@@ -245,7 +254,7 @@ class Staging:
         parent = self.final.parent
         if not parent.is_dir():
             raise StorageProblem(f"{parent} does not exist", "create the parent directory first")
-        self.path = parent / f".{self.final.name}.partial-{secrets.token_hex(4)}"
+        self.path = hidden_sibling(self.final, "partial")
         try:
             os.mkdir(self.path, 0o700)
             for sub in (CRIU_DIR, DEVICE_DIR, LOG_DIR):
@@ -294,7 +303,7 @@ class Staging:
                 os.chmod(p, 0o600)
             _fsync_path(self.path)
             if self.final.exists():
-                old = self.final.parent / f".{self.final.name}.old-{secrets.token_hex(4)}"
+                old = hidden_sibling(self.final, "old")
                 os.rename(self.final, old)
                 os.rename(self.path, self.final)
                 shutil.rmtree(old, ignore_errors=True)

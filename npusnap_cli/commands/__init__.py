@@ -6,6 +6,8 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+from ..output import Terminal
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -14,8 +16,9 @@ def json_option(f: F) -> F:
 
     def set_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
         if value:
-            ctx.find_object(object)  # ensure ctx.obj exists
-            ctx.obj.json_mode = True
+            term = ctx.find_object(Terminal)  # the root group put it on ctx.obj
+            if term is not None:
+                term.json_mode = True
         return value
 
     return click.option("--json", "json_output", is_flag=True, expose_value=False, is_eager=True,

@@ -11,7 +11,6 @@ is neither listed nor ever touched.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import stat
 import time
@@ -26,8 +25,7 @@ from ..output import Terminal, human_bytes
 from . import json_option
 
 # The hidden names Staging (image.py) and prune give directories; the token is secrets.token_hex(4).
-HIDDEN = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old|deleting)-(?P<token>[0-9a-f]{8})$")
-STATES = ("valid", "invalid", "incomplete", "leftover")
+from ..image import HIDDEN_SIBLING as HIDDEN
 
 
 @dataclass

@@ -25,7 +25,9 @@ import click
 
 from ..output import Terminal, human_bytes
 from . import json_option
-from .list import HIDDEN, Entry, scan
+from ..image import HIDDEN_SIBLING as HIDDEN
+from ..image import hidden_sibling
+from .list import Entry, scan
 
 STALE_AFTER = 3600.0
 
@@ -64,7 +66,7 @@ def remove(path: Path) -> None:
     if m and m["kind"] == "deleting":
         doomed = path
     else:
-        doomed = path.parent / f".{m['name'] if m else path.name}.deleting-{secrets.token_hex(4)}"
+        doomed = hidden_sibling(path.parent / (m["name"] if m else path.name), "deleting")
         os.rename(path, doomed)
     shutil.rmtree(doomed)
 
