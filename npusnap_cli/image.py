@@ -71,6 +71,8 @@ class DeviceState:
     bytes: int = 0
     method: str = "none"             # in-process: device memory staged in the process and dumped by CRIU
     runtime: Optional[str] = None
+    gpus: list[str] = field(default_factory=list)  # cuda: UUIDs (GPU-...) of the checkpointed GPUs,
+                                                   # in the order of `devices` (their driver ordinals)
 
 
 @dataclass
@@ -303,9 +305,10 @@ class Staging:
                 os.chmod(p, 0o600)
             _fsync_path(self.path)
             if self.final.exists():
+                # Swap in one step: DIR holds the old checkpoint or the new one, never neither.
+                _exchange(self.path, self.final)
                 old = hidden_sibling(self.final, "old")
-                os.rename(self.final, old)
-                os.rename(self.path, self.final)
+                os.rename(self.path, old)  # self.path now holds the replaced checkpoint
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.rename(self.path, self.final)
@@ -318,6 +321,17 @@ class Staging:
     def discard(self) -> None:
         if not self.committed:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Atomically swap two directories (renameat2 RENAME_EXCHANGE)."""
+    import ctypes
+
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot swap in the new checkpoint: {os.strerror(err)}", str(b))
 
 
 def _fsync_path(p: Path) -> None:
