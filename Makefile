@@ -15,6 +15,7 @@ $(VENV)/bin/python:
 
 # The package (with its native parts) is rebuilt whenever a source changes.
 $(VENV)/.installed: $(VENV)/bin/python $(SOURCES)
+	bash scripts/install-build-deps.sh
 	$(PIP) install -q scikit-build-core pybind11
 	$(PIP) install -q --no-build-isolation '.[test]'
 	touch $@

@@ -35,6 +35,7 @@ E_STATE = -3  # wrong order for the current state (e.g. backup while RUNNING)
 E_BUSY = -4  # an abandoned lock is still inside the runtime
 E_DENIED = -5  # our uid may not control the process
 E_INTERNAL = -6  # resource failure inside the agent
+E_UNSUPPORTED = -7  # the runtime lacks the direct data path (`backup external` on CANN)
 
 # npusnap-inject exit statuses (native/agent/inject.c).
 INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = 2, 3, 4
@@ -101,6 +102,7 @@ _HINTS = {
     E_BUSY: "an earlier lock timed out and is still pending in the runtime; retry in a moment",
     E_NO_RUNTIME: "the process has not loaded a device runtime (libascendcl) yet",
     E_DENIED: "run as root or as the process's owner",
+    E_UNSUPPORTED: "this runtime offers only the in-process path: use plain backup/restore",
 }
 
 
@@ -166,11 +168,13 @@ class AgentClient:
             raise ValueError("lease_s must be > 0")
         return self.request(f"renew {max(1, int(lease_s * 1000))}", timeout=timeout)
 
-    def backup(self, timeout: float = TRANSFER_TIMEOUT_S) -> AgentReply:
-        return self.request("backup", timeout=timeout)
+    def backup(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
+        """external: npusim's direct path, metadata only (export the data first, devicefiles.py)."""
+        return self.request("backup external" if external else "backup", timeout=timeout)
 
-    def restore(self, timeout: float = TRANSFER_TIMEOUT_S) -> AgentReply:
-        return self.request("restore", timeout=timeout)
+    def restore(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
+        """external: re-create allocations without data; the process stays LOCKED until imported."""
+        return self.request("restore external" if external else "restore", timeout=timeout)
 
     def unlock(self, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
         return self.request("unlock", timeout=timeout)

@@ -3,16 +3,17 @@
 * none    no device state; CRIU alone.
 * sim     npusim, driven in-process through the injected agent (CANN's snapshot API).
 * ascend  a real CANN runtime, driven exactly like sim (the agent calls the same API).
-* cuda    NVIDIA's by-pid cuCheckpointProcess* driver API (not built yet).
+* cuda    NVIDIA's by-pid cuCheckpointProcess* driver API (cuda.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from .errors import (DeviceFailed, EnvironmentProblem, LockTimeout, NpusnapError, PermissionProblem,
                      TargetNotFound, WrongState)
-from .image import DeviceState
+from .image import DeviceState, FileEntry
 
 BACKENDS = ("auto", "none", "sim", "ascend", "cuda")
 
@@ -31,17 +32,22 @@ class NoDevice:
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
         pass
 
-    def backup(self) -> None:
-        pass
+    def backup(self, device_dir: Path) -> list[FileEntry]:
+        """Take the device state off the device; returns the image files it wrote
+        itself into device_dir (checksummed and fsync'd), if any."""
+        return []
 
-    def restore(self) -> None:
-        pass
+    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
+        """Put the device state back (from device_dir's files, for backends that write them)."""
 
     def unlock(self) -> None:
         pass
 
     def release(self) -> None:
         """Stop holding the device lock's lease (the checkpoint is over, one way or another)."""
+
+    def back_to_running(self) -> None:
+        """Rollback: undo whatever part of lock and backup happened."""
 
 
 class LeaseKeeper:
@@ -78,6 +84,8 @@ class LeaseKeeper:
 class AgentBackend(NoDevice):
     """CANN-style in-process snapshot, commanded through the agent's socket."""
 
+    method = "in-process"
+
     def __init__(self, pid: int, name: str) -> None:
         from .agent import AgentClient
 
@@ -87,11 +95,11 @@ class AgentBackend(NoDevice):
         self._last: Optional[Any] = None
         self._keeper: Optional[LeaseKeeper] = None
 
-    def _call(self, what: str, *args: Any) -> Any:
+    def _call(self, what: str, *args: Any, **kwargs: Any) -> Any:
         from .agent import AgentProblem
 
         try:
-            reply = getattr(self.client, what)(*args)
+            reply = getattr(self.client, what)(*args, **kwargs)
         except AgentProblem as e:
             raise agent_error(e, f"device {what} of process {self.pid}") from e
         self._last = reply
@@ -108,8 +116,9 @@ class AgentBackend(NoDevice):
             devices=list(dev.get("devices", [])),
             allocations=int(dev.get("allocations", 0)),
             bytes=int(dev.get("bytes", 0)),
-            method="in-process",
+            method=self.method,
             runtime=reply.runtime,
+            endpoint=_sim_endpoint(self.pid) if self.name == "sim" else None,
         )
 
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
@@ -117,20 +126,70 @@ class AgentBackend(NoDevice):
         if lease:
             self._keeper = LeaseKeeper(self.pid, lease)
 
-    def backup(self) -> None:
+    def backup(self, device_dir: Path) -> list[FileEntry]:
         self._call("backup")
+        return []
 
-    def restore(self) -> None:
+    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
         self._call("restore")
 
     def unlock(self) -> None:
         self.release()
         self._call("unlock")
 
+    def back_to_running(self) -> None:
+        state = self.state()
+        if state == "BACKED_UP":
+            self.restore()
+        if state in ("LOCKED", "BACKED_UP"):
+            self.unlock()
+        self.release()
+
     def release(self) -> None:
         if self._keeper is not None:
             self._keeper.stop()
             self._keeper = None
+
+
+class DirectBackend(AgentBackend):
+    """npusim's direct path: the daemon streams device memory straight into DIR/device/
+    (zero chunks elided, checksummed while streaming) and the process keeps only metadata,
+    so device memory is neither staged in host RAM nor written twice. A real CANN runtime
+    offers only the in-process path."""
+
+    method = "direct"
+
+    def __init__(self, pid: int, name: str) -> None:
+        super().__init__(pid, name)
+        self._images: Optional[tuple[Path, list[FileEntry]]] = None
+
+    def describe(self) -> DeviceState:
+        state = super().describe()
+        state.method = self.method
+        return state
+
+    def backup(self, device_dir: Path) -> list[FileEntry]:
+        from . import devicefiles
+
+        exported = devicefiles.export_device(self.pid, device_dir)
+        self._images = (device_dir, exported.files)
+        self._call("backup", external=True)
+        return exported.files
+
+    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
+        from . import devicefiles
+
+        if device_dir is None and self._images is not None:
+            device_dir, files = self._images
+        if device_dir is None:
+            raise WrongState(f"no device images to restore process {self.pid} from")
+        devicefiles.restore_direct(self.client, self.pid, device_dir, list(files))
+
+
+def _sim_endpoint(pid: int) -> str:
+    from .devicefiles import daemon_socket
+
+    return daemon_socket(pid)
 
 
 def agent_error(e: Exception, doing: str) -> NpusnapError:
@@ -152,18 +211,24 @@ def agent_error(e: Exception, doing: str) -> NpusnapError:
     return DeviceFailed(message, hint)
 
 
-def select(pid: int, requested: str = "auto", maps: str = "") -> NoDevice:
-    """The backend for a process: as requested, or found from the process itself."""
+def select(pid: int, requested: str = "auto", maps: str = "", data_path: str = "auto") -> NoDevice:
+    """The backend for a process: as requested, or found from the process itself.
+    data_path: auto (direct when the runtime offers it) | direct | in-process."""
     if requested == "none":
         return NoDevice()
     if requested == "cuda" or (requested == "auto" and "/dev/nvidia" in maps):
-        raise EnvironmentProblem("the cuda backend is not available in this build",
-                                 "use --device none to checkpoint without GPU state")
+        from .cuda import CudaBackend
+
+        return CudaBackend.for_checkpoint(pid)  # type: ignore[return-value]
     from .agent import AgentClient, AgentNotFound, AgentProblem
 
     try:
         reply = AgentClient(pid).status()
     except AgentNotFound:
+        if requested == "auto" and _shim_cuda(pid, maps):
+            from .cuda import CudaBackend
+
+            return CudaBackend.for_checkpoint(pid)  # type: ignore[return-value]
         if requested in ("sim", "ascend") or "libascendcl" in maps:
             raise WrongState(
                 f"process {pid} holds device state but has no npusnap agent",
@@ -173,9 +238,48 @@ def select(pid: int, requested: str = "auto", maps: str = "") -> NoDevice:
     except AgentProblem as e:
         raise agent_error(e, f"asking the agent of process {pid}") from e
     if reply.runtime is None:
-        if requested in ("sim", "ascend"):
-            raise WrongState(f"process {pid} has the agent but no device runtime loaded",
+        if requested in ("sim", "ascend") or "libascendcl" in maps:
+            raise WrongState(f"process {pid} has the agent but it finds no device runtime in the process",
                              "use --device none, or check that the workload uses the device")
         return NoDevice()
     name = requested if requested != "auto" else ("sim" if reply.device is not None else "ascend")
+    direct = bool(reply.device and reply.device.get("direct") is True)
+    if data_path == "direct" and not direct:
+        raise WrongState(f"process {pid}'s device runtime offers only the in-process path",
+                         "use --data-path auto or in-process")
+    if direct and data_path != "in-process":
+        return DirectBackend(pid, name)
     return AgentBackend(pid, name)
+
+
+def _shim_cuda(pid: int, maps: str) -> bool:
+    """--device auto under the CUDA test shim (NPUSNAP_LIBCUDA set to it): a process without the
+    agent that maps the runtime the shim names and answers GetState is a CUDA process. A real
+    driver is never asked here: real CUDA processes are found by their /dev/nvidia* mappings."""
+    import os
+
+    if not os.environ.get("NPUSNAP_LIBCUDA"):
+        return False
+    from .cuda import CudaError, Driver
+
+    try:
+        driver = Driver.load()
+        if driver.shim_marker is None or driver.shim_marker not in maps:
+            return False
+        driver.state(pid)
+    except (CudaError, NpusnapError):
+        return False
+    return True
+
+
+def for_restore(pid: int, device: DeviceState, device_map: Optional[dict[str, str]] = None) -> NoDevice:
+    """The backend that finishes a restore of a checkpoint whose device section is `device`."""
+    if device.backend == "cuda":
+        from .cuda import CudaBackend
+
+        return CudaBackend.for_restore(pid, device, device_map)  # type: ignore[return-value]
+    if device_map:
+        raise WrongState(f"--device-map applies to cuda checkpoints; this one is {device.backend}")
+    if device.method == DirectBackend.method:
+        return DirectBackend(pid, device.backend)
+    return AgentBackend(pid, device.backend)

@@ -85,7 +85,10 @@ def load(ctx: "click.Context", explicit: Optional[str]) -> Config:
     cfg = Config()
     layers: list[tuple[Path, Any]] = []
     for path, origin in candidate_files(explicit):
-        exists = path.is_file() if origin != "--config" else True
+        try:  # an unreadable default location counts as absent; an explicit --config must exist
+            exists = path.is_file() if origin != "--config" else True
+        except OSError:
+            exists = False
         cfg.files.append(ConfigFile(path, origin, exists))
         if exists:
             layers.append((path, _read_yaml(path)))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import CriuFailed, EnvironmentProblem, Interrupted
+from .errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
 
 MIN_VERSION = (4, 1)
 INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
@@ -89,6 +89,16 @@ def find_criu(explicit: Optional[str] = None) -> CriuBinary:
     raise EnvironmentProblem(f"no CRIU >= 4.1 found{where}", INSTALL_HINT)
 
 
+def clean_env() -> dict[str, str]:
+    """Our environment without the agent preloaded (a job script under `npusnap run`
+    may call npusnap; CRIU must not carry the agent into its own processes)."""
+    env = dict(os.environ)
+    preload = [p for p in env.pop("LD_PRELOAD", "").split() if "libnpusnap_agent" not in p]
+    if preload:
+        env["LD_PRELOAD"] = " ".join(preload)
+    return env
+
+
 class Swrk:
     """One `criu swrk` process and its RPC socket."""
 
@@ -106,6 +116,7 @@ class Swrk:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C at the terminal reaches us, not CRIU mid-dump
+                env=clean_env(),
             )
         except OSError as e:
             ours.close()
@@ -156,14 +167,32 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _errmsg(resp: Any, what: str, log_hint: str) -> CriuFailed:
+# Errors CRIU logs on this kind of machine that never explain a failure.
+HARMLESS = ("Can't setup RLIMIT_NOFILE",)
+
+
+def _last_error(log: Path) -> str:
+    """The last error line CRIU logged (its cr_errmsg is the first, often harmless)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if "Error (" in line and not any(h in line for h in HARMLESS)]
+    return " ".join(errors[-1].split()) if errors else ""
+
+
+def _failure(resp: Any, what: str, log: Path) -> NpusnapError:
     err = resp.cr_errno if resp.HasField("cr_errno") else 0
     msg = resp.cr_errmsg if resp.HasField("cr_errmsg") and resp.cr_errmsg else ""
-    detail = " ".join(msg.split()) or (os.strerror(err) if err else "failed")
+    detail = _last_error(log) or " ".join(msg.split()) or (os.strerror(err) if err else "failed")
+    hint = f"see {log}"
     if err == errno_mod.EEXIST and what == "restore":
         return CriuFailed(f"CRIU restore failed: a process already uses a pid from the image ({detail})",
                           "stop that process, or restore on another machine")
-    return CriuFailed(f"CRIU {what} failed: {detail}", log_hint)
+    if err == errno_mod.ENOSPC or "No space left on device" in detail:
+        return StorageProblem(f"CRIU {what} failed: no space left on device ({detail})",
+                              "free space where the checkpoint goes, or choose another directory")
+    return CriuFailed(f"CRIU {what} failed: {detail}", hint)
 
 
 @dataclass
@@ -223,7 +252,7 @@ class Criu:
         finally:
             os.close(log_fd)
         if not resp.success:
-            raise _errmsg(resp, "dump", f"see {o.log_dir / 'dump.log'}")
+            raise _failure(resp, "dump", o.log_dir / "dump.log")
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
                 tcp_established: bool = False, log_level: int = 4) -> int:
@@ -244,7 +273,7 @@ class Criu:
         finally:
             os.close(log_fd)
         if not resp.success:
-            raise _errmsg(resp, "restore", f"see {log_dir / 'restore.log'}")
+            raise _failure(resp, "restore", log_dir / "restore.log")
         return int(resp.restore.pid)
 
 

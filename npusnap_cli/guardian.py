@@ -15,36 +15,45 @@ from pathlib import Path
 
 _SCRIPT = r"""
 import os, shutil, signal, sys
-staging, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
 data = b""
 while True:
-    chunk = os.read(0, 64)
+    chunk = os.read(0, 4096)
     if not chunk:
         break
     data += chunk
-if data != b"done":
-    for pid in pids:
+lines = data.decode().split()
+if lines[-1:] != ["done"]:
+    for word in lines:
         try:
-            os.kill(pid, signal.SIGCONT)
-        except OSError:
+            os.kill(int(word), signal.SIGCONT)
+        except (OSError, ValueError):
             pass
-    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
 """
 
 
 class Guardian:
-    def __init__(self, pids: list[int], staging: Path) -> None:
+    def __init__(self, staging: Path) -> None:
+        from .criu import clean_env
+
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging), *map(str, pids)],
+            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C aimed at us must not take it down too
+            env=clean_env(),
         )
+
+    def watch(self, pids: list[int]) -> None:
+        """Resume these if we die (CRIU is about to leave them stopped)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(" ".join(map(str, pids)).encode() + b" ")
+        self.proc.stdin.flush()
 
     def release(self) -> None:
         """We finished (committed or rolled back): the guardian leaves everything as it is."""
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(b"done")
+            self.proc.stdin.write(b" done")
             self.proc.stdin.close()
         except OSError:
             pass

@@ -17,14 +17,16 @@ import re
 import secrets
 import shutil
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from .errors import ImageInvalid, StorageProblem
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.yaml"
+MANIFEST_CHECKSUM_KEY = "manifest_checksum"
 CRIU_DIR = "criu"
 DEVICE_DIR = "device"
 LOG_DIR = "logs"
@@ -71,6 +73,7 @@ class DeviceState:
     bytes: int = 0
     method: str = "none"             # in-process: device memory staged in the process and dumped by CRIU
     runtime: Optional[str] = None
+    endpoint: Optional[str] = None   # sim: the device daemon's socket the process uses
     gpus: list[str] = field(default_factory=list)  # cuda: UUIDs (GPU-...) of the checkpointed GPUs,
                                                    # in the order of `devices` (their driver ordinals)
 
@@ -100,13 +103,7 @@ class Manifest:
             raise ImageInvalid("manifest.yaml is not a mapping")
         try:
             version = int(d.get("format_version", -1))
-            if version > FORMAT_VERSION:
-                raise ImageInvalid(
-                    f"manifest format version {version} is newer than this npusnap understands ({FORMAT_VERSION})",
-                    "upgrade npusnap to restore this checkpoint",
-                )
-            if version != FORMAT_VERSION:
-                raise ImageInvalid(f"unsupported manifest format version {version}")
+            _check_version(d)
             fields = {f.name for f in dataclasses.fields(cls)}
             kw = {k: v for k, v in d.items() if k in fields}
             kw["processes"] = [ProcessEntry(**p) for p in d.get("processes", [])]
@@ -142,6 +139,20 @@ class Manifest:
             raise bad("the device section", dev)
         if not isinstance(self.options, dict) or not isinstance(self.command, list):
             raise bad("options or command", self.options)
+
+
+def _check_version(d: dict[str, Any]) -> None:
+    try:
+        version = int(d.get("format_version", -1))
+    except (TypeError, ValueError):
+        raise ImageInvalid(f"manifest format version {d.get('format_version')!r} is not a number") from None
+    if version > FORMAT_VERSION:
+        raise ImageInvalid(
+            f"manifest format version {version} is newer than this npusnap understands ({FORMAT_VERSION})",
+            "upgrade npusnap to restore this checkpoint",
+        )
+    if version != FORMAT_VERSION:
+        raise ImageInvalid(f"unsupported manifest format version {version}")
 
 
 def new_hasher() -> Any:
@@ -211,19 +222,62 @@ def load_manifest(root: Path) -> Manifest:
         raise ImageInvalid(f"{root} is not a checkpoint directory (no {MANIFEST})",
                            "a checkpoint whose manifest is missing is incomplete and cannot be restored")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ImageInvalid(f"{path} is not valid YAML: " + " ".join(str(e).split())) from e
+    if isinstance(data, dict):
+        _check_version(data)
+        _checked_body(text)
+        data.pop(MANIFEST_CHECKSUM_KEY, None)
     return Manifest.from_dict(data)
 
 
-def verify(root: Path, manifest: Optional[Manifest] = None) -> Manifest:
-    """Check every listed file's size and checksum, and that nothing unlisted was added."""
+def manifest_text(data: dict[str, Any]) -> str:
+    """A manifest's file content: the YAML, then a checksum line covering it."""
+    return seal_manifest_text(dump_yaml(data))
+
+
+def seal_manifest_text(body: str) -> str:
+    """Append the checksum line to a manifest's YAML (dropping a stale one)."""
+    lines = [line for line in body.splitlines() if not line.startswith(f"{MANIFEST_CHECKSUM_KEY}:")]
+    body = "\n".join(lines) + "\n"
+    return f"{body}{MANIFEST_CHECKSUM_KEY}: {_text_digest(body)}\n"
+
+
+def _checked_body(text: str) -> str:
+    """The manifest's YAML without its last line, `manifest_checksum: HEX`, which must
+    match the rest: an edit anywhere in the manifest is caught, not just in the file list."""
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    key, _, digest = last.partition(":")
+    if key != MANIFEST_CHECKSUM_KEY:
+        raise ImageInvalid(f"{MANIFEST} has no {MANIFEST_CHECKSUM_KEY} line (incomplete or edited)")
+    body += "\n"
+    if _text_digest(body) != digest.strip():
+        raise ImageInvalid(f"{MANIFEST} was edited or corrupted (its checksum does not match)")
+    return body
+
+
+def _text_digest(text: str) -> str:
+    h = new_hasher()
+    h.update(text.encode())
+    return str(h.hexdigest())
+
+
+def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = ()) -> Manifest:
+    """Check every listed file's size and checksum, and that nothing unlisted was added.
+    Files under the `shallow` subdirectories get their size checked only (their reader
+    verifies their checksums while it reads them)."""
     m = manifest or load_manifest(root)
     listed = set()
     for entry in m.files:
         path = safe_member(root, entry.path)
         listed.add(entry.path)
+        if Path(entry.path).parts[0] in shallow:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+                raise ImageInvalid(f"{entry.path}: size {st.st_size} differs from the manifest's {entry.size} (truncated or altered)")
+            continue
         size, digest = checksum_file(path)
         if size != entry.size:
             raise ImageInvalid(f"{entry.path}: size {size} differs from the manifest's {entry.size} (truncated or altered)")
@@ -261,6 +315,9 @@ class Staging:
             os.mkdir(self.path, 0o700)
             for sub in (CRIU_DIR, DEVICE_DIR, LOG_DIR):
                 os.mkdir(self.path / sub, 0o700)
+            # Logs are written outside until commit: a failed checkpoint is removed
+            # but its logs survive for the error message to point at.
+            self.log_dir = Path(tempfile.mkdtemp(prefix=f"npusnap-logs-{self.final.name}-"))
         except OSError as e:
             shutil.rmtree(self.path, ignore_errors=True)
             raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
@@ -274,19 +331,28 @@ class Staging:
     def device_dir(self) -> Path:
         return self.path / DEVICE_DIR
 
-    @property
-    def log_dir(self) -> Path:
-        return self.path / LOG_DIR
 
-    def seal(self) -> list[FileEntry]:
-        """Make images 0600, fsync them, and return their manifest entries."""
+    def seal(self, known: Sequence[FileEntry] = ()) -> list[FileEntry]:
+        """Make images 0600, fsync them, and return their manifest entries. Files in
+        `known` were checksummed and fsync'd by whoever wrote them (the device export,
+        while streaming): they are only checked for size, never read again."""
+        written = {f.path: f for f in known}
         entries = []
         for rel in image_files(self.path):
             p = self.path / rel
             os.chmod(p, 0o600)
-            size, digest = checksum_file(p)
-            _fsync_path(p)
-            entries.append(FileEntry(str(rel), size, digest))
+            entry = written.pop(str(rel), None)
+            if entry is not None:
+                st = os.lstat(p)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+                    raise ImageInvalid(f"{rel} changed after it was written")
+            else:
+                size, digest = checksum_file(p)
+                _fsync_path(p)
+                entry = FileEntry(str(rel), size, digest)
+            entries.append(entry)
+        if written:
+            raise ImageInvalid(f"{sorted(written)[0]} is missing from the checkpoint")
         for sub in CHECKSUMMED_DIRS:
             _fsync_path(self.path / sub)
         return entries
@@ -297,12 +363,14 @@ class Staging:
             tmp = self.path / (MANIFEST + ".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(dump_yaml(manifest.to_dict()))
+                f.write(manifest_text(manifest.to_dict()))
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, self.path / MANIFEST)
             for p in self.log_dir.iterdir():
                 os.chmod(p, 0o600)
+                shutil.move(str(p), self.path / LOG_DIR / p.name)
+            os.rmdir(self.log_dir)
             _fsync_path(self.path)
             if self.final.exists():
                 # Swap in one step: DIR holds the old checkpoint or the new one, never neither.
@@ -319,8 +387,12 @@ class Staging:
         return self.final
 
     def discard(self) -> None:
+        """Remove an uncommitted checkpoint. Its logs stay where they were written
+        (a private temporary directory), so an error's hint can point at them."""
         if not self.committed:
             shutil.rmtree(self.path, ignore_errors=True)
+            if not any(self.log_dir.iterdir()):
+                shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def _exchange(a: Path, b: Path) -> None:

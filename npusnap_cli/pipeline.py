@@ -30,7 +30,9 @@ from . import __version__, backends
 from .criu import Criu, DumpOptions, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
-from .image import CRIU_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest, verify
+from . import devicecheck
+from .image import (CRIU_DIR, DEVICE_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest,
+                    verify)
 from .target import open_target
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
@@ -51,7 +53,8 @@ class CheckpointOptions:
     criu_timeout: Optional[float] = None
     replace: bool = False
     criu_path: Optional[str] = None
-    lease: Optional[float] = None  # TODO(lease): 10 s once the agent supports leases
+    lease: float = 10.0  # the agent unlocks by itself after this much run time without us
+    data_path: str = "auto"  # device memory: auto | direct (daemon streams it to DIR/device) | in-process
 
 
 @dataclass
@@ -60,6 +63,7 @@ class RestoreOptions:
     criu_path: Optional[str] = None
     verify: bool = True
     criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
+    device_map: Optional[dict[str, str]] = None  # cuda: old GPU UUID -> new
 
 
 @dataclass
@@ -181,7 +185,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     """
     target = open_target(pid)
     criu = Criu(find_criu(opts.criu_path))
-    backend = backends.select(pid, opts.device, target.maps())
+    backend = backends.select(pid, opts.device, target.maps(), opts.data_path)
     state = backend.state()
     expected = "RUNNING" if device_phases or backend.name == "none" else "BACKED_UP"
     if state != expected:
@@ -193,9 +197,9 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     if not device_phases:
         backend = _Already(backend)
     staging = Staging(opts.directory, opts.replace)
+    guardian = Guardian(staging.path)  # from now on, our death is cleaned up after
     phase = Phases(report)
     tree_pids: list[int] = []
-    guardian: Optional[Guardian] = None
 
     def undo(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
         def run() -> None:
@@ -209,17 +213,18 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
         with Signals() as signals, contextlib.ExitStack() as undos:
             undos.callback(staging.discard)
             try:
+                # Registered before the lock: a signal may land the instant a phase
+                # returns. It undoes whatever part of lock/backup really happened.
+                undos.callback(undo("device rollback", backend.back_to_running))
                 with phase("lock"):
                     backend.lock(opts.lock_timeout, lease=opts.lease)
-                undos.callback(undo("unlock", backend.unlock))
                 with phase("backup") as t:
-                    backend.backup()
+                    device_files = backend.backup(staging.device_dir)
                     device = backend.describe()
                     t.bytes = device.bytes
-                undos.callback(undo("device restore", backend.restore))
                 tree = target.tree()
                 tree_pids = [p.pid for p in tree]
-                guardian = Guardian(tree_pids, staging.path)
+                guardian.watch(tree_pids)  # CRIU leaves them stopped: resumed if we die
                 with phase("dump") as dump_timing, signals.critical():
                     undos.callback(undo("resume", lambda: _resume(tree_pids)))
                     criu.dump(DumpOptions(
@@ -228,7 +233,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                         tcp_established=opts.tcp_established, timeout=opts.criu_timeout,
                     ))
                 with phase("seal") as t:
-                    files = staging.seal()
+                    files = staging.seal(known=device_files)
                     t.bytes = dump_timing.bytes = sum(f.size for f in files if f.path.startswith(CRIU_DIR))
                 manifest = Manifest(
                     pid=pid,
@@ -257,13 +262,12 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
             _kill(tree_pids)
             return manifest
         _resume(tree_pids)
-        backend.restore()
+        backend.restore(staging.final / DEVICE_DIR, device_files)
         backend.unlock()
         return manifest
     finally:
         backend.release()
-        if guardian is not None:
-            guardian.release()
+        guardian.release()
 
 
 class _Already(backends.NoDevice):
@@ -288,7 +292,12 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
     root = opts.directory.absolute()
     phase = Phases(report)
     with phase("verify"):
-        manifest = verify(root) if opts.verify else load_manifest(root)
+        manifest = load_manifest(root)
+        if opts.verify:
+            # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
+            direct = manifest.device.method == backends.DirectBackend.method
+            verify(root, manifest, shallow=(DEVICE_DIR,) if direct else ())
+    devicecheck.fits(manifest.device)
     taken = _pids_in_use(manifest)
     if taken:
         raise CriuFailed(f"pid {taken[0]} from the checkpoint is in use by a running process",
@@ -304,10 +313,10 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
                                shell_job=bool(manifest.options.get("shell_job")),
                                tcp_established=bool(manifest.options.get("tcp_established")))
         if manifest.device.backend != "none" and not opts.criu_only:
-            backend = backends.AgentBackend(pid, manifest.device.backend)
+            backend = backends.for_restore(pid, manifest.device, opts.device_map)
             try:
                 with phase("device-restore") as t:
-                    backend.restore()
+                    backend.restore(root / DEVICE_DIR, [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")])
                     t.bytes = manifest.device.bytes
                 with phase("unlock"):
                     backend.unlock()

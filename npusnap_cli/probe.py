@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 from dataclasses import asdict, dataclass, field
@@ -103,13 +102,10 @@ def _devices(report: Report) -> None:
         native.NATIVE_DIR.resolve())
     report.add("device: ascend", "ok" if real else "info",
                f"CANN runtime at {home}" if real else "no CANN runtime found (Ascend NPUs unavailable)")
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        ok = hasattr(cuda, "cuCheckpointProcessLock")
-        report.add("device: cuda", "ok" if ok else "warn",
-                   "driver with cuCheckpointProcess* API" if ok else "driver too old for checkpointing (need r555+)")
-    except OSError:
-        report.add("device: cuda", "info", "no NVIDIA driver (libcuda.so.1) found")
+    from . import cuda
+
+    status, detail, fix, _ = cuda.probe()  # NPUSNAP_LIBCUDA, default libcuda.so.1
+    report.add("device: cuda", status, detail, fix)
 
 
 def probe(criu_path: Optional[str] = None) -> Report:

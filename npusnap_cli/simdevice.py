@@ -76,7 +76,8 @@ def start(sock: str, devices: int = 2, memory: int = 4 << 30, timeout: float = 1
         proc.wait()
         tail = Path(sock).with_suffix(".log").read_text(errors="replace").strip().splitlines()[-1:]
         raise DeviceFailed(f"npusim daemon did not start on {sock}: {' '.join(tail) or 'no output'}")
-    return proc.pid, True
+    proc.wait(timeout=timeout)  # the launcher exits once the daemon it forked is ready
+    return int(line.split()[1]), True
 
 
 def stop(sock: str, timeout: float = 10) -> Optional[int]:

@@ -11,7 +11,9 @@
  * the agent closes. Requests: ping, status, lock <timeout_ms> [<lease_ms>],
  * renew <lease_ms>, backup, restore, unlock. Device commands call
  * aclrtSnapShotProcess*(getpid(), NULL) of the runtime, found lazily at the
- * first command that needs it.
+ * first command that needs it. `backup external` / `restore external` take
+ * npusim's direct path (npusimSnapshotSetDataPath: metadata only, the daemon
+ * exports/imports the data); refused with AGENT_E_UNSUPPORTED elsewhere.
  *
  * Lease: `lock T L` (L > 0) holds the lock on a lease of L ms; `renew L`
  * extends it; `unlock` ends it. If the lease runs out while the process is
@@ -59,6 +61,7 @@
 #define AGENT_E_BUSY (-4)      /* an abandoned lock is still inside the runtime */
 #define AGENT_E_DENIED (-5)    /* peer uid is neither ours nor root */
 #define AGENT_E_INTERNAL (-6)  /* resource failure inside the agent */
+#define AGENT_E_UNSUPPORTED (-7) /* the runtime lacks what the request needs (direct path) */
 
 #define IO_TIMEOUT_S 5          /* per-connection read/write bound */
 #define DEFAULT_LOCK_MS 30000   /* "lock" without an argument */
@@ -70,6 +73,8 @@
 
 typedef int (*snap_fn)(int pid, void *reserved);
 typedef int (*info_fn)(char *buf, size_t len);
+typedef int (*set_path_fn)(int external);
+typedef int (*get_path_fn)(void);
 
 enum state { ST_RUNNING, ST_LOCKED, ST_BACKED_UP };
 static const char *const state_names[] = {"RUNNING", "LOCKED", "BACKED_UP"};
@@ -82,6 +87,9 @@ static struct {
     /* runtime, resolved lazily and kept once found */
     snap_fn lock, backup, restore, unlock;
     info_fn info;
+    /* npusim's direct path (optional): `backup external` / `restore external` */
+    set_path_fn set_data_path;
+    get_path_fn get_data_path;
     char runtime[PATH_MAX];
     /* lock worker: pending while a worker is inside the runtime's lock call */
     int lock_pending, lock_done, lock_rc, lock_abandoned;
@@ -216,7 +224,7 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
 static void *find_runtime_handle(void)
 {
     if (dlsym(RTLD_DEFAULT, "aclrtSnapShotProcessLock"))
-        return RTLD_DEFAULT;
+        return dlopen(NULL, RTLD_LAZY); /* the global scope; RTLD_DEFAULT is NULL in glibc */
     struct names nm = {0};
     dl_iterate_phdr(collect_object, &nm);
     void *found = NULL;
@@ -252,6 +260,10 @@ static const char *resolve_runtime(void)
     if (dladdr((void *)l, &di) && di.dli_fname)
         snprintf(g.runtime, sizeof g.runtime, "%s", di.dli_fname);
     g.info = (info_fn)dlsym(h, "npusimSnapshotInfo");
+    g.set_data_path = (set_path_fn)dlsym(h, "npusimSnapshotSetDataPath");
+    g.get_data_path = (get_path_fn)dlsym(h, "npusimSnapshotGetDataPath");
+    if (!g.get_data_path)
+        g.set_data_path = NULL;
     g.backup = b;
     g.restore = r;
     g.unlock = u;
@@ -507,8 +519,19 @@ static void execute(const char *line, struct buf *out)
     char info[DEVICE_INFO_MAX];
     info[0] = '\0';
 
+    /* "backup external" / "restore external": npusim's direct path (the device data is moved
+     * by the daemon itself, not through this process). Parsed here, then run as backup/restore. */
+    int external = 0;
+    char plain[16];
+    const char *cmdline = line;
+    if (!strcmp(line, "backup external") || !strcmp(line, "restore external")) {
+        external = 1;
+        snprintf(plain, sizeof plain, "%s", line[0] == 'b' ? "backup" : "restore");
+        cmdline = plain;
+    }
+
     pthread_mutex_lock(&g.mu);
-    if (parse_request(line, &rq) < 0) {
+    if (parse_request(cmdline, &rq) < 0) {
         code = AGENT_E_REQUEST;
         err = "malformed request; expected one of: ping, status, lock <timeout_ms> [<lease_ms>], "
               "renew <lease_ms>, backup, restore, unlock";
@@ -570,15 +593,36 @@ static void execute(const char *line, struct buf *out)
                     code = AGENT_E_STATE;
                     err = st == ST_RUNNING ? "backup refused: lock the process first"
                                            : "backup refused: already backed up (restore first)";
-                } else if ((code = g.backup(getpid(), NULL)) == 0) {
-                    g.state = ST_BACKED_UP;
+                } else if (external && !g.set_data_path) {
+                    code = AGENT_E_UNSUPPORTED;
+                    err = "backup external refused: this device runtime has no direct data path "
+                          "(npusimSnapshotSetDataPath); it only offers the in-process backup";
                 } else {
-                    err = "the runtime's backup failed";
+                    if (g.set_data_path)
+                        g.set_data_path(external); /* one backup; plain `backup` resets it */
+                    if ((code = g.backup(getpid(), NULL)) == 0) {
+                        g.state = ST_BACKED_UP;
+                    } else {
+                        if (g.set_data_path)
+                            g.set_data_path(0);
+                        err = "the runtime's backup failed";
+                    }
                 }
             } else if (!strcmp(rq.cmd, "restore")) {
+                int ext_backup = g.get_data_path && (g.get_data_path() & 2);
                 if (st != ST_BACKED_UP) {
                     code = AGENT_E_STATE;
                     err = "restore refused: nothing is backed up (backup first)";
+                } else if (external && !g.set_data_path) {
+                    code = AGENT_E_UNSUPPORTED;
+                    err = "restore external refused: this device runtime has no direct data path "
+                          "(npusimSnapshotSetDataPath); it only offers the in-process restore";
+                } else if (external != ext_backup) {
+                    code = AGENT_E_STATE;
+                    err = external ? "restore external refused: the device was backed up in-process "
+                                     "(use restore)"
+                                   : "restore refused: the device was backed up externally (its data "
+                                     "is in files): use restore external, then import the data";
                 } else if ((code = g.restore(getpid(), NULL)) == 0) {
                     g.state = ST_LOCKED;
                 } else {

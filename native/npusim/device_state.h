@@ -71,6 +71,12 @@ struct Session {
   std::map<uint32_t, std::shared_ptr<Stream>> streams;
   std::map<uint32_t, Event> events;
   uint32_t next_id = 1;
+
+  // The direct path (export.cpp), guarded by mu: locked after a successful Drain or a Quiesce,
+  // until the Quiesce of Unlock; export and import need it.
+  bool locked = false;
+  bool awaiting_import = false;  // restored externally: Unlock is refused until an import
+  bool transferring = false;     // an export or import runs
 };
 
 class DeviceState {
@@ -94,6 +100,11 @@ class DeviceState {
   int32_t resolve(Session &s, const proto::Task &task, uint32_t stream_device, bool on_stream, Work &w);
 
   std::string status_json();
+
+  // The direct path (export.cpp): the session of a client pid (null if none), and its allocations
+  // in address order.
+  std::shared_ptr<Session> find(pid_t pid);
+  std::vector<std::shared_ptr<Buffer>> buffers(Session &s);
 
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);

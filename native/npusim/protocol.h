@@ -33,6 +33,12 @@ enum class Op : uint32_t {
   EventDestroy,   // event
   EventQuery,     // event -> value[0]=completed count, value[1]=timestamp of the last completion (ns)
   EventSync,      // event, target: wait until completed >= target
+  // The direct path (export.h). Export and Import need no Hello: a tool names the client by pid in
+  // value[0]; the request is followed by `size` bytes (Export: the directory; Import: the directory,
+  // a newline, then "NAME SIZE CHECKSUM" lines of expected files). Reply payload: JSON.
+  Export,
+  Import,
+  Quiesce,        // flags: 1 locked (restored), 2 locked awaiting an import, 0 unlocking
 };
 
 enum class TaskKind : uint32_t {

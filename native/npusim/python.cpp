@@ -7,8 +7,11 @@
 #include <pybind11/stl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "acl/acl.h"
 #include "acl/npusim.h"
@@ -241,6 +244,64 @@ class AclError(RuntimeError):
   m.def("daemon_shutdown", [](const std::string &socket) {
     call("npusimDaemonShutdown", [&] { return npusimDaemonShutdown(socket.c_str()); });
   }, py::arg("socket_path"));
+
+  // The direct path (npusim.h): the daemon moves a locked client's device memory to/from files.
+  // Failures raise OSError(errno, message) for file-system errors (ENOSPC, EACCES, ...) and
+  // AclError with the daemon's message otherwise (client not locked, corrupt image, ...).
+  auto transfer = [](const char *what, py::object result_of, int rc, char *json) -> py::object {
+    std::string text = json != nullptr ? json : "";
+    std::free(json);
+    py::object data = text.empty() ? py::dict() : json_loads(text);
+    (void)result_of;
+    if (rc == ACL_SUCCESS) return data;
+    py::dict d = data.cast<py::dict>();
+    std::string msg = d.contains("error") ? d["error"].cast<std::string>() : std::string(what) + " failed";
+    int err = d.contains("errno") ? d["errno"].cast<int>() : 0;
+    if (err != 0) {
+      py::object e = py::module_::import("builtins").attr("OSError")(err, msg);
+      PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(e.ptr())), e.ptr());
+      throw py::error_already_set();
+    }
+    py::object e = g_acl_error(rc, what);
+    e.attr("args") = py::make_tuple(std::string(what) + ": " + msg + " (aclError " + std::to_string(rc) + ")");
+    PyErr_SetObject(g_acl_error.ptr(), e.ptr());
+    throw py::error_already_set();
+  };
+  auto abspath = [](const py::object &p) {
+    py::module_ os = py::module_::import("os");
+    return os.attr("path").attr("abspath")(os.attr("fspath")(p)).cast<std::string>();
+  };
+  m.def("export_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir) {
+    const std::string d = abspath(dir);
+    char *json = nullptr;
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = npusimDaemonExport(socket.c_str(), pid, d.c_str(), &json);
+    }
+    return transfer("npusim.export_client", py::none(), rc, json);
+  }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"),
+     "write the device memory of locked client pid into directory (dev<N>.img per device); returns "
+     "{files: [{path, size, checksum}], allocations, bytes, nonzero_bytes, written_bytes, seconds}");
+  m.def("import_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
+                                             std::optional<std::vector<std::tuple<std::string, uint64_t, std::string>>> expected) {
+    const std::string d = abspath(dir);
+    std::string lines;
+    if (expected)
+      for (auto &[name, size, sum] : *expected) lines += name + " " + std::to_string(size) + " " + sum + "\n";
+    char *json = nullptr;
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = npusimDaemonImport(socket.c_str(), pid, d.c_str(), expected ? lines.c_str() : nullptr, &json);
+    }
+    return transfer("npusim.import_client", py::none(), rc, json);
+  }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"), py::arg("expected") = py::none(),
+     "read device images from directory into the (re-created, locked) allocations of client pid; "
+     "expected: [(name, size, xxh3_128 hex)] to read exactly those files and refuse any mismatch");
+  m.def("snapshot_set_data_path", [](bool external) {
+    call("npusimSnapshotSetDataPath", [&] { return npusimSnapshotSetDataPath(external ? 1 : 0); });
+  }, py::arg("external"));
 
   m.attr("ACL_SUCCESS") = ACL_SUCCESS;
   m.attr("ACL_DDR_MEM") = static_cast<int>(ACL_DDR_MEM);

@@ -132,6 +132,7 @@ aclError aclInit(const char *configPath) {
     return ACL_ERROR_RT_DRV_INTERNAL_ERROR;
   }
   r.initialized = true;
+  start_ctl();  // by-pid checkpoint requests (ctl.cpp)
   return ACL_SUCCESS;
 }
 

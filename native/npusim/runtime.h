@@ -116,5 +116,9 @@ void release_device(int32_t device);
 // Snapshot internals (snapshot.cpp), called with no lock held.
 int32_t device_restore();
 void drop_backups();
+// Lock with an explicit timeout (aclrtSnapShotProcessLock uses 60 s or NPUSIM_LOCK_TIMEOUT_MS).
+int32_t snapshot_lock(int64_t timeout_ms);
+// Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.
+void start_ctl();
 
 }  // namespace npusim::rt

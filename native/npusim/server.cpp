@@ -4,6 +4,7 @@
 
 #include "acl/acl_base.h"
 #include "device_state.h"
+#include "export.h"
 #include "wire.h"
 
 namespace npusim {
@@ -43,7 +44,12 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
     }
     case Op::StreamSync: return streams::sync(s, rq.stream);
     case Op::DeviceSync: return streams::sync_device(s, static_cast<uint32_t>(rq.device));
-    case Op::Drain: return streams::drain(s, rq.timeout_ms);
+    case Op::Drain: {
+      int32_t rc = streams::drain(s, rq.timeout_ms);
+      if (rc == ACL_SUCCESS) xfer::mark_drained(s);  // Lock's drain: the client is locked
+      return rc;
+    }
+    case Op::Quiesce: return xfer::quiesce(s, rq.flags);
     case Op::Release: state.release(s); return ACL_SUCCESS;
     case Op::EventCreate:
       rp.value[0] = streams::event_create(s, rq.value[0], rq.value[1]);
@@ -82,6 +88,8 @@ bool serve_connection(DeviceState &state, int fd) {
     } else if (rq.op == Op::Shutdown) {
       ::unlink(state.socket_path().c_str());  // gone before the ack: the caller may start a new daemon
       shutdown = true;
+    } else if (rq.op == Op::Export || rq.op == Op::Import) {
+      if (!xfer::serve(state, fd, peer_pid(fd), rq, rp, &payload)) break;  // reads its own trailing bytes
     } else if (!session) {
       rp.code = ACL_ERROR_UNINITIALIZE;
     } else {

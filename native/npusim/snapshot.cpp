@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "acl/npusim.h"
+#include "direct.h"
 #include "runtime.h"
 #include "wire.h"
 
@@ -66,7 +67,9 @@ int32_t device_backup() {
   std::vector<EventObj *> events;
   {
     std::lock_guard<std::mutex> g(r.mu);
-    for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
+    // Direct path: the daemon has exported the data already; save only what re-creates it.
+    if (!data_path().next_external)
+      for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
     events.assign(r.events.begin(), r.events.end());
   }
   for (auto &[va, a] : allocs) {
@@ -99,8 +102,10 @@ int32_t restore_resources() {
   std::vector<std::pair<uint64_t, Alloc *>> allocs;
   std::vector<StreamObj *> streams;
   std::vector<EventObj *> events;
+  bool external;
   {
     std::lock_guard<std::mutex> g(r.mu);
+    external = data_path().backup_external;
     for (auto &[d, ctx] : r.devices)
       if (static_cast<uint32_t>(d) >= r.pool.device_count) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
@@ -112,7 +117,8 @@ int32_t restore_resources() {
     rq.device = a->device;
     rq.addr = va;
     rq.size = a->size;
-    if (r.pool.call(rq) != ACL_SUCCESS || a->backup == nullptr) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    if (r.pool.call(rq) != ACL_SUCCESS || (a->backup == nullptr && !external)) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    if (external) continue;  // the daemon imports the data (npusimDaemonImport) before Unlock
     proto::Task t{};
     t.kind = proto::TaskKind::HostToDevice;
     t.dst = va;
@@ -136,6 +142,11 @@ int32_t restore_resources() {
     e->id = static_cast<uint32_t>(rp.value[0]);
     e->records = e->completed;
   }
+  // Restored processes are LOCKED: say so to the daemon, which then allows an export or import,
+  // and after an external backup refuses our Unlock until the data has been imported.
+  proto::Request rq = wire::request(proto::Op::Quiesce);
+  rq.flags = external ? 2 : 1;
+  if (r.pool.call(rq) != ACL_SUCCESS && external) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   return ACL_SUCCESS;
 }
 
@@ -160,6 +171,10 @@ int32_t device_restore() {
     return rc;
   }
   drop_backups();
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    data_path().backup_external = false;
+  }
   return ACL_SUCCESS;
 }
 
@@ -175,13 +190,20 @@ extern "C" {
 
 aclError aclrtSnapShotProcessLock(int pid, void *reserve) {
   if (bad_pid(pid) || reserve != nullptr) return ACL_ERROR_INVALID_PARAM;
+  return npusim::rt::snapshot_lock(lock_timeout_ms());
+}
+
+}  // extern "C"
+
+// The Lock itself, with the caller's timeout (the by-pid control listener passes its own).
+int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
   Runtime &r = runtime();
   {
     std::lock_guard<std::mutex> g(r.mu);
     if (r.state != State::Running) return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
   }
   if (int32_t rc = invoke(ACL_RT_SNAPSHOT_LOCK_PRE); rc != ACL_SUCCESS) return rc;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(lock_timeout_ms());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   {
     std::unique_lock<std::mutex> l(r.mu);
     if (r.state != State::Running) return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
@@ -213,6 +235,8 @@ aclError aclrtSnapShotProcessLock(int pid, void *reserve) {
   return ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT;
 }
 
+extern "C" {
+
 aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBackupArgs *args) {
   if (bad_pid(pid) || (args != nullptr && args->backupFlags != 0)) return ACL_ERROR_INVALID_PARAM;
   Runtime &r = runtime();
@@ -228,6 +252,8 @@ aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBackupArgs *args) {
   {
     std::lock_guard<std::mutex> g(r.mu);
     r.state = State::BackedUp;
+    data_path().backup_external = data_path().next_external;  // the setting is for one backup
+    data_path().next_external = false;
   }
   return invoke(ACL_RT_SNAPSHOT_BACKUP_POST);
 }
@@ -258,7 +284,20 @@ aclError aclrtSnapShotProcessUnlock(int pid, void *reserve) {
   }
   if (s == State::Running) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
   // Unlocking a backed-up process puts its device state back first, so it can carry on.
+  bool external;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    external = data_path().backup_external;
+  }
+  // An external backup's data lives in files: only restore external + import can bring it back.
+  if (s == State::BackedUp && external) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
   if (s == State::BackedUp && device_restore() != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
+  if (r.pool.connected()) {
+    // The daemon refuses while an import is awaited or an export/import runs.
+    proto::Request rq = wire::request(proto::Op::Quiesce);
+    rq.flags = 0;
+    if (r.pool.call(rq) == ACL_ERROR_SNAPSHOT_UNLOCK_FAILED) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
+  }
   {
     std::lock_guard<std::mutex> g(r.mu);
     r.state = State::Running;
@@ -308,7 +347,8 @@ int npusimSnapshotInfo(char *buf, size_t len) {
       first = false;
     }
     o << "], \"allocations\": " << r.allocs.size() << ", \"bytes\": " << bytes << ", \"streams\": " << r.streams.size()
-      << ", \"events\": " << r.events.size() << ", \"connected\": " << (connected ? "true" : "false") << "}";
+      << ", \"events\": " << r.events.size() << ", \"connected\": " << (connected ? "true" : "false") << ", \"direct\": true, \"data_path\": \""
+      << (data_path().backup_external ? "external" : "in-process") << "\"}";
   }
   const std::string s = o.str();
   if (s.size() + 1 > len) return -ACL_ERROR_INVALID_PARAM;

@@ -20,6 +20,8 @@ from . import criu_option, json_option, pid_argument
               show_default=True, help="Device backend (auto: found from the process).")
 @click.option("--lock-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               metavar="SECONDS", help="How long device work may take to quiesce.")
+@click.option("--lease", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS",
+              help="If npusnap dies mid-checkpoint, the workload unlocks itself after running this long.")
 @click.option("--criu-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
@@ -27,7 +29,7 @@ from . import criu_option, json_option, pid_argument
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
-               tcp_established: bool, device: str, lock_timeout: float, criu_timeout: Optional[float],
+               tcp_established: bool, device: str, lock_timeout: float, lease: float, criu_timeout: Optional[float],
                replace: bool, criu_path: Optional[str]) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
@@ -40,7 +42,7 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
                              tcp_established=tcp_established, device=device, lock_timeout=lock_timeout,
-                             criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
+                             lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
     m = run_checkpoint(parse_pid(pid), opts, report=term.reporter())
     size = sum(f.size for f in m.files)
     if term.json_mode:

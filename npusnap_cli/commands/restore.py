@@ -16,11 +16,13 @@ from . import criu_option, json_option
 @click.option("--pidfile", type=click.Path(path_type=Path), help="Write the restored pid here.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum pass (faster; trusts the files).")
 @click.option("--criu-only", is_flag=True, help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
+@click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
+              help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
 @criu_option
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, criu_path: Optional[str]) -> None:
+            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str]) -> None:
     """Restore the process checkpointed in DIRECTORY.
 
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
@@ -30,8 +32,17 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     from ..pipeline import RestoreOptions, restore as run_restore, wait_exit_code
 
     term: Terminal = ctx.obj
+    extra = {}
+    if device_map:
+        extra["device_map"] = _device_map(directory, device_map)
+        if "device_map" not in RestoreOptions.__dataclass_fields__:  # until the pipeline passes it on
+            from ..errors import EnvironmentProblem
+
+            raise EnvironmentProblem("this build's restore pipeline cannot remap GPUs yet",
+                                     "restore onto the same GPUs, without --device-map")
     become_subreaper()
-    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only), report=term.reporter())
+    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, **extra),
+                         report=term.reporter())
     if pidfile:
         tmp = pidfile.with_name(pidfile.name + ".tmp")
         tmp.write_text(f"{result.pid}\n")
@@ -48,3 +59,17 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     if term.json_mode:
         term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code})
     ctx.exit(code)
+
+
+def _device_map(directory: Path, items: tuple[str, ...]) -> dict[str, str]:
+    """Parse --device-map and check it against the checkpoint and this machine, before anything starts."""
+    from .. import cuda
+    from ..image import load_manifest
+
+    mapping = cuda.parse_device_map(items)
+    device = load_manifest(directory.absolute()).device
+    if device.backend != "cuda":
+        raise cuda.DeviceMapError(f"--device-map applies to cuda checkpoints; {directory} holds "
+                                  f"{device.backend} device state")
+    cuda.validate_device_map(list(device.gpus), mapping, cuda.Driver.load())
+    return mapping

@@ -87,11 +87,25 @@ def test_future_format_version(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "criu/../../x"])
 def test_manifest_paths_that_escape(capsys: pytest.CaptureFixture[str], tmp_path: Path, path: str) -> None:
-    (tmp_path / "manifest.yaml").write_text(
-        "format_version: 1\npid: 1\ncreated: x\nhost: h\nkernel: k\nnpusnap_version: v\ncriu_version: c\n"
-        f"files:\n- {{path: '{path}', size: 1, checksum: 'x'}}\n")
+    from npusnap_cli.image import manifest_text
+
+    (tmp_path / "manifest.yaml").write_text(manifest_text({
+        "format_version": 1, "pid": 1, "created": "x", "host": "h", "kernel": "k", "npusnap_version": "v",
+        "criu_version": "c", "files": [{"path": path, "size": 1, "checksum": "x"}]}))
     rc, _, err = run(capsys, "verify", tmp_path)
     assert rc == 8 and "outside the checkpoint" in one_line(err)
+
+
+def test_edited_manifest_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from npusnap_cli.image import manifest_text
+
+    text = manifest_text({"format_version": 1, "pid": 1, "created": "x", "host": "h", "kernel": "k",
+                          "npusnap_version": "v", "criu_version": "c", "files": []})
+    (tmp_path / "manifest.yaml").write_text(text)
+    assert run(capsys, "verify", tmp_path)[0] == 0
+    (tmp_path / "manifest.yaml").write_text(text.replace("pid: 1", "pid: 2"))
+    rc, _, err = run(capsys, "verify", tmp_path)
+    assert rc == 8 and "edited" in one_line(err)
 
 
 def test_existing_checkpoint_is_not_overwritten(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -36,6 +36,29 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonStatus(const char *socketPath, char *bu
 /* Asks the daemon on socketPath to exit; returns once it has acknowledged. */
 ACL_FUNC_VISIBILITY aclError npusimDaemonShutdown(const char *socketPath);
 
+/* The direct path for device memory (native/npusim/export.h): the daemon itself writes a locked
+ * client's allocations to files and reads them back, so the data never passes through the client.
+ *
+ * npusimSnapshotSetDataPath(1): the next aclrtSnapShotProcessBackup saves allocations, streams and
+ * events but copies no allocation data, then releases the device as usual (export the data first!).
+ * The Restore that follows re-creates every allocation at its address, without data, and leaves the
+ * process LOCKED; Unlock is refused until npusimDaemonImport has filled the allocations. Unlock from
+ * BACKED_UP is refused after an external backup. 0 (the default): CANN's in-process copy. The
+ * setting applies to one Backup. npusimSnapshotGetDataPath: bit 0 = the next Backup is external,
+ * bit 1 = the backup held now is external. */
+ACL_FUNC_VISIBILITY aclError npusimSnapshotSetDataPath(int external);
+ACL_FUNC_VISIBILITY int npusimSnapshotGetDataPath(void);
+
+/* For tools: export / import the device memory of client pid (which must be locked and idle) into /
+ * from the absolute directory dir, one file per device (dev<N>.img). expected (may be NULL):
+ * "NAME SIZE XXH3_128_HEX" lines; the import then reads exactly those files and refuses any whose
+ * size or checksum differs. *resultJson receives a malloc'd JSON object the caller free()s, on
+ * success {"files": [{"path", "size", "checksum"}], "allocations", "bytes", "nonzero_bytes",
+ * "written_bytes"|"read_bytes", "seconds"}, on failure {"error": "...", "errno": N}. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson);
+ACL_FUNC_VISIBILITY aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected,
+                                                char **resultJson);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,102 @@
+"""python -m bench [--quick | --sizes tiny|quick|full] [--dir DIR] [--output FILE]"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from . import cpuonly, device, latency, limits, report
+from .config import PRESETS, human
+from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
+
+
+def parse(argv: Optional[list[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").strip())
+    ap.add_argument("--quick", action="store_true", help="the quick preset (256 MiB; under 2 minutes)")
+    ap.add_argument("--sizes", choices=sorted(PRESETS), help="size preset (default: full, or quick with --quick)")
+    ap.add_argument("--repeat", type=int, help="samples per measurement (median reported)")
+    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
+                    help="where the disk measurements and checkpoints go (a private directory is made there)")
+    ap.add_argument("--tmpfs", type=Path, default=Path("/dev/shm"), help="a tmpfs for the in-memory measurements")
+    ap.add_argument("--output", type=Path, default=BENCH_DIR / "results.json")
+    ap.add_argument("--plot", dest="plot", action="store_true", default=None, help="draw results.png (full: on)")
+    ap.add_argument("--no-plot", dest="plot", action="store_false")
+    ap.add_argument("--budget", type=float, metavar="SECONDS",
+                    help="wall-clock budget: samples beyond the first are cut to fit (default: the preset's; 0: none)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse(argv)
+    sizes = PRESETS[args.sizes or ("quick" if args.quick else "full")]
+    repeat = args.repeat or sizes.repeat
+    do_plot = sizes.plot if args.plot is None else args.plot
+    if os.geteuid() != 0:
+        print("bench: CRIU needs root; run as root", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    from npusnap_cli.criu import find_criu
+
+    criu = find_criu().path
+    become_subreaper()
+    try:
+        with Resources() as res:
+            workdir = res.mkdtemp(args.dir, "npusnap-bench-")
+            tmpfs_dir = res.mkdtemp(args.tmpfs, "npusnap-bench-")
+            progress(f"preset {sizes.name}, {repeat} samples each; work in {workdir} and {tmpfs_dir}")
+
+            budget_s = sizes.budget if args.budget is None else (args.budget or None)
+            budget = Budget(budget_s, [("limits", 4 * sizes.limit_bytes), ("cpu-only", cpuonly.weight(sizes.cpu_bytes)),
+                                       *device.sections(sizes.host_bytes, sizes.device_bytes),
+                                       ("latency", 256 << 20)])
+            progress(f"physical limits ({human(sizes.limit_bytes)} buffers/files)")
+            lim = limits.measure(workdir, tmpfs_dir, sizes.limit_bytes, repeat)
+
+            progress(f"CPU-only process of {human(sizes.cpu_bytes)}: bare criu vs npusnap")
+            cpu = cpuonly.measure(res, criu, workdir, sizes.cpu_bytes, repeat, budget)
+
+            dev_runs = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes, repeat,
+                                      sizes.zero_fraction, lim, budget, progress)
+
+            progress(f"agent round trip x{sizes.pings}, `npusnap --help` x{sizes.helps}")
+            ping = latency.agent_round_trip(res, workdir, sizes.pings)
+            helps = latency.help_latency(sizes.helps)
+
+            runs: list[dict[str, Any]] = cpu.pop("runs") + dev_runs
+            doc: dict[str, Any] = {
+                "targets": report.targets(lim, cpu, runs, ping, helps),
+                "limits": lim,
+                "runs": runs,
+                "cpu_only": cpu,
+                "latency": {"agent_ping": ping, "help": helps},
+                "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),
+                "budget": {"seconds": budget_s, "cut": budget.cut},
+                "duration_s": round(time.monotonic() - started, 1),
+            }
+    except KeyboardInterrupt:
+        print("bench: interrupted; everything it started was stopped and removed", file=sys.stderr)
+        return 130
+    except BenchError as e:
+        print(f"bench: error: {e}", file=sys.stderr)
+        return 1
+    report.write_json(args.output, doc)
+    doc["output"] = str(args.output)
+    report.print_tables(doc)
+    if do_plot:
+        png = args.output.with_suffix(".png")
+        msg = report.plot(doc, png)
+        print(f"bench: {msg}" if msg else f"bench: plot in {png}", file=sys.stderr)
+    progress("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""A CPU-only process holding S bytes: bare `criu dump` / `criu restore -d` against
+`npusnap checkpoint --device none` / `npusnap restore --detach`, on the same disk.
+
+One process serves every sample: each tool checkpoints the process the previous
+sample restored (same pid, same memory). The two tools alternate so drift on a shared
+machine hits both alike. Before each restore the images are evicted from the page cache (both
+tools read them cold). Bare CRIU does not fsync its images; npusnap does (and checksums
+them), which is part of what the ratio shows."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .util import (
+    BenchError,
+    Budget,
+    Resources,
+    child_env,
+    disk_usage,
+    evict,
+    median,
+    npusnap,
+    reap,
+    run_timed,
+    start_workload,
+    workload_argv,
+)
+
+
+def _bare_dump(criu: str, pid: int, images: Path) -> float:
+    images.mkdir()
+    seconds, cp = run_timed([criu, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v4",
+                             "--file-locks"])
+    if cp.returncode != 0:
+        raise BenchError(f"criu dump exited {cp.returncode}: {_log_tail(images / 'dump.log')}")
+    return seconds
+
+
+def _bare_restore(criu: str, images: Path) -> tuple[float, int]:
+    pidfile = images.parent / (images.name + ".pid")
+    seconds, cp = run_timed([criu, "restore", "-D", str(images), "-o", "restore.log", "-v4", "--file-locks",
+                             "-d", "--pidfile", str(pidfile)])
+    if cp.returncode != 0:
+        raise BenchError(f"criu restore exited {cp.returncode}: {_log_tail(images / 'restore.log')}")
+    return seconds, int(pidfile.read_text().split()[0])
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    errors = [ln for ln in lines if "Error" in ln] or lines
+    return " | ".join(errors[-3:])
+
+
+def _sample(res: Resources, tool: str, criu: str, workdir: Path, pid: int, i: int) -> dict[str, Any]:
+    """Checkpoint pid with tool, then restore it with the same tool (same pid again)."""
+    ckpt = workdir / f"cpu-{tool}-{i}"
+    sample: dict[str, Any] = {"tool": tool}
+    try:
+        if tool == "criu":
+            sample["checkpoint_s"] = _bare_dump(criu, pid, ckpt)
+        else:
+            run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "none"], workdir=workdir)
+            sample["checkpoint_s"] = run.seconds
+            sample["checkpoint_phases"] = {p["name"]: p["seconds"] for p in run.data.get("phases", [])}
+        reap(pid)  # killed by the dump: its pid must be free for the restore
+        sample["bytes_on_disk"] = disk_usage(ckpt)[0]
+        t = time.perf_counter()
+        evict(ckpt)  # for bare CRIU this is also the fsync it never did
+        sample["evict_s"] = time.perf_counter() - t
+        if tool == "criu":
+            sample["restore_s"], rpid = _bare_restore(criu, ckpt)
+        else:
+            pidfile = workdir / f"cpu-{tool}-{i}.pid"
+            run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], workdir=workdir)
+            sample["restore_s"] = run.seconds
+            sample["restore_phases"] = {p["name"]: p["seconds"] for p in run.data.get("phases", [])}
+            rpid = int(pidfile.read_text().split()[0])
+            os.unlink(pidfile)
+        res.add_pid(rpid)
+        if rpid != pid:
+            raise BenchError(f"{tool} restored pid {rpid}, expected {pid}")
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+        with_unlink(ckpt.parent / (ckpt.name + ".pid"))
+    return sample
+
+
+def with_unlink(p: Path) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass
+
+
+def weight(nbytes: int) -> float:
+    """Budget weight: two tools, each writing and reading nbytes, plus CLI start-up."""
+    return 2 * 2 * nbytes + (512 << 20)
+
+
+def measure(res: Resources, criu: str, workdir: Path, nbytes: int, repeat: int, budget: Budget) -> dict[str, Any]:
+    samples: dict[str, list[dict[str, Any]]] = {"criu": [], "npusnap": []}
+    out = workdir / "cpu.out"
+    w = start_workload(res, workload_argv(nbytes, cpu_only=True), out, env=child_env())
+    began = time.monotonic()
+    try:
+        for i in range(repeat):
+            if not budget.more("cpu-only", i, repeat, began):
+                break
+            order = ("criu", "npusnap") if i % 2 == 0 else ("npusnap", "criu")
+            for tool in order:
+                samples[tool].append(_sample(res, tool, criu, workdir, w.pid, i))
+                time.sleep(0.05)
+    finally:
+        res.kill(w.pid)
+        with_unlink(out)
+    runs = []
+    summary: dict[str, Any] = {"bytes": nbytes}
+    for tool, ss in samples.items():
+        for op in ("checkpoint", "restore"):
+            secs = [s[f"{op}_s"] for s in ss]
+            names = list(dict.fromkeys(k for s in ss for k in s.get(f"{op}_phases", {})))
+            phases = {n: median([s[f"{op}_phases"].get(n, 0.0) for s in ss]) for n in names}
+            if phases:
+                phases["cli"] = max(0.0, median(secs) - sum(phases.values()))
+            runs.append({
+                "kind": "cpu-only", "tool": tool, "op": op, "storage": "disk",
+                "host_bytes": nbytes, "device_bytes": 0, "state_bytes": nbytes,
+                "seconds": median(secs), "samples": secs, "throughput_Bps": nbytes / median(secs),
+                "phases": phases, "bytes_on_disk": median([s["bytes_on_disk"] for s in ss]),
+            })
+            summary[f"{tool}_{op}_s"] = median(secs)
+    durable = median([s["checkpoint_s"] + s["evict_s"] for s in samples["criu"]])
+    summary["criu_checkpoint_plus_fsync_s"] = durable
+    summary["checkpoint_ratio_vs_criu_plus_fsync"] = summary["npusnap_checkpoint_s"] / durable
+    summary["checkpoint_ratio"] = summary["npusnap_checkpoint_s"] / summary["criu_checkpoint_s"]
+    summary["restore_ratio"] = summary["npusnap_restore_s"] / summary["criu_restore_s"]
+    summary["runs"] = runs
+    return summary
+

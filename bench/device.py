@@ -1,0 +1,196 @@
+"""npusnap on a device workload (bench/workload.py under `npusnap run`): H bytes of host
+memory and D bytes of npusim device memory, of which a known share is zero.
+
+Per sample (the first on a fresh workload, each next one on the process the previous
+sample restored): `npusnap checkpoint --device sim` timed while the target's
+memory is watched; the images' bytes on disk, and how many of them are device memory
+(pages CRIU dumped at addresses the process did not map before the checkpoint: the
+runtime's backup staging); eviction from the page cache (disk only); `npusnap restore
+--detach` timed; a status check through the agent; kill."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .util import (
+    PAGE,
+    BenchError,
+    Budget,
+    MemoryWatch,
+    Resources,
+    child_env,
+    disk_usage,
+    evict,
+    median,
+    npusnap,
+    npusnap_exe,
+    proc_maps,
+    reap,
+    start_workload,
+    workload_argv,
+)
+
+PE_PRESENT = 1 << 2  # criu/include/pagemap.h: the page's data is in pages-*.img
+
+
+def dumped_pages(ckpt: Path, pid: int, old: list[tuple[int, int]]) -> tuple[int, int]:
+    """(bytes CRIU dumped for pid, of which at addresses outside the ranges in old)."""
+    import pycriu
+
+    path = ckpt / "criu" / f"pagemap-{pid}.img"
+    with open(path, "rb") as f:
+        entries = pycriu.images.load(f)["entries"]
+    total = outside = 0
+    for e in entries[1:]:  # the first entry is the header (pages_id)
+        if "flags" in e and not int(e["flags"]) & PE_PRESENT:
+            continue
+        vaddr = e["vaddr"]
+        a = int(vaddr, 0) if isinstance(vaddr, str) else int(vaddr)
+        b = a + int(e["nr_pages"]) * PAGE
+        covered = sum(max(0, min(b, hi) - max(a, lo)) for lo, hi in old if lo < b and hi > a)
+        total += b - a
+        outside += (b - a) - covered
+    return total, outside
+
+
+def _phases(run_data: dict[str, Any]) -> dict[str, float]:
+    return {p["name"]: float(p["seconds"]) for p in run_data.get("phases", [])}
+
+
+def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage: str, host: int, dev: int,
+            zero_fraction: float, repeat: int, budget: Budget, section: str) -> list[dict[str, Any]]:
+    """repeat checkpoint/restore cycles of one workload: each sample checkpoints the
+    process the previous sample restored (same pid, same state), which saves starting
+    a fresh workload (interpreter, numpy, filling memory) for every sample."""
+    from npusnap_cli.agent import AgentClient
+
+    env = child_env({"NPUSIM_SOCKET": sock})
+    tag = f"dev-{dev >> 20}m-{storage}"
+    out = workdir / f"{tag}.out"
+    argv = [*npusnap_exe(), "run", "--", *workload_argv(host, dev, zero_fraction=zero_fraction)]
+    w = start_workload(res, argv, out, env=env)
+    pid = w.pid
+    samples: list[dict[str, Any]] = []
+    began = time.monotonic()
+    try:
+        for i in range(repeat):
+            if not budget.more(section, i, repeat, began):
+                break
+            ckpt = ckpt_parent / f"{tag}-{i}"
+            s: dict[str, Any] = {"pid": pid}
+            try:
+                old = proc_maps(pid)
+                with MemoryWatch(pid) as mem:
+                    run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "sim"], env=env, workdir=workdir)
+                reap(pid)  # killed once committed: reap it so its pid is free for the restore
+                s["checkpoint_s"] = run.seconds
+                s["checkpoint_phases"] = _phases(run.data)
+                s["memory"] = {
+                    "target_rss_before": mem.rss_before, "target_peak": mem.peak, "target_extra": mem.extra,
+                    "npusnap_peak_rss": run.self_maxrss, "children_peak_rss": run.children_maxrss,
+                    "extra_total": mem.extra + run.self_maxrss + run.children_maxrss,
+                }
+                size, allocated = disk_usage(ckpt)
+                dumped, staged = dumped_pages(ckpt, pid, old)
+                device_files = disk_usage(ckpt / "device")[0] if (ckpt / "device").is_dir() else 0
+                s["disk"] = {"bytes": size, "allocated": allocated, "criu_pages": dumped,
+                             "device_on_disk": staged + device_files,
+                             "device_nonzero": int(w.info["device_nonzero_bytes"]),
+                             "device_bytes": int(w.info["device_bytes"])}
+                if storage == "disk":
+                    evict(ckpt)
+                pidfile = workdir / f"{tag}.pid"
+                run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], env=env, workdir=workdir)
+                rpid = int(pidfile.read_text().split()[0])
+                os.unlink(pidfile)
+                res.add_pid(rpid)
+                if rpid != pid:
+                    raise BenchError(f"the workload came back as pid {rpid}, not {pid}")
+                s["restore_s"] = run.seconds
+                s["restore_phases"] = _phases(run.data)
+                s["restore_memory"] = {"npusnap_peak_rss": run.self_maxrss,
+                                       "children_peak_rss": run.children_maxrss}
+                state = AgentClient(rpid).status().state
+                if state != "RUNNING":
+                    raise BenchError(f"restored workload {rpid} is {state}, not RUNNING")
+            finally:
+                shutil.rmtree(ckpt, ignore_errors=True)
+            samples.append(s)
+            time.sleep(0.05)
+    finally:
+        res.kill(pid)
+        if out.exists():
+            os.unlink(out)
+    return samples
+
+
+def start_daemon(res: Resources, workdir: Path, memory: int) -> str:
+    from npusnap_cli import simdevice
+
+    sock = str(workdir / "npusim.sock")
+    res.daemons.append(sock)
+    simdevice.start(sock, devices=1, memory=memory)
+    return sock
+
+
+def sections(host: int, devs: list[int]) -> list[tuple[str, float]]:
+    """Budget sections and weights (bytes moved; disk counts double, plus a fixed cost)."""
+    fixed = 256 << 20
+    out: list[tuple[str, float]] = []
+    for dev in devs:
+        out.append((f"device-{dev}-disk", 2 * (host + dev) * 2 + fixed))
+        out.append((f"device-{dev}-tmpfs", 2 * (host + dev) + fixed))
+    return out
+
+
+def measure(res: Resources, workdir: Path, tmpfs_dir: Path, host: int, devs: list[int], repeat: int,
+            zero_fraction: float, limits: dict[str, float], budget: Budget,
+            progress: Optional[Any] = None) -> list[dict[str, Any]]:
+    sock = start_daemon(res, workdir, memory=max(devs) + (256 << 20))
+    runs: list[dict[str, Any]] = []
+    for dev in devs:
+        for storage, parent in (("disk", workdir), ("tmpfs", tmpfs_dir)):
+            if progress:
+                progress(f"device workload: {host >> 20} MiB host + {dev >> 20} MiB device -> {storage}")
+            samples = _series(res, sock, workdir, parent, storage, host, dev, zero_fraction, repeat, budget,
+                              f"device-{dev}-{storage}")
+            runs.extend(_summarise(samples, storage, host, dev, limits))
+    return runs
+
+
+def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,
+               limits: dict[str, float]) -> list[dict[str, Any]]:
+    state = host + dev
+    limit_for = {
+        ("checkpoint", "disk"): ("disk_write_fsync_Bps", limits["disk_write_fsync_Bps"]),
+        ("restore", "disk"): ("disk_read_cold_Bps", limits["disk_read_cold_Bps"]),
+        ("checkpoint", "tmpfs"): ("memcpy_Bps", limits["memcpy_Bps"]),
+        ("restore", "tmpfs"): ("memcpy_Bps", limits["memcpy_Bps"]),
+    }
+    out = []
+    for op in ("checkpoint", "restore"):
+        secs = [s[f"{op}_s"] for s in samples]
+        names = list(dict.fromkeys(k for s in samples for k in s[f"{op}_phases"]))
+        phases = {n: median([s[f"{op}_phases"].get(n, 0.0) for s in samples]) for n in names}
+        phases["cli"] = max(0.0, median(secs) - sum(phases.values()))  # start-up, imports, exit
+        thr = state / median(secs)
+        limit_name, limit = limit_for[(op, storage)]
+        run: dict[str, Any] = {
+            "kind": "device", "tool": "npusnap", "op": op, "storage": storage,
+            "host_bytes": host, "device_bytes": dev, "state_bytes": state,
+            "seconds": median(secs), "samples": secs, "throughput_Bps": thr,
+            "limit": limit_name, "ratio_to_limit": thr / limit if limit else float("nan"),
+            "phases": phases,
+        }
+        if op == "checkpoint":
+            run["memory"] = {k: median([s["memory"][k] for s in samples]) for k in samples[0]["memory"]}
+            run["disk"] = {k: median([s["disk"][k] for s in samples]) for k in samples[0]["disk"]}
+        else:
+            run["memory"] = {k: median([s["restore_memory"][k] for s in samples])
+                             for k in samples[0]["restore_memory"]}
+        out.append(run)
+    return out

@@ -1,0 +1,218 @@
+"""Targets, bench/results.json, the terminal table and (full run) bench/results.png."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import MIB, human
+
+
+def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: str = "") -> dict[str, Any]:
+    finite = isinstance(value, (int, float)) and math.isfinite(value)
+    met = finite and (value >= goal if cmp == ">=" else value <= goal)
+    return {"name": name, "value": round(float(value), 4) if finite else None, "goal": goal, "met": bool(met),
+            "cmp": cmp, "unit": unit, "detail": detail}
+
+
+def targets(limits: dict[str, Any], cpu: dict[str, Any], runs: list[dict[str, Any]],
+            ping: dict[str, Any], helps: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    dev_runs = [r for r in runs if r["kind"] == "device"]
+    for dev in sorted({r["device_bytes"] for r in dev_runs}):
+        d = human(dev).replace(" ", "")
+
+        def get(op: str, storage: str, dev: int = dev) -> dict[str, Any]:
+            return next(r for r in dev_runs if r["device_bytes"] == dev and r["op"] == op and r["storage"] == storage)
+
+        ck, rs, ckt = get("checkpoint", "disk"), get("restore", "disk"), get("checkpoint", "tmpfs")
+        out.append(target(f"checkpoint to disk, D={d}: rate / fsync'd disk write", ck["ratio_to_limit"], 0.85, ">=",
+                          "x", f"{human(ck['throughput_Bps'])}/s vs {human(limits['disk_write_fsync_Bps'])}/s"))
+        out.append(target(f"restore from disk, D={d}: rate / cold disk read", rs["ratio_to_limit"], 0.85, ">=",
+                          "x", f"{human(rs['throughput_Bps'])}/s vs {human(limits['disk_read_cold_Bps'])}/s"))
+        out.append(target(f"checkpoint to tmpfs, D={d}: rate / memcpy", ckt["ratio_to_limit"], 0.5, ">=",
+                          "x", f"{human(ckt['throughput_Bps'])}/s vs {human(limits['memcpy_Bps'])}/s"))
+        m = ck["memory"]
+        out.append(target(f"extra host memory during checkpoint, D={d}", m["extra_total"] / MIB, 256, "<=", "MiB",
+                          f"target +{human(m['target_extra'])}, npusnap {human(m['npusnap_peak_rss'])}, "
+                          f"criu+guardian {human(m['children_peak_rss'])}"))
+        disk = ck["disk"]
+        nz = disk["device_nonzero"]
+        out.append(target(f"device bytes on disk / non-zero device bytes, D={d}",
+                          disk["device_on_disk"] / nz if nz else 0.0, 1.01, "<=", "x",
+                          f"{human(disk['device_on_disk'])} on disk for {human(nz)} non-zero of {human(dev)}"))
+    size = human(cpu["bytes"])
+    out.append(target("CPU-only checkpoint: npusnap / bare criu dump", cpu["checkpoint_ratio"], 1.05, "<=", "x",
+                      f"{cpu['npusnap_checkpoint_s']:.3f} s vs {cpu['criu_checkpoint_s']:.3f} s for {size} "
+                      f"(bare + fsync: {cpu['criu_checkpoint_plus_fsync_s']:.3f} s)"))
+    out.append(target("CPU-only restore: npusnap / bare criu restore", cpu["restore_ratio"], 1.05, "<=", "x",
+                      f"{cpu['npusnap_restore_s']:.3f} s vs {cpu['criu_restore_s']:.3f} s for {size}"))
+    out.append(target("agent round trip (median of pings)", ping["median_ms"], 1.0, "<=", "ms",
+                      f"p99 {ping['p99_ms']:.3f} ms over {ping['count']}"))
+    out.append(target("`npusnap --help`", helps["median_ms"], 150.0, "<=", "ms", f"median of {helps['count']}"))
+    return out
+
+
+def machine(workdir: Path, tmpfs_dir: Path, preset: str, repeat: int) -> dict[str, Any]:
+    from npusnap_cli import __version__
+
+    from .util import fs_type
+
+    def meminfo(key: str) -> int:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    cpu_model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu_model = line.partition(":")[2].strip()
+            break
+    try:
+        from npusnap_cli.criu import find_criu
+
+        criu_version = find_criu().version_str
+    except Exception as e:  # recorded, not fatal: the CRIU runs would have failed already
+        criu_version = f"unknown ({e})"
+    return {
+        "host": socket.gethostname(), "kernel": platform.release(), "cpu": cpu_model,
+        "cpus": len(os.sched_getaffinity(0)), "memory_bytes": meminfo("MemTotal"),
+        "load_avg": list(os.getloadavg()), "python": platform.python_version(),
+        "npusnap": __version__, "criu": criu_version,
+        "workdir": str(workdir), "workdir_fs": fs_type(workdir),
+        "tmpfs_dir": str(tmpfs_dir), "tmpfs_fs": fs_type(tmpfs_dir),
+        "preset": preset, "repeat": repeat,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _fmt_value(t: dict[str, Any]) -> str:
+    v = t["value"]
+    if v is None:
+        return "n/a"
+    return f"{v:.3g} {t['unit']}" if t["unit"] != "x" else f"{v:.3f}x"
+
+
+def print_tables(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(140, Console().width))
+    lim = doc["limits"]
+    t = Table(title="physical limits (median)", show_lines=False)
+    for col in ("limit", "rate"):
+        t.add_column(col)
+    cold = "disk read, cold" + ("" if lim.get("disk_cache_evicted") else " (eviction failed!)")
+    for key, label in (("memcpy_Bps", "memcpy, 1 thread"), ("disk_write_fsync_Bps", "disk write + fsync"),
+                       ("disk_read_cold_Bps", cold),
+                       ("tmpfs_write_Bps", "tmpfs write"), ("tmpfs_read_Bps", "tmpfs read")):
+        t.add_row(label, f"{human(lim[key])}/s")
+    console.print(t)
+
+    t = Table(title="runs (median seconds; throughput = host+device bytes / wall time of the command)")
+    for col in ("what", "op", "to", "state", "seconds", "rate", "x limit", "phases (s)"):
+        t.add_column(col, overflow="fold")
+    for r in doc["runs"]:
+        what = "cpu-only " + r["tool"] if r["kind"] == "cpu-only" else f"device D={human(r['device_bytes'])}"
+        ratio = r.get("ratio_to_limit")
+        phases = " ".join(f"{k} {v:.2f}" for k, v in r.get("phases", {}).items())
+        t.add_row(what, r["op"], r["storage"], human(r["state_bytes"]), f"{r['seconds']:.3f}",
+                  f"{human(r['throughput_Bps'])}/s", f"{ratio:.2f}" if ratio is not None else "", phases)
+    console.print(t)
+
+    t = Table(title="targets")
+    for col in ("target", "value", "goal", "met", "detail"):
+        t.add_column(col, overflow="fold")
+    for tg in doc["targets"]:
+        goal = f"{tg['cmp']} {tg['goal']:g}{'x' if tg['unit'] == 'x' else ' ' + tg['unit']}"
+        met = "[green]yes[/green]" if tg["met"] else "[red]NO[/red]"
+        t.add_row(tg["name"], _fmt_value(tg), goal, met, tg["detail"])
+    console.print(t)
+    cut = (doc.get("budget") or {}).get("cut") or {}
+    if cut:
+        console.print("budget of {:.0f} s: fewer samples than planned in {}".format(
+            doc["budget"]["seconds"], ", ".join(f"{k} ({v})" for k, v in cut.items())))
+    met = sum(tg["met"] for tg in doc["targets"])
+    console.print(f"{met}/{len(doc['targets'])} targets met; results in {doc.get('output', 'results.json')}")
+
+
+def plot(doc: dict[str, Any], path: Path) -> Optional[str]:
+    """Per-phase time and throughput for each D beside the physical limits. Returns a
+    message instead of drawing when matplotlib is missing."""
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return ("matplotlib is not installed: no plot drawn (pip install matplotlib, "
+                "or install npusnap with the `bench` extra)")
+    runs = [r for r in doc["runs"] if r["kind"] == "device"]
+    devs = sorted({r["device_bytes"] for r in runs})
+    combos = [("checkpoint", "disk"), ("restore", "disk"), ("checkpoint", "tmpfs"), ("restore", "tmpfs")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
+
+    # Left: stacked per-phase seconds, one bar per (D, op, storage).
+    labels, bottoms = [], []
+    phase_names: list[str] = []
+    for r in runs:
+        for n in r["phases"]:
+            if n not in phase_names:
+                phase_names.append(n)
+    bars = []
+    for dev in devs:
+        for op, st in combos:
+            r = next(x for x in runs if x["device_bytes"] == dev and x["op"] == op and x["storage"] == st)
+            labels.append(f"{human(dev)}\n{op[:4]}/{st}")
+            bars.append(r["phases"])
+    x = list(range(len(labels)))
+    bottoms = [0.0] * len(labels)
+    cmap = plt.get_cmap("tab10")
+    for i, n in enumerate(phase_names):
+        vals = [b.get(n, 0.0) for b in bars]
+        ax1.bar(x, vals, bottom=bottoms, label=n, color=cmap(i % 10))
+        bottoms = [a + b for a, b in zip(bottoms, vals)]
+    ax1.set_xticks(x, labels, fontsize=7)
+    ax1.set_ylabel("seconds (median)")
+    ax1.set_title("per-phase time (host + D device memory)")
+    ax1.legend(fontsize=8)
+
+    # Right: throughput per D and combo, with the limits as lines.
+    width = 0.2
+    for j, (op, st) in enumerate(combos):
+        vals = [next(r["throughput_Bps"] for r in runs if r["device_bytes"] == dev and r["op"] == op
+                     and r["storage"] == st) / MIB for dev in devs]
+        ax2.bar([i + (j - 1.5) * width for i in range(len(devs))], vals, width, label=f"{op} {st}")
+    lim = doc["limits"]
+    for key, label, style in (("memcpy_Bps", "memcpy", "-"), ("disk_write_fsync_Bps", "disk write+fsync", "--"),
+                              ("disk_read_cold_Bps", "disk cold read", ":"), ("tmpfs_write_Bps", "tmpfs write", "-.")):
+        ax2.axhline(lim[key] / MIB, linestyle=style, color="k", linewidth=1)
+        ax2.text(len(devs) - 0.5, lim[key] / MIB, f" {label}", va="bottom", ha="right", fontsize=8)
+    ax2.set_xticks(range(len(devs)), [f"D={human(d)}" for d in devs])
+    ax2.set_ylabel("MiB/s (host + device bytes / wall time)")
+    ax2.set_title("throughput vs physical limits")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

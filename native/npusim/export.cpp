@@ -1,0 +1,684 @@
+// The direct path (see export.h for the file format): export and import of a locked client's
+// device memory by the daemon itself.
+//
+// Export: one thread walks the chunks of a device in order, drops all-zero ones, feeds the file's
+// XXH3-128, and hands each non-zero chunk to a small pool of writer threads that hash it (XXH3-64)
+// and pwrite() it straight from device memory: the daemon's memory is the device memory, so there
+// is no staging copy at all. At most kInFlight chunks are queued or being written, and the page
+// cache is kept bounded too: every kWindow of file data starts its writeback
+// (sync_file_range) and the window three back is waited for and dropped (FADV_DONTNEED), so a
+// 100 GiB device costs about 3 windows of dirty cache, never its size. fsync before returning.
+//
+// Import: the index is read and checked against the client's allocations (restored at the same
+// addresses by an external Restore), then reader threads pread() each chunk straight into device
+// memory and check its XXH3-64 while the walking thread feeds the whole file's XXH3-128 in order,
+// and compares it with the expected checksum when the caller gave one. A mismatch stops the import
+// with a clear error; the client then stays LOCKED with its import pending (Unlock is refused), so
+// a half-imported device never runs.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "export.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "acl/acl_base.h"
+#include "acl/acl_rt.h"
+#include "wire.h"
+
+namespace npusim {
+
+// DeviceState's part of the direct path (declared in device_state.h).
+std::shared_ptr<Session> DeviceState::find(pid_t pid) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = sessions_.find(pid);
+  return it == sessions_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s) {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::shared_ptr<Buffer>> out;
+  out.reserve(s.allocs.size());
+  for (auto &[va, b] : s.allocs) out.push_back(b);
+  return out;
+}
+
+namespace xfer {
+namespace {
+
+constexpr int kThreads = 3;           // writers / readers
+constexpr size_t kInFlight = 8;       // chunks queued or in transfer
+constexpr uint64_t kWindow = 32ULL << 20;
+constexpr size_t kMaxRequest = 64 << 10;
+constexpr uint64_t kMaxIndex = 1ULL << 30;
+
+struct Failure {
+  int32_t code;
+  int err;  // errno, 0 if not an OS error
+  std::string msg;
+};
+
+[[noreturn]] void fail(int32_t code, int err, std::string msg) { throw Failure{code, err, std::move(msg)}; }
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof(b), "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::string json_string(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", c);
+      out += b;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string digest_hex(XXH3_state_t *st) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));  // big-endian: Python's hexdigest()
+  std::string out;
+  char b[3];
+  for (unsigned char byte : c.digest) {
+    std::snprintf(b, sizeof(b), "%02x", byte);
+    out += b;
+  }
+  return out;
+}
+
+struct Hasher {
+  Hasher() : st(XXH3_createState()) {
+    if (st == nullptr) fail(ACL_ERROR_BAD_ALLOC, ENOMEM, "out of memory");
+    XXH3_128bits_reset(st);
+  }
+  ~Hasher() { XXH3_freeState(st); }
+  void update(const void *p, size_t n) { XXH3_128bits_update(st, p, n); }
+  std::string hex() { return digest_hex(st); }
+  XXH3_state_t *st;
+};
+
+bool all_zero(const char *p, size_t n) {
+  const auto *w = reinterpret_cast<const uint64_t *>(p);
+  const size_t words = n / 8;
+  for (size_t i = 0; i < words; i += 512) {  // 4 KiB at a time: non-zero data exits at once
+    uint64_t acc = 0;
+    const size_t end = std::min(words, i + 512);
+    for (size_t j = i; j < end; ++j) acc |= w[j];
+    if (acc != 0) return false;
+  }
+  for (size_t i = words * 8; i < n; ++i)
+    if (p[i] != 0) return false;
+  return true;
+}
+
+// A few threads running transfer jobs, at most `limit` of them queued or running. The first
+// failure is kept; later jobs are skipped and check() rethrows it.
+class Pool {
+ public:
+  Pool(int threads, size_t limit) : limit_(limit) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto &t : threads_) t.join();
+  }
+  size_t submit(std::function<void()> f) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return pending_ < limit_; });
+    const size_t id = done_.size();
+    done_.push_back(false);
+    queue_.emplace_back(id, std::move(f));
+    ++pending_;
+    cv_.notify_all();
+    return id;
+  }
+  void wait(size_t id) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return static_cast<bool>(done_[id]); });
+  }
+  void wait_all() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return pending_ == 0; });
+  }
+  bool failed() {
+    std::lock_guard<std::mutex> g(mu_);
+    return error_.has_value();
+  }
+  void check() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (error_) throw *error_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto [id, f] = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = error_.has_value();
+      l.unlock();
+      std::optional<Failure> err;
+      if (!skip) {
+        try {
+          f();
+        } catch (const Failure &e) {
+          err = e;
+        }
+      }
+      l.lock();
+      if (err && !error_) error_ = std::move(err);
+      done_[id] = true;
+      --pending_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<size_t, std::function<void()>>> queue_;
+  std::vector<bool> done_;
+  std::vector<std::thread> threads_;
+  std::optional<Failure> error_;
+  size_t pending_ = 0;
+  const size_t limit_;
+  bool stop_ = false;
+};
+
+void pwrite_all(int fd, const char *p, size_t n, uint64_t off, const std::string &name) {
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = w < 0 ? errno : ENOSPC;  // a zero-length write: the file system is full
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, e, "writing " + name + ": " + std::strerror(e));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    off += static_cast<uint64_t>(w);
+  }
+}
+
+void pread_all(int fd, char *p, size_t n, uint64_t off, const std::string &name) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, errno, "reading " + name + ": " + std::strerror(errno));
+    if (r == 0) fail(ACL_ERROR_INVALID_FILE, 0, name + " is truncated");
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+}
+
+// The peer must be root or own the client (its memory is about to be written out or replaced).
+void check_peer(int fd, pid_t pid) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    fail(ACL_ERROR_INVALID_PARAM, EPERM, "cannot identify the caller");
+  if (cred.uid == 0) return;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Uid:", 0) == 0) {
+      std::istringstream in(line.substr(4));
+      unsigned real = 0;
+      in >> real;
+      if (real == cred.uid) return;
+      break;
+    }
+  }
+  fail(ACL_ERROR_INVALID_PARAM, EPERM, "permission denied: only root or the owner of process " +
+                                           std::to_string(pid) + " may move its device memory");
+}
+
+// Marks the session busy for the transfer's duration; the client must be locked and idle.
+class Transfer {
+ public:
+  Transfer(DeviceState &state, pid_t pid, bool import) : import_(import) {
+    const int32_t refuse = import ? ACL_ERROR_SNAPSHOT_RESTORE_FAILED : ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    s_ = state.find(pid);
+    const std::string who = "client " + std::to_string(pid);
+    if (!s_)
+      fail(refuse, 0, "no npusim client with pid " + std::to_string(pid) + " is connected to this daemon" +
+                          (import ? " (restore its allocations first: restore external)" : ""));
+    std::lock_guard<std::mutex> g(s_->mu);
+    if (!s_->locked)
+      fail(refuse, 0, who + " is not locked: lock it first (aclrtSnapShotProcessLock) so that its device memory "
+                            "cannot change during the " + (import ? "import" : "export"));
+    for (auto &[id, st] : s_->streams)
+      if (st->done != st->enqueued) fail(refuse, 0, who + " still has device work queued on stream " + std::to_string(id));
+    if (s_->transferring) fail(refuse, EBUSY, "an export or import of " + who + " is already running");
+    s_->transferring = true;
+  }
+  ~Transfer() {
+    std::lock_guard<std::mutex> g(s_->mu);
+    s_->transferring = false;
+  }
+  void imported() {
+    std::lock_guard<std::mutex> g(s_->mu);
+    s_->awaiting_import = false;
+  }
+  Session &session() { return *s_; }
+
+ private:
+  std::shared_ptr<Session> s_;
+  bool import_;
+};
+
+struct Totals {
+  uint64_t allocations = 0, bytes = 0, nonzero = 0, file_bytes = 0;
+};
+
+struct FileResult {
+  std::string name;
+  uint64_t size;
+  std::string checksum;
+};
+
+int open_dir(const std::string &dir, bool import) {
+  if (dir.empty() || dir[0] != '/')
+    fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the directory must be an absolute path: " + dir);
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    fail(import ? ACL_ERROR_SNAPSHOT_RESTORE_FAILED : ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno,
+         "cannot open " + dir + ": " + std::strerror(errno));
+  return fd;
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// ------------------------------------------------------------------------------------ export
+
+FileResult export_device(int dirfd, const std::string &dir, uint32_t device,
+                         const std::vector<std::shared_ptr<Buffer>> &bufs, Totals &tot) {
+  const std::string name = "dev" + std::to_string(device) + ".img";
+  const std::string path = dir + "/" + name;
+  Fd f;
+  f.fd = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (f.fd < 0) fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "cannot create " + path + ": " + std::strerror(errno));
+  const int fd = f.fd;
+  try {
+    std::vector<AllocRec> allocs;
+    std::vector<ChunkRec> chunks;
+    for (auto &b : bufs) {
+      const uint64_t n = (b->size + kChunk - 1) / kChunk;
+      allocs.push_back({b->va, b->size, chunks.size(), n});
+      chunks.resize(chunks.size() + n);
+    }
+    Hasher h;
+    FileHeader hdr{};
+    std::memcpy(hdr.magic, kHeaderMagic, 8);
+    hdr.version = kFormatVersion;
+    hdr.device = device;
+    hdr.chunk_size = kChunk;
+    pwrite_all(fd, reinterpret_cast<const char *>(&hdr), sizeof(hdr), 0, path);
+    h.update(&hdr, sizeof(hdr));
+
+    uint64_t cur = sizeof(hdr);
+    uint64_t next_window = kWindow;
+    {
+      Pool pool(kThreads, kInFlight);
+      for (size_t a = 0; a < bufs.size() && !pool.failed(); ++a) {
+        const Buffer &b = *bufs[a];
+        tot.allocations++;
+        tot.bytes += b.size;
+        for (uint64_t c = 0; c < allocs[a].nchunks && !pool.failed(); ++c) {
+          const char *p = b.base + c * kChunk;
+          const uint32_t len = static_cast<uint32_t>(std::min(kChunk, b.size - c * kChunk));
+          ChunkRec &rec = chunks[allocs[a].first_chunk + c];
+          rec.length = len;
+          if (all_zero(p, len)) {
+            rec.flags = kChunkZero;
+            continue;
+          }
+          rec.offset = cur;
+          h.update(p, len);
+          const uint64_t off = cur;
+          cur += len;
+          tot.nonzero += len;
+          pool.submit([fd, p, len, off, &rec, &path] {
+            rec.hash = XXH3_64bits(p, len);
+            pwrite_all(fd, p, len, off, path);
+          });
+          // Keep the page cache bounded: start writing back the last window, and wait for and
+          // drop the one three back (its writes have long completed: at most kInFlight pend).
+          while (cur >= next_window) {
+            const uint64_t k = next_window / kWindow;
+            ::sync_file_range(fd, static_cast<off_t>((k - 1) * kWindow), kWindow, SYNC_FILE_RANGE_WRITE);
+            if (k >= 3) {
+              const off_t old = static_cast<off_t>((k - 3) * kWindow);
+              ::sync_file_range(fd, old, kWindow,
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+              ::posix_fadvise(fd, old, kWindow, POSIX_FADV_DONTNEED);
+            }
+            next_window += kWindow;
+          }
+        }
+      }
+      pool.wait_all();
+      pool.check();
+    }
+    // The index and the footer, then everything to stable storage.
+    std::string index(allocs.size() * sizeof(AllocRec) + chunks.size() * sizeof(ChunkRec), '\0');
+    std::memcpy(index.data(), allocs.data(), allocs.size() * sizeof(AllocRec));
+    std::memcpy(index.data() + allocs.size() * sizeof(AllocRec), chunks.data(), chunks.size() * sizeof(ChunkRec));
+    Footer ft{};
+    std::memcpy(ft.magic, kFooterMagic, 8);
+    ft.version = kFormatVersion;
+    ft.device = device;
+    ft.chunk_size = kChunk;
+    ft.n_allocs = allocs.size();
+    ft.n_chunks = chunks.size();
+    ft.index_offset = cur;
+    ft.index_len = index.size();
+    ft.index_hash = XXH3_64bits(index.data(), index.size());
+    ft.data_bytes = cur - sizeof(hdr);
+    ft.file_size = cur + index.size() + sizeof(ft);
+    pwrite_all(fd, index.data(), index.size(), cur, path);
+    h.update(index.data(), index.size());
+    pwrite_all(fd, reinterpret_cast<const char *>(&ft), sizeof(ft), cur + index.size(), path);
+    h.update(&ft, sizeof(ft));
+    if (::fsync(fd) != 0)
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "flushing " + path + ": " + std::strerror(errno));
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // written: no reason to keep it cached
+    tot.file_bytes += ft.file_size;
+    return {name, ft.file_size, h.hex()};
+  } catch (...) {
+    ::unlinkat(dirfd, name.c_str(), 0);  // never leave a partial image behind
+    throw;
+  }
+}
+
+std::string do_export(DeviceState &state, pid_t pid, const std::string &dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Transfer tr(state, pid, false);
+  Fd d;
+  d.fd = open_dir(dir, false);
+  std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> by_device;
+  for (auto &b : state.buffers(tr.session())) by_device[b->device].push_back(b);  // address order
+  Totals tot;
+  std::vector<FileResult> files;
+  try {
+    for (auto &[device, bufs] : by_device) files.push_back(export_device(d.fd, dir, device, bufs, tot));
+    if (::fsync(d.fd) != 0)
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "flushing " + dir + ": " + std::strerror(errno));
+  } catch (...) {
+    for (auto &f : files) ::unlinkat(d.fd, f.name.c_str(), 0);
+    throw;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ostringstream o;
+  o << "{\"files\": [";
+  for (size_t i = 0; i < files.size(); ++i)
+    o << (i ? ", " : "") << "{\"path\": " << json_string(files[i].name) << ", \"size\": " << files[i].size
+      << ", \"checksum\": " << json_string(files[i].checksum) << "}";
+  o << "], \"allocations\": " << tot.allocations << ", \"bytes\": " << tot.bytes << ", \"nonzero_bytes\": " << tot.nonzero
+    << ", \"written_bytes\": " << tot.file_bytes << ", \"seconds\": " << secs << "}";
+  return o.str();
+}
+
+// ------------------------------------------------------------------------------------ import
+
+struct Expected {
+  uint64_t size;
+  std::string checksum;
+};
+
+FileResult import_file(int dirfd, const std::string &dir, const std::string &name, const Expected *want,
+                       const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
+                       std::map<uint64_t, bool> &covered, Totals &tot) {
+  const std::string path = dir + "/" + name;
+  const int32_t bad = ACL_ERROR_INVALID_FILE;
+  Fd f;
+  f.fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (f.fd < 0) fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, errno, "cannot open " + path + ": " + std::strerror(errno));
+  const int fd = f.fd;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(bad, 0, path + " is not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (want != nullptr && want->size != size)
+    fail(bad, 0, path + ": size " + std::to_string(size) + " differs from the expected " + std::to_string(want->size) +
+                     " (truncated or altered)");
+  if (size < sizeof(FileHeader) + sizeof(Footer)) fail(bad, 0, path + " is too short to be a device image");
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  FileHeader hdr{};
+  Footer ft{};
+  pread_all(fd, reinterpret_cast<char *>(&hdr), sizeof(hdr), 0, path);
+  pread_all(fd, reinterpret_cast<char *>(&ft), sizeof(ft), size - sizeof(ft), path);
+  if (std::memcmp(hdr.magic, kHeaderMagic, 8) != 0 || std::memcmp(ft.magic, kFooterMagic, 8) != 0)
+    fail(bad, 0, path + " is not an npusim device image (bad magic)");
+  if (hdr.version != kFormatVersion || ft.version != kFormatVersion)
+    fail(bad, 0, path + ": unsupported device image version " + std::to_string(hdr.version));
+  if (hdr.chunk_size != kChunk || ft.chunk_size != kChunk || ft.device != hdr.device || ft.file_size != size ||
+      ft.index_offset != sizeof(hdr) + ft.data_bytes || ft.index_len > kMaxIndex ||
+      ft.index_offset + ft.index_len + sizeof(ft) != size ||
+      ft.index_len != ft.n_allocs * sizeof(AllocRec) + ft.n_chunks * sizeof(ChunkRec))
+    fail(bad, 0, path + ": inconsistent footer (truncated or altered)");
+  std::string index(ft.index_len, '\0');
+  pread_all(fd, index.data(), index.size(), ft.index_offset, path);
+  if (XXH3_64bits(index.data(), index.size()) != ft.index_hash) fail(bad, 0, path + ": checksum mismatch in the index");
+  std::vector<AllocRec> recs(ft.n_allocs);
+  std::vector<ChunkRec> chunks(ft.n_chunks);
+  std::memcpy(recs.data(), index.data(), recs.size() * sizeof(AllocRec));
+  std::memcpy(chunks.data(), index.data() + recs.size() * sizeof(AllocRec), chunks.size() * sizeof(ChunkRec));
+
+  // Structure, and every allocation present in the client at the same address and size.
+  std::vector<Buffer *> targets;
+  uint64_t expect_chunk = 0, expect_off = sizeof(hdr);
+  for (auto &a : recs) {
+    auto it = allocs.find(a.va);
+    if (it == allocs.end() || it->second->size != a.size || it->second->device != hdr.device)
+      fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0,
+           "the client has no allocation at " + hex(a.va) + " of " + std::to_string(a.size) + " bytes on device " +
+               std::to_string(hdr.device) + " (" + name + " holds one): re-create the allocations first (restore external)");
+    if (a.first_chunk != expect_chunk || a.nchunks != (a.size + kChunk - 1) / kChunk || a.first_chunk + a.nchunks > chunks.size())
+      fail(bad, 0, path + ": inconsistent index");
+    for (uint64_t c = 0; c < a.nchunks; ++c) {
+      const ChunkRec &r = chunks[a.first_chunk + c];
+      if (r.length != std::min(kChunk, a.size - c * kChunk)) fail(bad, 0, path + ": inconsistent index");
+      if (!(r.flags & kChunkZero)) {
+        if (r.offset != expect_off) fail(bad, 0, path + ": inconsistent index");
+        expect_off += r.length;
+      }
+    }
+    expect_chunk += a.nchunks;
+    targets.push_back(it->second.get());
+    covered[a.va] = true;
+  }
+  if (expect_chunk != chunks.size() || expect_off != ft.index_offset) fail(bad, 0, path + ": inconsistent index");
+
+  Hasher h;
+  h.update(&hdr, sizeof(hdr));
+  {
+    Pool pool(kThreads, kInFlight);
+    std::deque<std::pair<size_t, const ChunkRec *>> pending;  // submitted, not yet hashed in order
+    std::vector<char *> dsts(chunks.size());
+    auto hash_oldest = [&] {
+      auto [job, rec] = pending.front();
+      pending.pop_front();
+      pool.wait(job);
+      pool.check();
+      h.update(dsts[static_cast<size_t>(rec - chunks.data())], rec->length);
+    };
+    for (size_t a = 0; a < recs.size(); ++a) {
+      Buffer &b = *targets[a];
+      tot.allocations++;
+      tot.bytes += b.size;
+      for (uint64_t c = 0; c < recs[a].nchunks; ++c) {
+        const ChunkRec &r = chunks[recs[a].first_chunk + c];
+        char *dst = b.base + c * kChunk;
+        dsts[recs[a].first_chunk + c] = dst;
+        if (r.flags & kChunkZero) {
+          std::memset(dst, 0, r.length);
+          continue;
+        }
+        tot.nonzero += r.length;
+        const size_t idx = recs[a].first_chunk + c;
+        size_t job = pool.submit([fd, dst, &r, idx, &path, &b, c] {
+          pread_all(fd, dst, r.length, r.offset, path);
+          if (XXH3_64bits(dst, r.length) != r.hash)
+            fail(ACL_ERROR_INVALID_FILE, 0,
+                 path + ": checksum mismatch in chunk " + std::to_string(idx) + " (allocation " + hex(b.va) +
+                     ", offset " + std::to_string(c * kChunk) + "): the image is corrupted; refusing it");
+        });
+        pending.emplace_back(job, &r);
+        while (pending.size() > kInFlight) hash_oldest();
+      }
+    }
+    while (!pending.empty()) hash_oldest();
+    pool.wait_all();
+    pool.check();
+  }
+  h.update(index.data(), index.size());
+  h.update(&ft, sizeof(ft));
+  std::string digest = h.hex();
+  if (want != nullptr && !want->checksum.empty() && want->checksum != digest)
+    fail(ACL_ERROR_INVALID_FILE, 0, path + ": checksum mismatch (expected " + want->checksum + ", read " + digest +
+                                        "): the image was altered or corrupted; refusing it");
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  tot.file_bytes += size;
+  return {name, size, digest};
+}
+
+std::string do_import(DeviceState &state, pid_t pid, const std::string &request) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // "DIR\n" then optional "NAME SIZE CHECKSUM" lines: exactly these files, with these checksums.
+  std::istringstream in(request);
+  std::string dir, line;
+  std::getline(in, dir);
+  std::map<std::string, Expected> want;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream ls(line);
+    std::string name;
+    Expected e{};
+    if (!(ls >> name >> e.size >> e.checksum) || name.find('/') != std::string::npos)
+      fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed expected-file line: " + line);
+    want[name] = e;
+  }
+  Transfer tr(state, pid, true);
+  Fd d;
+  d.fd = open_dir(dir, true);
+  std::vector<std::string> names;
+  if (!want.empty()) {
+    for (auto &[n, e] : want) names.push_back(n);
+  } else {
+    DIR *dp = ::fdopendir(::dup(d.fd));
+    if (dp == nullptr) fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, errno, "cannot list " + dir);
+    while (dirent *e = ::readdir(dp)) {
+      std::string n = e->d_name;
+      if (n.rfind("dev", 0) == 0 && n.size() > 7 && n.compare(n.size() - 4, 4, ".img") == 0) names.push_back(n);
+    }
+    ::closedir(dp);
+    std::sort(names.begin(), names.end());
+  }
+  std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
+  for (auto &b : state.buffers(tr.session())) allocs[b->va] = b;
+  std::map<uint64_t, bool> covered;
+  Totals tot;
+  std::vector<FileResult> files;
+  for (auto &n : names) {
+    auto it = want.find(n);
+    files.push_back(import_file(d.fd, dir, n, it == want.end() ? nullptr : &it->second, allocs, covered, tot));
+  }
+  for (auto &[va, b] : allocs)
+    if (!covered.count(va))
+      fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0,
+           "no device image in " + dir + " holds the client's allocation at " + hex(va) + " (device " +
+               std::to_string(b->device) + "): the images do not belong to this process");
+  tr.imported();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ostringstream o;
+  o << "{\"files\": [";
+  for (size_t i = 0; i < files.size(); ++i)
+    o << (i ? ", " : "") << "{\"path\": " << json_string(files[i].name) << ", \"size\": " << files[i].size
+      << ", \"checksum\": " << json_string(files[i].checksum) << "}";
+  o << "], \"allocations\": " << tot.allocations << ", \"bytes\": " << tot.bytes << ", \"nonzero_bytes\": " << tot.nonzero
+    << ", \"read_bytes\": " << tot.file_bytes << ", \"seconds\": " << secs << "}";
+  return o.str();
+}
+
+}  // namespace
+
+bool serve(DeviceState &state, int fd, pid_t /*peer*/, const proto::Request &rq, proto::Reply &rp,
+           std::string *payload) {
+  if (rq.size > kMaxRequest) return false;
+  std::string body(rq.size, '\0');
+  if (rq.size > 0 && !wire::recv_all(fd, body.data(), body.size())) return false;
+  const pid_t pid = static_cast<pid_t>(rq.value[0]);
+  try {
+    if (pid <= 0) fail(ACL_ERROR_INVALID_PARAM, EINVAL, "invalid client pid");
+    check_peer(fd, pid);
+    *payload = rq.op == proto::Op::Export ? do_export(state, pid, body) : do_import(state, pid, body);
+    rp.code = ACL_SUCCESS;
+  } catch (const Failure &e) {
+    rp.code = e.code;
+    *payload = "{\"error\": " + json_string(e.msg) + ", \"errno\": " + std::to_string(e.err) + "}";
+  } catch (const std::bad_alloc &) {
+    rp.code = ACL_ERROR_BAD_ALLOC;
+    *payload = "{\"error\": \"out of memory in the daemon\", \"errno\": " + std::to_string(ENOMEM) + "}";
+  }
+  return true;
+}
+
+int32_t quiesce(Session &s, uint32_t flags) {
+  std::lock_guard<std::mutex> g(s.mu);
+  if (flags == 0) {
+    if (s.transferring || s.awaiting_import) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
+    s.locked = false;
+    return ACL_SUCCESS;
+  }
+  if (flags > 2) return ACL_ERROR_INVALID_PARAM;
+  s.locked = true;
+  s.awaiting_import = flags == 2;
+  return ACL_SUCCESS;
+}
+
+void mark_drained(Session &s) {
+  std::lock_guard<std::mutex> g(s.mu);
+  s.locked = true;
+}
+
+}  // namespace xfer
+}  // namespace npusim

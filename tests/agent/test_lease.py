@@ -1,0 +1,131 @@
+"""The agent holds a lock on a lease: if nobody renews it, the agent undoes the
+lock by itself (unlock; restore + unlock when backed up). The lease counts only
+time the process ran, so a SIGSTOP (or a CRIU freeze) does not use it up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from npusnap_cli import agent as ag
+
+from .test_agent import preload, raw_request, spawn_fake_runtime
+from .test_npusim_e2e import WORKLOAD, _installed_python, npusimd  # noqa: F401  (fixture)
+
+
+def wait_state(c: ag.AgentClient, state: str, timeout: float) -> ag.AgentReply:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = c.status()
+        if st.state == state:
+            return st
+        assert time.monotonic() < deadline, f"still {st.state} after {timeout} s: {st}"
+        time.sleep(0.05)
+
+
+def test_lease_expiry_in_locked_unlocks(spawn, agent_lib, c_programs, tmp_path):
+    log = tmp_path / "agent.log"
+    t = spawn_fake_runtime(spawn, agent_lib, c_programs, NPUSNAP_AGENT_LOG=str(log))
+    c = ag.AgentClient(t.pid)
+    assert c.status().lease_ms_left is None
+    t0 = time.monotonic()
+    r = c.lock(5, lease_s=0.5)
+    assert r.state == "LOCKED" and r.lease_ms_left is not None and 0 < r.lease_ms_left <= 500
+    st = wait_state(c, "RUNNING", 5)
+    assert time.monotonic() - t0 >= 0.45
+    assert st.lease_ms_left is None
+    assert st.device and st.device["unlocks"] == 1 and st.device["state"] == "RUNNING"
+    assert "lease expired while LOCKED: unlocked by the agent" in log.read_text()
+    # with nothing armed, renew is refused as a wrong order and unlock too
+    with pytest.raises(ag.AgentError) as ei:
+        c.renew(1)
+    assert ei.value.code == ag.E_STATE
+    with pytest.raises(ag.AgentError) as ei:
+        c.unlock()
+    assert ei.value.code == ag.E_STATE
+
+
+def test_lock_without_lease_never_expires(spawn, agent_lib, c_programs):
+    t = spawn_fake_runtime(spawn, agent_lib, c_programs)
+    c = ag.AgentClient(t.pid)
+    r = c.lock(5)  # the old form: no lease
+    assert r.state == "LOCKED" and r.lease_ms_left is None
+    time.sleep(0.6)
+    assert c.status().state == "LOCKED"
+    with pytest.raises(ag.AgentError) as ei:
+        c.renew(1)
+    assert ei.value.code == ag.E_STATE
+    assert c.unlock().state == "RUNNING"
+
+
+def test_renew_keeps_the_lock_and_unlock_disarms(spawn, agent_lib, c_programs):
+    t = spawn_fake_runtime(spawn, agent_lib, c_programs)
+    c = ag.AgentClient(t.pid)
+    c.lock(5, lease_s=0.4)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        r = c.renew(0.4)
+        assert r.ok and r.state == "LOCKED" and r.lease_ms_left is not None and r.lease_ms_left > 300
+        time.sleep(0.1)
+    assert c.backup().state == "BACKED_UP"
+    r = c.renew(0.4)
+    assert r.state == "BACKED_UP"
+    # a refused second lock leaves the lease armed
+    with pytest.raises(ag.AgentError):
+        c.lock(5, lease_s=10)
+    assert (c.status().lease_ms_left or 0) <= 400
+    # stop renewing: the agent restores and unlocks by itself
+    st = wait_state(c, "RUNNING", 5)
+    assert st.device == {"state": "RUNNING", "locks": 1, "backups": 1, "restores": 1, "unlocks": 1}
+    # an explicit unlock ends the lease
+    c.lock(5, lease_s=0.3)
+    r = c.unlock()
+    assert r.state == "RUNNING" and r.lease_ms_left is None
+    raw = json.loads(raw_request(t.pid, b"renew 100\n"))
+    assert raw["ok"] is False and raw["code"] == ag.E_STATE and raw["lease_ms_left"] is None
+
+
+def test_sigstop_longer_than_the_lease_does_not_expire_it(spawn, agent_lib, c_programs):
+    t = spawn_fake_runtime(spawn, agent_lib, c_programs)
+    c = ag.AgentClient(t.pid)
+    c.lock(5, lease_s=1.0)
+    os.kill(t.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2.0)  # twice the lease, in wall-clock time
+    finally:
+        os.kill(t.pid, signal.SIGCONT)
+    st = c.status()
+    assert st.state == "LOCKED", st
+    assert st.lease_ms_left is not None and st.lease_ms_left > 500, st
+    st = wait_state(c, "RUNNING", 5)  # and it still runs out in run time
+    assert st.device and st.device["unlocks"] == 1
+
+
+def test_lease_expiry_in_backed_up_restores_device_data(npusimd, spawn, tmp_path):  # noqa: F811
+    log = tmp_path / "agent.log"
+    env = {"NPUSIM_SOCKET": npusimd["socket"], "NPUSNAP_AGENT_LOG": str(log),
+           "LD_PRELOAD": npusimd["agent_lib"]}
+    t = spawn([*_installed_python(), "-u", "-c", WORKLOAD], env=env)
+    t.wait_ready(30)
+    c = ag.AgentClient(t.pid)
+    ag._wait_ready(t.pid, 10)
+    t.wait_numbers_past(3)
+    c.lock(10, lease_s=0.6)
+    r = c.backup()
+    assert r.state == "BACKED_UP" and r.device and r.device["state"] == "BACKED_UP"
+    frozen = len(t.numbers())
+    time.sleep(0.2)
+    assert len(t.numbers()) <= frozen + 1
+    st = wait_state(c, "RUNNING", 5)
+    assert st.device and st.device["state"] == "RUNNING" and st.lease_ms_left is None
+    after = t.wait_numbers_past(frozen + 10, timeout=20)
+    bad = [x for x in t.lines() if x.startswith(("BAD", "ERR"))]
+    assert not bad, bad  # every device byte came back at the same address
+    assert after == list(range(after[0], after[0] + len(after)))
+    text = log.read_text()
+    assert "lease expired while BACKED_UP: device state restored" in text
+    assert "unlocked by the agent" in text

@@ -1,0 +1,175 @@
+"""The daemon's export/import of a locked client's device memory (the direct path), on a real
+daemon with real client processes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import xxhash
+
+import npusim
+from npusnap_cli import devicefiles
+from npusnap_cli.errors import StorageProblem
+from npusnap_cli.image import FileEntry
+
+from .support import ClientError, image_size
+
+MiB = 1 << 20
+UNLOCK_FAILED = 507907
+
+
+def _expected(result: dict) -> list[tuple[str, int, str]]:
+    return [(f["path"], f["size"], f["checksum"]) for f in result["files"]]
+
+
+def _fill(c) -> None:  # type: ignore[no-untyped-def]
+    c.call("alloc", 0, 5 * MiB + 96, "random", 1)  # not a whole number of chunks
+    c.call("alloc", 0, 3 * MiB, "sparse", 1)
+    c.call("alloc", 1, 2 * MiB + 32, "random", 2)
+    c.call("alloc", 1, 4096, "zero", 0)
+
+
+def test_round_trip_bit_exact_across_daemon_restart(npusim_daemon, client, tmp_path):
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    c.call("lock")
+    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+    assert sorted(f["path"] for f in out["files"]) == ["dev0.img", "dev1.img"]
+    assert out["allocations"] == 4
+    for f in out["files"]:  # the checksum is what npusnap's manifest records: xxh3_128 of the file
+        data = (tmp_path / f["path"]).read_bytes()
+        assert len(data) == f["size"] and xxhash.xxh3_128(data).hexdigest() == f["checksum"]
+        assert (tmp_path / f["path"]).stat().st_mode & 0o777 == 0o600
+    c.call("backup_external")  # metadata only: the data is in the files
+    assert c.state() == "BACKED_UP"
+    with pytest.raises(ClientError) as ei:
+        c.call("unlock")  # from an external backup only restore external + import can go back
+    assert ei.value.code == UNLOCK_FAILED
+
+    npusim_daemon.restart()  # the device's memory is gone
+    c.call("restore")  # re-creates the allocations at their addresses, without data
+    assert c.state() == "LOCKED"
+    with pytest.raises(ClientError) as ei:
+        c.call("unlock")  # the daemon refuses until the data is imported
+    assert ei.value.code == UNLOCK_FAILED
+    back = npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out))
+    assert [f["checksum"] for f in back["files"]] == [f["checksum"] for f in out["files"]]
+    assert back["bytes"] == out["bytes"] and back["nonzero_bytes"] == out["nonzero_bytes"]
+    c.call("unlock")
+    assert c.call("contents") == before  # same addresses (the keys), same bytes
+
+
+def test_zero_chunks_cost_nothing_on_disk(npusim_daemon, client, tmp_path):
+    c = client()
+    c.call("alloc", 0, 256 * MiB, "sparse", 100)  # 1 KiB of data in 256 MiB
+    c.call("alloc", 0, 64 * MiB, "zero", 0)
+    before = c.call("contents")
+    c.call("lock")
+    (tmp_path / "device").mkdir()
+    out = devicefiles.export_device(c.pid, tmp_path / "device", socket=npusim_daemon.socket)
+    assert out.bytes == 320 * MiB and out.nonzero_bytes == MiB
+    size = image_size(tmp_path / "device")
+    assert size == out.file_bytes and size < MiB + MiB // 100, size  # non-zero bytes + < 1%
+    assert [f.path for f in out.files] == ["device/dev0.img"]
+    c.call("unlock")
+    c.call("scribble")
+    c.call("lock")
+    devicefiles.import_device(c.pid, tmp_path / "device", out.files, socket=npusim_daemon.socket)
+    c.call("unlock")
+    assert c.call("contents") == before  # zero chunks come back as zeros
+
+
+def test_corrupted_image_refused(npusim_daemon, client, tmp_path):
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    c.call("lock")
+    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+    c.call("backup_external")
+    npusim_daemon.restart()
+    c.call("restore")
+    img = tmp_path / "dev0.img"
+    with open(img, "r+b") as f:  # one bit in the first data chunk
+        f.seek(64 + 12345)
+        b = f.read(1)
+        f.seek(64 + 12345)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(npusim.AclError, match="checksum mismatch"):  # the chunk's own checksum
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path)
+    with pytest.raises(npusim.AclError, match="checksum mismatch"):
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out))
+    with pytest.raises(ClientError):
+        c.call("unlock")  # never runs on a half-imported device
+    # a file whose chunks are intact but which is not the one the manifest names
+    entries = [FileEntry(f"device/{n}", s, "0" * 32 if n == "dev1.img" else h) for n, s, h in _expected(out)]
+    with open(img, "r+b") as f:
+        f.seek(64 + 12345)
+        f.write(b)  # repaired
+    from npusnap_cli.errors import ImageInvalid
+
+    with pytest.raises(ImageInvalid, match="checksum mismatch"):
+        devicefiles.import_device(c.pid, tmp_path, entries, socket=npusim_daemon.socket)
+    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out))
+    c.call("unlock")
+    assert c.call("contents") == before
+
+
+def test_export_refused_unless_locked(npusim_daemon, client, tmp_path):
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
+    c = client()
+    _fill(c)
+    with pytest.raises(npusim.AclError, match="not locked"):
+        npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+    with pytest.raises(npusim.AclError, match="not locked"):
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(npusim.AclError, match="no npusim client with pid"):
+        npusim.export_client(npusim_daemon.socket, os.getpid(), tmp_path)
+    c.call("lock")
+    npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+    c.call("unlock")
+    with pytest.raises(npusim.AclError, match="not locked"):  # unlocked again: refused again
+        npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+
+
+@pytest.fixture
+def small_fs(tmp_path):  # type: ignore[no-untyped-def]
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_enospc_is_clear_and_leaves_the_client_locked_and_intact(npusim_daemon, client, small_fs):
+    c = client()
+    c.call("alloc", 0, 32 * MiB, "random", 3)
+    before = c.call("contents")
+    c.call("lock")
+    with pytest.raises(OSError) as ei:
+        npusim.export_client(npusim_daemon.socket, c.pid, small_fs)
+    assert ei.value.errno == errno.ENOSPC
+    assert "No space left on device" in str(ei.value) and "dev0.img" in str(ei.value)
+    with pytest.raises(StorageProblem, match="no space left"):
+        devicefiles.export_device(c.pid, small_fs, socket=npusim_daemon.socket)
+    assert list(small_fs.iterdir()) == []  # no partial image left behind
+    assert c.state() == "LOCKED"
+    c.call("unlock")
+    assert c.call("contents") == before
+
+
+def test_daemon_gone_is_a_clear_error(tmp_path):
+    with pytest.raises(npusim.AclError, match="no npusim daemon answers"):
+        npusim.export_client(str(tmp_path / "nothing.sock"), 1, tmp_path)

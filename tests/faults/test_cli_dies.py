@@ -1,0 +1,115 @@
+"""The CLI dies (SIGKILL) at every phase boundary of `npusnap checkpoint`: the workload
+must come back by itself within a bounded time (the agent's lease for the device, the
+guardian for a stopped tree). And `npusnap recover PID` brings it back from each
+intermediate state."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from npusnap_cli.pipeline import CheckpointOptions
+from tests.helpers import npusnap
+
+from .conftest import NOTES
+from .support import (PausedCli, assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact, proc_state, start_train,
+                      wait_recovers)
+
+LEASE = CheckpointOptions(directory=None).lease  # type: ignore[arg-type]
+NO_LEASE = pytest.mark.xfail(
+    LEASE is None, strict=True,
+    reason="BUG: the pipeline locks without a lease (CheckpointOptions.lease is None), so a CLI killed "
+           "after LOCK leaves the workload LOCKED/BACKED_UP forever")
+
+POINTS = [
+    "before:lock",
+    pytest.param("after:lock", marks=NO_LEASE),
+    pytest.param("before:backup", marks=NO_LEASE),
+    pytest.param("after:backup", marks=NO_LEASE),
+    pytest.param("before:dump", marks=NO_LEASE),
+    pytest.param("after:dump", marks=NO_LEASE),
+    pytest.param("before:seal", marks=NO_LEASE),
+    pytest.param("after:seal", marks=NO_LEASE),
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_cli_sigkilled_at_phase_boundary(point, npusim_daemon, reference, tmp_path):
+    w = start_train(tmp_path, npusim_daemon.env)
+    target = tmp_path / "ckpt"
+    cli = None
+    try:
+        cli = PausedCli(["checkpoint", w.pid, "-D", target], point, npusim_daemon.env)
+        cli.kill()
+        bound = (LEASE or 0) + 10  # the lease in run time, plus slack for the guardian and the restore
+        wait_recovers(w, bound=bound, env=npusim_daemon.env)
+        assert_running_intact(w, reference, npusim_daemon.env)
+        left = assert_no_valid_checkpoint(target, partial_ok=True)
+        if left:
+            NOTES.append(f"SIGKILL at {point}: staging directory left behind ({left[0].name}); "
+                         "`npusnap prune` removes it after an hour")
+    finally:
+        if cli is not None and cli.proc.poll() is None:
+            cli.kill()
+        w.stop()
+
+
+def _runbook(pid: int, env: dict, *cmds: str) -> None:
+    for c in cmds:
+        r = npusnap(c, pid, env=env, timeout=60)
+        assert r.returncode == 0, (c, r.stderr)
+
+
+@pytest.mark.parametrize("state", ["stopped", "LOCKED", "BACKED_UP", "BACKED_UP+stopped"])
+def test_recover_from_intermediate_state(state, npusim_daemon, reference, tmp_path):
+    env = npusim_daemon.env
+    w = start_train(tmp_path, env)
+    try:
+        if "LOCKED" in state:
+            _runbook(w.pid, env, "lock")
+        if "BACKED_UP" in state:
+            _runbook(w.pid, env, "lock", "backup")
+        if "stopped" in state:
+            import os
+
+            os.kill(w.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 5
+            while proc_state(w.pid) not in ("T", "t"):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        r = npusnap("recover", w.pid, "--json", env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert_running_intact(w, reference, env)
+    finally:
+        w.stop()
+
+
+@pytest.mark.parametrize("point", [
+    pytest.param("after:lock", marks=pytest.mark.xfail(strict=True, reason=(
+        "BUG: pipeline.checkpoint registers the unlock undo after `with phase('lock')` exits; an "
+        "interrupt at the phase's end (the after:lock hook, or a real Ctrl-C in that window) rolls "
+        "back nothing and leaves the workload LOCKED while saying 'rolled back'"))),
+    "after:backup",  # the restore undo is registered late too, but npusim's Unlock restores first
+    "after:dump",
+])
+def test_interrupt_at_phase_end_rolls_back(point, npusim_daemon, reference, tmp_path):
+    """Ctrl-C right at the end of a phase: the undo of that phase must run too."""
+    env = npusim_daemon.env
+    w = start_train(tmp_path, env)
+    target = tmp_path / "ckpt"
+    cli = None
+    try:
+        cli = PausedCli(["checkpoint", w.pid, "-D", target], point, env)
+        cli.proc.send_signal(signal.SIGINT)
+        out, err = cli.proc.communicate(timeout=60)
+        r = subprocess.CompletedProcess(cli.proc.args, cli.proc.returncode, out.decode(), cli.stderr + err.decode())
+        assert_failed_cleanly(r, {130})
+        assert_no_valid_checkpoint(target)
+        assert_running_intact(w, reference, env)
+    finally:
+        if cli is not None and cli.proc.poll() is None:
+            cli.kill()
+        w.stop()

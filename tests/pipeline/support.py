@@ -1,0 +1,102 @@
+"""Plumbing for the pipeline end-to-end tests: workload command lines, output
+comparison, and the checks every test makes on a workload after a phase."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from tests.helpers import ROOT, WORKLOADS, npusnap, npusnap_cmd
+
+TRAIN = ROOT / "examples" / "train.py"
+ACL_THREADS_SRC = WORKLOADS / "acl_threads.c"
+
+# A Python workload on npusim that knows nothing of npusnap (for `npusnap attach`): each step
+# runs two axpy kernels on its own stream and an async copy back, and prints a digest.
+ATTACH_WORKLOAD = r"""
+import hashlib, os, sys, time
+import numpy as np
+import npusim
+
+steps, sleep_ms = int(sys.argv[1]), int(sys.argv[2])
+npusim.init()
+npusim.set_device(0)
+s = npusim.create_stream()
+n = 1 << 16
+a, b = npusim.malloc(n * 4), npusim.malloc(n * 4)
+npusim.memcpy_h2d(a, np.arange(n, dtype=np.float32) / n)
+npusim.launch_fill(b, n, 1.0, s)
+npusim.synchronize_stream(s)
+print(f"ready pid {os.getpid()}", flush=True)
+host = np.empty(n, dtype=np.float32)
+for step in range(steps):
+    npusim.launch_axpy(n, 0.5, a, b, s)     # b += a / 2
+    npusim.launch_axpy(n, -0.25, b, a, s)   # a -= b / 4
+    npusim.memcpy_d2h(host, b, s)
+    npusim.synchronize_stream(s)
+    print(f"step {step} {hashlib.sha256(host.tobytes()).hexdigest()[:16]}", flush=True)
+    time.sleep(sleep_ms / 1000)
+npusim.memcpy_d2h(host, a)
+print(f"done {hashlib.sha256(host.tobytes()).hexdigest()[:16]}", flush=True)
+"""
+
+
+def train_argv(steps: int, sleep_ms: int, scratch_mb: int = 4) -> list[str]:
+    return [sys.executable, str(TRAIN), "--steps", str(steps), "--sleep-ms", str(sleep_ms),
+            "--scratch-mb", str(scratch_mb)]
+
+
+def train_device_bytes(scratch_mb: int = 4, dim: int = 256, samples: int = 1024) -> int:
+    """What examples/train.py allocates (every size is already a multiple of 32)."""
+    return 2 * samples * dim * 4 + 2 * samples * 4 + 4 * dim * 4 + (scratch_mb << 20)
+
+
+def attach_argv(steps: int, sleep_ms: int) -> list[str]:
+    return [sys.executable, "-c", ATTACH_WORKLOAD, str(steps), str(sleep_ms)]
+
+
+def under_agent(argv: Sequence[str]) -> list[str]:
+    """argv run through `npusnap run --` (the agent preloaded; same pid)."""
+    return [*npusnap_cmd(), "run", "--", *argv]
+
+
+def strip_ready(lines: Sequence[str]) -> list[str]:
+    """The output without the `ready pid N` line (the only line that differs between runs)."""
+    return [line for line in lines if not line.startswith("ready pid")]
+
+
+def proc_state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat.rpartition(")")[2].split()[0]
+
+
+def status(pid: int, env: Optional[dict[str, str]] = None) -> dict:
+    r = npusnap("status", pid, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "status" and doc["pid"] == pid
+    return doc
+
+
+def assert_no_checkpoint(directory: Path) -> None:
+    """Neither the checkpoint directory nor a `.NAME.partial-*` staging directory exists."""
+    assert not directory.exists(), f"{directory} exists after a failed checkpoint"
+    leftovers = [p.name for p in directory.parent.iterdir() if p.name.startswith(f".{directory.name}.")]
+    assert not leftovers, f"staging leftovers: {leftovers}"
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("npusnap: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    return errors[0]
+
+
+def env_without_preload(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+
