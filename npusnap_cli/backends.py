@@ -11,8 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .errors import (DeviceFailed, EnvironmentProblem, LockTimeout, NpusnapError, PermissionProblem,
-                     TargetNotFound, WrongState)
+from .errors import (
+    DeviceFailed,
+    LockTimeout,
+    NpusnapError,
+    PermissionProblem,
+    TargetNotFound,
+    WrongState,
+)
 from .image import DeviceState, FileEntry
 
 BACKENDS = ("auto", "none", "sim", "ascend", "cuda")
@@ -219,7 +225,7 @@ def select(pid: int, requested: str = "auto", maps: str = "", data_path: str = "
     if requested == "cuda" or (requested == "auto" and "/dev/nvidia" in maps):
         from .cuda import CudaBackend
 
-        return CudaBackend.for_checkpoint(pid)  # type: ignore[return-value]
+        return CudaBackend.for_checkpoint(pid)
     from .agent import AgentClient, AgentNotFound, AgentProblem
 
     try:
@@ -228,7 +234,7 @@ def select(pid: int, requested: str = "auto", maps: str = "", data_path: str = "
         if requested == "auto" and _shim_cuda(pid, maps):
             from .cuda import CudaBackend
 
-            return CudaBackend.for_checkpoint(pid)  # type: ignore[return-value]
+            return CudaBackend.for_checkpoint(pid)
         if requested in ("sim", "ascend") or "libascendcl" in maps:
             raise WrongState(
                 f"process {pid} holds device state but has no npusnap agent",
@@ -277,7 +283,7 @@ def for_restore(pid: int, device: DeviceState, device_map: Optional[dict[str, st
     if device.backend == "cuda":
         from .cuda import CudaBackend
 
-        return CudaBackend.for_restore(pid, device, device_map)  # type: ignore[return-value]
+        return CudaBackend.for_restore(pid, device, device_map)
     if device_map:
         raise WrongState(f"--device-map applies to cuda checkpoints; this one is {device.backend}")
     if device.method == DirectBackend.method:

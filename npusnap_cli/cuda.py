@@ -26,11 +26,19 @@ import ctypes
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from .errors import (DeviceFailed, EnvironmentProblem, LockTimeout, NpusnapError, PermissionProblem,
-                     TargetNotFound, WrongState)
-from .image import DeviceState
+from .backends import NoDevice
+from .errors import (
+    DeviceFailed,
+    EnvironmentProblem,
+    LockTimeout,
+    NpusnapError,
+    PermissionProblem,
+    TargetNotFound,
+    WrongState,
+)
+from .image import DeviceState, FileEntry
 from .target import process_tree
 
 DEFAULT_LIBRARY = "libcuda.so.1"
@@ -336,8 +344,9 @@ def _nvml_gpus(pids: list[int]) -> Optional[list[str]]:
         nvml.nvmlShutdown()
 
 
-class CudaBackend:
-    """Every CUDA process of a tree, driven through the by-pid API (duck-types backends.NoDevice)."""
+class CudaBackend(NoDevice):
+    """Every CUDA process of a tree, driven through the by-pid API. The driver stages device memory
+    in each process's own memory (CRIU dumps it), so backup writes no files of its own."""
 
     name = "cuda"
 
@@ -468,12 +477,13 @@ class CudaBackend:
 
         self._locked = self._each("lock", one, self.pids, self.driver.unlock)
 
-    def backup(self) -> None:
+    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         self.describe()  # the GPUs are known only while the contexts exist
         self._checkpointed = self._each("checkpoint", self.driver.checkpoint, self.pids,
                                         lambda pid: self.driver.restore(pid))
+        return []
 
-    def restore(self) -> None:
+    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
         pairs = self._pairs()
         self._each("restore", lambda pid: self.driver.restore(pid, pairs), self.pids)
 
@@ -482,6 +492,22 @@ class CudaBackend:
 
     def release(self) -> None:
         pass
+
+    def back_to_running(self) -> None:
+        """Rollback: each process back to RUNNING from wherever lock/checkpoint left it."""
+        first: Optional[NpusnapError] = None
+        for pid in self.pids:
+            try:
+                s = self.driver.state(pid)
+                if s == CHECKPOINTED:
+                    self.driver.restore(pid)
+                    s = LOCKED
+                if s == LOCKED:
+                    self.driver.unlock(pid)
+            except CudaError as e:
+                first = first or cuda_error(e, f"CUDA rollback of process {pid}", self.driver, pid)
+        if first is not None:
+            raise first
 
     def _pairs(self) -> dict[str, str]:
         if not self.device_map:

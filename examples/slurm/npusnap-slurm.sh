@@ -185,7 +185,8 @@ nps_checkpoint() {
             4)  nps_log "pid $NPS_PID is gone (it finished first): nothing to checkpoint"
                 return 4 ;;
             10) nps_log "the device lock timed out: the workload runs on, unlocked"
-                [ "$tries" -gt 0 ] && continue ;;
+                # The timed-out lock may still be inside the runtime (a retry at once is refused).
+                [ "$tries" -gt 0 ] && { sleep "${NPUSNAP_LOCK_RETRY_DELAY:-5}"; continue; } ;;
             12) nps_log "storage problem (space? read-only? see above); the last good checkpoint, if any, is unchanged" ;;
             *)  nps_log "checkpoint failed (npusnap exit $rc, see the line above)" ;;
         esac

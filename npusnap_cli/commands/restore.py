@@ -32,17 +32,10 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     from ..pipeline import RestoreOptions, restore as run_restore, wait_exit_code
 
     term: Terminal = ctx.obj
-    extra = {}
-    if device_map:
-        extra["device_map"] = _device_map(directory, device_map)
-        if "device_map" not in RestoreOptions.__dataclass_fields__:  # until the pipeline passes it on
-            from ..errors import EnvironmentProblem
-
-            raise EnvironmentProblem("this build's restore pipeline cannot remap GPUs yet",
-                                     "restore onto the same GPUs, without --device-map")
+    mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     become_subreaper()
-    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, **extra),
-                         report=term.reporter())
+    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
+                                        device_map=mapping), report=term.reporter())
     if pidfile:
         tmp = pidfile.with_name(pidfile.name + ".tmp")
         tmp.write_text(f"{result.pid}\n")

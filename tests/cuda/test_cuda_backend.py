@@ -9,23 +9,15 @@ import json
 import signal
 import subprocess
 
-import pytest
 import yaml
 
 from npusnap_cli import cuda
-from npusnap_cli.pipeline import RestoreOptions
 from tests.helpers import Workload, npusnap, pid_alive, requires_criu
 
 from .support import SHIM, shim_env, sim_uuid, strip_ready, workload_argv
 
 STEPS, AT, SLEEP_MS = 80, 4, 60  # ~5 s left after step AT: the CLI must find it running
 GPUS = [sim_uuid(0), sim_uuid(1)]  # no NVML here: every GPU the driver shows is recorded
-
-needs_restore_pipeline = pytest.mark.skipif(
-    "device_map" not in RestoreOptions.__dataclass_fields__,
-    reason="the restore pipeline does not yet build its backend with backends.for_restore "
-           "(RestoreOptions.device_map); see tests/cuda/README.md")
-
 
 def _driver() -> cuda.Driver:
     d = cuda.Driver.load(str(SHIM))
@@ -67,7 +59,6 @@ def test_check_reports_the_shim_driver(npusim_daemon) -> None:
 
 
 @requires_criu
-@needs_restore_pipeline
 def test_checkpoint_kill_restart_daemon_restore_is_identical(npusim_daemon, tmp_path) -> None:
     env = shim_env(npusim_daemon.env)
     ref = _reference(env)

@@ -25,7 +25,7 @@ from typing import Optional
 
 from .support import MARKER_VAR, reap_marked
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
 PACKAGES = ("slurm-wlm", "munge")
 _install_tried: list[str] = []     # the reason, when an install already failed in this session
 
@@ -46,7 +46,8 @@ def ensure_installed() -> Optional[str]:
     if os.environ.get("NPUSNAP_TEST_NO_APT"):
         reason = f"{why} and NPUSNAP_TEST_NO_APT is set: apt-get install -y {' '.join(PACKAGES)}"
     elif os.geteuid() != 0 or shutil.which("apt-get") is None:
-        reason = f"{why}; installing them needs root and apt-get (Debian/Ubuntu): apt-get install -y {' '.join(PACKAGES)}"
+        reason = (f"{why}; installing them needs root and apt-get (Debian/Ubuntu): "
+                  f"apt-get install -y {' '.join(PACKAGES)}")
     else:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         try:
@@ -166,8 +167,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         return " / ".join(text.strip().splitlines()[-lines:])
 
     def run(self, *argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
-        r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=30,
-                           stdin=subprocess.DEVNULL, **kw)
+        kw.setdefault("env", self.env)
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL, **kw)
         if check and r.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
         return r

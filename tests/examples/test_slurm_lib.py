@@ -17,8 +17,19 @@ import pytest
 from tests.conftest import NpuSimDaemon
 from tests.helpers import Workload, npusnap, pid_alive, requires_criu
 
-from .support import (SLURM_LIB, new_marker, train_args, npusnap_bin, read_lines, reap_marked, reference_lines, script_env,
-                      strip_pid, wait_for_line, workload_pid)
+from .support import (
+    SLURM_LIB,
+    new_marker,
+    npusnap_bin,
+    read_lines,
+    reap_marked,
+    reference_lines,
+    script_env,
+    strip_pid,
+    train_args,
+    wait_for_line,
+    workload_pid,
+)
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
