@@ -28,6 +28,7 @@ class NoDevice:
     """A process without device state: every device phase is a no-op."""
 
     name = "none"
+    method = "none"
 
     def state(self) -> str:
         return "RUNNING"
@@ -38,7 +39,7 @@ class NoDevice:
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
         pass
 
-    def backup(self, device_dir: Path) -> list[FileEntry]:
+    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         """Take the device state off the device; returns the image files it wrote
         itself into device_dir (checksummed and fsync'd), if any."""
         return []
@@ -132,7 +133,7 @@ class AgentBackend(NoDevice):
         if lease:
             self._keeper = LeaseKeeper(self.pid, lease)
 
-    def backup(self, device_dir: Path) -> list[FileEntry]:
+    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         self._call("backup")
         return []
 
@@ -174,9 +175,11 @@ class DirectBackend(AgentBackend):
         state.method = self.method
         return state
 
-    def backup(self, device_dir: Path) -> list[FileEntry]:
+    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         from . import devicefiles
 
+        if device_dir is None:
+            raise WrongState("the direct data path writes device images: it needs a directory")
         exported = devicefiles.export_device(self.pid, device_dir)
         self._images = (device_dir, exported.files)
         self._call("backup", external=True)
@@ -188,8 +191,10 @@ class DirectBackend(AgentBackend):
         if device_dir is None and self._images is not None:
             device_dir, files = self._images
         if device_dir is None:
-            raise WrongState(f"no device images to restore process {self.pid} from")
-        devicefiles.restore_direct(self.client, self.pid, device_dir, list(files))
+            raise WrongState(f"no device images to restore process {self.pid} from",
+                             f"name them: npusnap recover {self.pid} --device-images DIR/device")
+        # Without a file list (recover), every image in the directory is read; each chunk is still checked.
+        devicefiles.restore_direct(self.client, self.pid, device_dir, list(files) if files else None)
 
 
 def _sim_endpoint(pid: int) -> str:

@@ -167,8 +167,8 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-# Errors CRIU logs on this kind of machine that never explain a failure.
-HARMLESS = ("Can't setup RLIMIT_NOFILE",)
+# Error lines that never explain a failure: harmless on this kind of machine, or just the verdict.
+UNINFORMATIVE = ("Can't setup RLIMIT_NOFILE", "Dumping FAILED", "Restoring FAILED")
 
 
 def _last_error(log: Path) -> str:
@@ -177,7 +177,7 @@ def _last_error(log: Path) -> str:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    errors = [line for line in lines if "Error (" in line and not any(h in line for h in HARMLESS)]
+    errors = [line for line in lines if "Error (" in line and not any(h in line for h in UNINFORMATIVE)]
     return " ".join(errors[-1].split()) if errors else ""
 
 

@@ -117,18 +117,19 @@ def export_device(pid: int, device_dir: Path, socket: Optional[str] = None) -> T
     return _result(data, "written_bytes")
 
 
-def import_device(pid: int, device_dir: Path, expected: Iterable[FileEntry],
+def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
                   socket: Optional[str] = None) -> TransferResult:
     """Have the daemon read exactly the expected device files (manifest entries, paths
     "device/devN.img") into process pid's re-created allocations (after `restore external`),
     verifying sizes, chunk checksums and each file's xxh3_128 while reading."""
     import npusim
 
-    wanted = []
-    for f in expected:
+    wanted: Optional[list[tuple[str, int, str]]] = None if expected is None else []
+    for f in expected or ():
         parts = Path(f.path).parts
         if len(parts) != 2 or parts[0] != DEVICE_DIR:
             raise ImageInvalid(f"unexpected device image path in the manifest: {f.path!r}")
+        assert wanted is not None
         wanted.append((parts[1], int(f.size), f.checksum))
     try:
         data = npusim.import_client(daemon_socket(pid, socket), pid, os.fspath(device_dir), wanted)
@@ -137,7 +138,7 @@ def import_device(pid: int, device_dir: Path, expected: Iterable[FileEntry],
     return _result(data, "read_bytes")
 
 
-def restore_direct(client: Any, pid: int, device_dir: Path, expected: Iterable[FileEntry],
+def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
                    socket: Optional[str] = None) -> TransferResult:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
     device memory back (the undo of `backup external`, and the restore's device phase)."""

@@ -14,39 +14,57 @@ import sys
 from pathlib import Path
 
 _SCRIPT = r"""
-import os, shutil, signal, sys
+import os, shutil, signal, subprocess, sys
+staging, python = sys.argv[1], sys.argv[2]
 data = b""
 while True:
     chunk = os.read(0, 4096)
     if not chunk:
         break
     data += chunk
-lines = data.decode().split()
-if lines[-1:] != ["done"]:
-    for word in lines:
+words = data.decode().split()
+if words[-1:] != ["done"]:
+    pids = [int(w) for w in words if w.isdigit()]
+    for pid in pids:
         try:
-            os.kill(int(word), signal.SIGCONT)
-        except (OSError, ValueError):
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
             pass
-    shutil.rmtree(sys.argv[1], ignore_errors=True)
+    if "recover" in words and pids:  # direct path: the device data is only in staging/device
+        subprocess.run([python, "-m", "npusnap_cli", "recover", str(pids[0]),
+                        "--device-images", os.path.join(staging, "device")],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=3600)
+    shutil.rmtree(staging, ignore_errors=True)
 """
 
 
 class Guardian:
-    def __init__(self, staging: Path) -> None:
+    def __init__(self, staging: Path, pid: int) -> None:
         from .criu import clean_env
 
+        self.staging = staging
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging)],
+            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging), sys.executable],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C aimed at us must not take it down too
             env=clean_env(),
         )
+        self._say(str(pid))  # the workload's root comes first
 
     def watch(self, pids: list[int]) -> None:
         """Resume these if we die (CRIU is about to leave them stopped)."""
+        self._say(" ".join(map(str, pids)))
+
+    def recover_from(self, device_dir: Path) -> None:
+        """The device data is about to exist only in device_dir: if we die, put it back
+        (`npusnap recover PID --device-images`) before removing the partial checkpoint."""
+        assert device_dir.parent == self.staging
+        self._say("recover")
+
+    def _say(self, words: str) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(" ".join(map(str, pids)).encode() + b" ")
+        self.proc.stdin.write(words.encode() + b" ")
         self.proc.stdin.flush()
 
     def release(self) -> None:

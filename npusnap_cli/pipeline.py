@@ -185,7 +185,8 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     """
     target = open_target(pid)
     criu = Criu(find_criu(opts.criu_path))
-    backend = backends.select(pid, opts.device, target.maps(), opts.data_path)
+    # The runbook's DUMP phase follows `npusnap backup`, which stages device memory in the process.
+    backend = backends.select(pid, opts.device, target.maps(), opts.data_path if device_phases else "in-process")
     state = backend.state()
     expected = "RUNNING" if device_phases or backend.name == "none" else "BACKED_UP"
     if state != expected:
@@ -197,7 +198,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     if not device_phases:
         backend = _Already(backend)
     staging = Staging(opts.directory, opts.replace)
-    guardian = Guardian(staging.path)  # from now on, our death is cleaned up after
+    guardian = Guardian(staging.path, pid)  # from now on, our death is cleaned up after
     phase = Phases(report)
     tree_pids: list[int] = []
 
@@ -218,6 +219,8 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 undos.callback(undo("device rollback", backend.back_to_running))
                 with phase("lock"):
                     backend.lock(opts.lock_timeout, lease=opts.lease)
+                if backend.method == backends.DirectBackend.method:
+                    guardian.recover_from(staging.device_dir)  # if we die, it brings the device data back
                 with phase("backup") as t:
                     device_files = backend.backup(staging.device_dir)
                     device = backend.describe()

@@ -18,6 +18,9 @@ from . import criu_option, json_option, pid_argument
 @click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
 @click.option("--device", type=click.Choice(["auto", "none", "sim", "ascend", "cuda"]), default="auto",
               show_default=True, help="Device backend (auto: found from the process).")
+@click.option("--data-path", type=click.Choice(["auto", "direct", "in-process"]), default="auto", show_default=True,
+              help="Device memory: straight from the device to DIR/device (direct, where the runtime allows), "
+                   "or staged in the process and dumped by CRIU (in-process, the vendor way).")
 @click.option("--lock-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               metavar="SECONDS", help="How long device work may take to quiesce.")
 @click.option("--lease", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS",
@@ -29,7 +32,7 @@ from . import criu_option, json_option, pid_argument
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
-               tcp_established: bool, device: str, lock_timeout: float, lease: float, criu_timeout: Optional[float],
+               tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float, criu_timeout: Optional[float],
                replace: bool, criu_path: Optional[str]) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
@@ -41,7 +44,7 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     from ..target import parse_pid
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
-                             tcp_established=tcp_established, device=device, lock_timeout=lock_timeout,
+                             tcp_established=tcp_established, device=device, data_path=data_path, lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
     m = run_checkpoint(parse_pid(pid), opts, report=term.reporter())
     size = sum(f.size for f in m.files)

@@ -18,7 +18,8 @@ def _agent(pid: str) -> Any:
     from ..target import open_target, parse_pid
 
     target = open_target(parse_pid(pid))
-    backend = select(target.pid, "auto", target.maps())
+    # The runbook stages device memory in the process; `dump` then writes it with the rest.
+    backend = select(target.pid, "auto", target.maps(), data_path="in-process")
     if not isinstance(backend, AgentBackend):
         raise WrongState(f"process {target.pid} has no device state to lock or back up",
                          f"checkpoint it directly: `npusnap checkpoint {target.pid} -D DIR`")
@@ -140,15 +141,17 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 
 @click.command()
 @pid_argument
+@click.option("--device-images", type=click.Path(file_okay=False, path_type=Path),
+              help="Where a direct backup wrote the device memory (DIR/device of the checkpoint).")
 @json_option
 @click.pass_obj
-def recover(term: Terminal, pid: str) -> None:
+def recover(term: Terminal, pid: str, device_images: Optional[Path]) -> None:
     """Bring PID back to running from any intermediate phase (stopped, locked, backed up)."""
     import os
     import signal
 
     from ..agent import AgentClient, AgentNotFound
-    from ..backends import AgentBackend
+    from ..backends import AgentBackend, DirectBackend
     from ..target import open_target, parse_pid
 
     target = open_target(parse_pid(pid))
@@ -159,9 +162,9 @@ def recover(term: Terminal, pid: str) -> None:
     except AgentNotFound:
         state = "RUNNING"
     if state != "RUNNING":
-        backend = AgentBackend(target.pid, "auto")
+        backend: AgentBackend = DirectBackend(target.pid, "sim") if device_images else AgentBackend(target.pid, "auto")
         if state == "BACKED_UP":
-            backend.restore()
+            backend.restore(device_images)
             steps.append("device-restore")
         backend.unlock()
         steps.append("unlock")

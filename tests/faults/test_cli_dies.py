@@ -15,24 +15,27 @@ from npusnap_cli.pipeline import CheckpointOptions
 from tests.helpers import npusnap
 
 from .conftest import NOTES
-from .support import (PausedCli, assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact, proc_state, start_train,
-                      wait_recovers)
+from .support import (
+    PausedCli,
+    assert_failed_cleanly,
+    assert_no_valid_checkpoint,
+    assert_running_intact,
+    proc_state,
+    start_train,
+    wait_recovers,
+)
 
 LEASE = CheckpointOptions(directory=None).lease  # type: ignore[arg-type]
-NO_LEASE = pytest.mark.xfail(
-    LEASE is None, strict=True,
-    reason="BUG: the pipeline locks without a lease (CheckpointOptions.lease is None), so a CLI killed "
-           "after LOCK leaves the workload LOCKED/BACKED_UP forever")
 
 POINTS = [
     "before:lock",
-    pytest.param("after:lock", marks=NO_LEASE),
-    pytest.param("before:backup", marks=NO_LEASE),
-    pytest.param("after:backup", marks=NO_LEASE),
-    pytest.param("before:dump", marks=NO_LEASE),
-    pytest.param("after:dump", marks=NO_LEASE),
-    pytest.param("before:seal", marks=NO_LEASE),
-    pytest.param("after:seal", marks=NO_LEASE),
+    "after:lock",
+    "before:backup",
+    "after:backup",
+    "before:dump",
+    "after:dump",
+    "before:seal",
+    "after:seal",
 ]
 
 
@@ -88,10 +91,7 @@ def test_recover_from_intermediate_state(state, npusim_daemon, reference, tmp_pa
 
 
 @pytest.mark.parametrize("point", [
-    pytest.param("after:lock", marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG: pipeline.checkpoint registers the unlock undo after `with phase('lock')` exits; an "
-        "interrupt at the phase's end (the after:lock hook, or a real Ctrl-C in that window) rolls "
-        "back nothing and leaves the workload LOCKED while saying 'rolled back'"))),
+    "after:lock",
     "after:backup",  # the restore undo is registered late too, but npusim's Unlock restores first
     "after:dump",
 ])

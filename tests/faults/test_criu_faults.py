@@ -4,7 +4,6 @@ and exit 7, and the workload must run on, unlocked, with its device data intact.
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import tempfile
@@ -13,8 +12,16 @@ from pathlib import Path
 
 from tests.helpers import npusnap, npusnap_cmd
 
-from .support import (assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact, children, comm,
-                      partial_leftovers, start_train, with_suppress_kill)
+from .support import (
+    assert_failed_cleanly,
+    assert_no_valid_checkpoint,
+    assert_running_intact,
+    children,
+    comm,
+    partial_leftovers,
+    start_train,
+    with_suppress_kill,
+)
 
 
 def test_criu_killed_mid_dump(npusim_daemon, reference, tmp_path):

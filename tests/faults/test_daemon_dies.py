@@ -15,8 +15,15 @@ from pathlib import Path
 from tests.helpers import npusnap, npusnap_cmd
 
 from .conftest import NOTES
-from .support import (PausedCli, assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact,
-                      proc_state, start_train, status, wait_progress)
+from .support import (
+    PausedCli,
+    assert_failed_cleanly,
+    assert_no_valid_checkpoint,
+    proc_state,
+    start_train,
+    status,
+    wait_progress,
+)
 
 
 def kill_daemon(daemon) -> None:  # type: ignore[no-untyped-def]

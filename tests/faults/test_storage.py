@@ -14,8 +14,7 @@ import pytest
 
 from tests.helpers import npusnap
 
-from .support import (PausedCli, assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact,
-                      start_train)
+from .support import PausedCli, assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact, start_train
 
 
 @contextmanager
@@ -30,10 +29,6 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: ENOSPC inside CRIU's dump is reported as exit 7 (CRIU failed), not the documented 12 "
-    "(storage problem: no space); pipeline/criu should map a dump that failed with ENOSPC (CRIU's "
-    "cr_errno / a statvfs check of the target) to StorageProblem"))
 def test_no_space_during_dump(npusim_daemon, reference, tmp_path):
     env = npusim_daemon.env
     w = start_train(tmp_path, env, ballast_mb=40)

@@ -12,10 +12,16 @@ import time
 
 import pytest
 
-from tests.helpers import npusnap, npusnap_cmd
+from tests.helpers import npusnap
 
-from .support import (assert_failed_cleanly, assert_no_valid_checkpoint, assert_running_intact, proc_state,
-                      start_train, wait_progress)
+from .support import (
+    assert_failed_cleanly,
+    assert_no_valid_checkpoint,
+    assert_running_intact,
+    proc_state,
+    start_train,
+    wait_progress,
+)
 from .test_security import as_nobody
 
 
@@ -89,16 +95,7 @@ def _restore_watching_pid(target, pid: int, env: dict) -> tuple[subprocess.Compl
     return r, seen.is_set()
 
 
-NO_PRECHECK = pytest.mark.xfail(strict=True, reason=(
-    "BUG: restore has no device pre-check: it CRIU-restores the process first and only then "
-    "finds in DEVICE RESTORE that the device (id or memory) is missing, so the workload starts "
-    "half-way and is killed. Suggest: before CRIU restore, compare the manifest's device section "
-    "(devices, bytes per device) with the backend's view (npusim: daemon_status / aclrtGetDeviceCount "
-    "+ aclrtGetMemInfo from a probe) and raise DeviceFailed/EnvironmentProblem"))
-
-
-@pytest.mark.parametrize("shortage", [pytest.param("devices", marks=NO_PRECHECK),
-                                      pytest.param("memory", marks=NO_PRECHECK)])
+@pytest.mark.parametrize("shortage", ["devices", "memory"])
 def test_restore_onto_smaller_device(shortage, npusim_daemon, tmp_path):
     env = npusim_daemon.env
     device = 1 if shortage == "devices" else 0

@@ -19,14 +19,7 @@ STEPS, AT, SLEEP_MS, THREADS = 50, 4, 20, 3  # ~2.8 s
 N, M = 1 << 17, 320  # acl_threads.c: vector and matrix sizes (floats)
 PER_THREAD_BYTES = 2 * N * 4 + 4 * M * M * 4
 
-AGENT_BUG = ("BUG: native/agent/agent.c find_runtime_handle() returns RTLD_DEFAULT when "
-             "dlsym(RTLD_DEFAULT, ...) finds the runtime, but RTLD_DEFAULT is ((void *)0), so "
-             "resolve_runtime() takes it for 'not found': a program linked with -lascendcl has "
-             "'no device runtime loaded', `--device auto` picks `none`, and CRIU refuses the dump "
-             "(External socket is used)")
 
-
-@pytest.mark.xfail(strict=True, reason=AGENT_BUG)
 def test_agent_finds_a_runtime_linked_into_the_program(npusim_daemon, acl_threads, tmp_path) -> None:
     """Minimal form of the bug: the agent's status of a plain -lascendcl program."""
     w = Workload(under_agent([str(acl_threads), "1000", "20", "1"]), tmp_path / "out", env=npusim_daemon.env)
@@ -41,7 +34,6 @@ def test_agent_finds_a_runtime_linked_into_the_program(npusim_daemon, acl_thread
         w.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=AGENT_BUG)
 def test_threads_with_work_in_flight_checkpoint_restore(npusim_daemon, acl_threads, reference, tmp_path) -> None:
     ref = reference([str(acl_threads), str(STEPS), "0", str(THREADS)])
     assert len(ref) == STEPS + 1

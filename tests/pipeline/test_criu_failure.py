@@ -54,17 +54,10 @@ def test_failed_dump_rolls_back(failed_dump) -> None:
     assert failed_dump["rc"] == 0 and failed_dump["lines"] == failed_dump["ref"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: npusnap_cli/criu.py _errmsg() reports CRIU's cr_errmsg, which is the FIRST error CRIU logged: "
-    "on this kernel always the harmless 'rlimit: Can't setup RLIMIT_NOFILE' line, never the real cause "
-    "('External socket is used')"))
 def test_failed_dump_names_the_real_cause(failed_dump) -> None:
     assert "External socket" in failed_dump["result"].stderr, failed_dump["result"].stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the hint of a failed dump says 'see DIR/.NAME.partial-XXXX/logs/dump.log', but the rollback "
-    "(Staging.discard) deletes that directory, so the log the hint names never exists"))
 def test_failed_dump_hint_names_a_log_that_exists(failed_dump) -> None:
     m = re.search(r"see (\S+\.log)", failed_dump["result"].stderr)
     assert m, failed_dump["result"].stderr

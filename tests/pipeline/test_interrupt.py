@@ -20,14 +20,7 @@ pytestmark = [requires_criu, pytest.mark.criu]
 
 STEPS, AT, SLEEP_MS = 60, 2, 50  # ~3 s: room for the CLI to reach the pause on a loaded machine
 
-UNDO_REGISTERED_LATE = (
-    "BUG: npusnap_cli/pipeline.py checkpoint() registers each phase's undo only after the phase's "
-    "`with phase(...)` block has exited, but Phases.__call__ runs code (the after:PHASE hook, timing) "
-    "after the phase's work and a SIGINT there raises Interrupted before `undos.callback(unlock)` is "
-    "registered: Ctrl-C right after LOCK leaves the workload LOCKED (and right after BACKUP skips the "
-    "device-restore undo; npusim's Unlock-from-BACKED_UP happens to cover that one)")
-
-POINTS = ["before:lock", pytest.param("after:lock", marks=pytest.mark.xfail(strict=True, reason=UNDO_REGISTERED_LATE)),
+POINTS = ["before:lock", "after:lock",
           "before:backup", "after:backup", "before:dump", "after:dump", "before:seal"]
 
 

@@ -19,26 +19,31 @@ pytestmark = [requires_criu, pytest.mark.criu]
 STEPS, AT, SLEEP_MS = 40, 3, 60  # ~2.4 s: room for a slow checkpoint on a loaded machine
 
 
-def _check_device(dev: dict) -> None:
+PATHS = pytest.mark.parametrize("data_path", ["direct", "in-process"])
+
+
+def _check_device(dev: dict, data_path: str) -> None:
     assert dev["backend"] == "sim", dev
     assert dev["devices"] == [0]
     assert dev["allocations"] == 9  # x, xt, y, w, v, err, grad, tmp, scratch
     assert dev["bytes"] == train_device_bytes()
-    assert dev["method"] == "in-process"
+    assert dev["method"] == data_path
     assert dev["runtime"].endswith("/libascendcl.so")
 
 
-def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon, reference, tmp_path) -> None:
+@PATHS
+def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon, reference, tmp_path,
+                                                                   data_path) -> None:
     ref = reference(train_argv(STEPS, 0))
     w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=npusim_daemon.env)
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck"
-        r = npusnap("checkpoint", w.pid, "-D", ck, "--json", env=npusim_daemon.env)
+        r = npusnap("checkpoint", w.pid, "-D", ck, "--data-path", data_path, "--json", env=npusim_daemon.env)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["kind"] == "checkpoint" and doc["pid"] == w.pid and doc["left_running"] is False
-        _check_device(doc["device"])
+        _check_device(doc["device"], data_path)
         assert [p["name"] for p in doc["phases"]] == ["lock", "backup", "dump", "seal"]
 
         # The process is gone (killed once the checkpoint was committed), mid-run.
@@ -55,8 +60,12 @@ def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon,
         assert all(isinstance(p["seconds"], float) and p["seconds"] >= 0 for p in m["phases"])
         assert phases["backup"]["bytes"] == train_device_bytes()
         criu_bytes = sum(f["size"] for f in m["files"] if f["path"].startswith("criu/"))
-        # The backed-up device memory lives in the process, so CRIU dumps it too.
-        assert phases["dump"]["bytes"] == phases["seal"]["bytes"] == criu_bytes > train_device_bytes()
+        device_bytes = sum(f["size"] for f in m["files"] if f["path"].startswith("device/"))
+        assert phases["dump"]["bytes"] == phases["seal"]["bytes"] == criu_bytes
+        if data_path == "in-process":  # the backed-up device memory lives in the process: CRIU dumps it too
+            assert criu_bytes > train_device_bytes() and device_bytes == 0
+        else:  # the daemon wrote it straight into device/; the process holds only metadata
+            assert 0 < device_bytes <= train_device_bytes() * 1.01 + (64 << 10)  # + the images' index
         assert [p["pid"] for p in m["processes"]] == [w.pid]
 
         npusim_daemon.restart()  # a fresh, empty device
@@ -71,17 +80,19 @@ def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon,
         w.stop()
 
 
-def test_leave_running_then_restore_the_image_after_it_exits(npusim_daemon, reference, tmp_path) -> None:
+@PATHS
+def test_leave_running_then_restore_the_image_after_it_exits(npusim_daemon, reference, tmp_path, data_path) -> None:
     ref = reference(train_argv(STEPS, 0))
     w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=npusim_daemon.env)
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck"
-        r = npusnap("checkpoint", w.pid, "-D", ck, "--leave-running", "--json", env=npusim_daemon.env)
+        r = npusnap("checkpoint", w.pid, "-D", ck, "--leave-running", "--data-path", data_path, "--json",
+                    env=npusim_daemon.env)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["left_running"] is True
-        _check_device(doc["device"])
+        _check_device(doc["device"], data_path)
         assert w.proc.wait(timeout=60) == 0  # the original carries on, device intact, to the end
         assert strip_ready(w.lines()) == ref
 
