@@ -183,7 +183,7 @@ def plot(doc: dict[str, Any], path: Path) -> Optional[str]:
     for dev in devs:
         for op, st in combos:
             r = next(x for x in runs if x["device_bytes"] == dev and x["op"] == op and x["storage"] == st)
-            labels.append(f"{human(dev)}\n{op[:4]}/{st}")
+            labels.append(f"{human(dev)}\n{'ckpt' if op == 'checkpoint' else 'rest'}/{st}")
             bars.append(r["phases"])
     x = list(range(len(labels)))
     bottoms = [0.0] * len(labels)

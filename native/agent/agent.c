@@ -44,6 +44,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,7 @@
 
 typedef int (*snap_fn)(int pid, void *reserved);
 typedef int (*info_fn)(char *buf, size_t len);
+typedef int (*lock_timeout_fn)(int pid, int32_t timeout_ms);
 typedef int (*set_path_fn)(int external);
 typedef int (*get_path_fn)(void);
 
@@ -87,6 +89,8 @@ static struct {
     /* runtime, resolved lazily and kept once found */
     snap_fn lock, backup, restore, unlock;
     info_fn info;
+    lock_timeout_fn lock_timeout; /* npusim: a lock bounded by the caller's timeout; CANN lacks it */
+    long lock_timeout_ms;
     /* npusim's direct path (optional): `backup external` / `restore external` */
     set_path_fn set_data_path;
     get_path_fn get_data_path;
@@ -260,6 +264,7 @@ static const char *resolve_runtime(void)
     if (dladdr((void *)l, &di) && di.dli_fname)
         snprintf(g.runtime, sizeof g.runtime, "%s", di.dli_fname);
     g.info = (info_fn)dlsym(h, "npusimSnapshotInfo");
+    g.lock_timeout = (lock_timeout_fn)dlsym(h, "npusimSnapShotProcessLockTimeout");
     g.set_data_path = (set_path_fn)dlsym(h, "npusimSnapshotSetDataPath");
     g.get_data_path = (get_path_fn)dlsym(h, "npusimSnapshotGetDataPath");
     if (!g.get_data_path)
@@ -316,7 +321,9 @@ static void sync_state(const char *info)
 static void *lock_worker(void *arg)
 {
     (void)arg;
-    int rc = g.lock(getpid(), NULL);
+    /* Where the runtime lets us, its own wait is bounded by the caller's timeout, so a caller
+     * who gives up does not leave the workload's device calls gated for CANN's full 60 s. */
+    int rc = g.lock_timeout ? g.lock_timeout(getpid(), (int32_t)g.lock_timeout_ms) : g.lock(getpid(), NULL);
     pthread_mutex_lock(&g.mu);
     int abandoned = g.lock_abandoned;
     if (!abandoned) {
@@ -342,6 +349,7 @@ static void *lock_worker(void *arg)
 /* Called under g.mu with the runtime resolved and state RUNNING. */
 static int do_lock(long timeout_ms, const char **err)
 {
+    g.lock_timeout_ms = timeout_ms > 0 && timeout_ms < INT32_MAX ? timeout_ms : INT32_MAX;
     g.lock_pending = 1;
     g.lock_done = 0;
     g.lock_abandoned = 0;

@@ -193,6 +193,11 @@ aclError aclrtSnapShotProcessLock(int pid, void *reserve) {
   return npusim::rt::snapshot_lock(lock_timeout_ms());
 }
 
+aclError npusimSnapShotProcessLockTimeout(int pid, int32_t timeoutMs) {
+  if (bad_pid(pid) || timeoutMs <= 0) return ACL_ERROR_INVALID_PARAM;
+  return npusim::rt::snapshot_lock(timeoutMs);
+}
+
 }  // extern "C"
 
 // The Lock itself, with the caller's timeout (the by-pid control listener passes its own).

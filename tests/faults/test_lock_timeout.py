@@ -44,11 +44,7 @@ def ticks(w: Workload) -> list[str]:
 
 
 @pytest.mark.parametrize("runtime_lock_ms", [
-    pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG: --lock-timeout does not bound how long the workload stays gated: npusim's "
-        "aclrtSnapShotProcessLock closes the gate at once and waits its own 60 s "
-        "(NPUSIM_LOCK_TIMEOUT_MS) for in-flight work; the agent gives up after 1 s and reports "
-        "RUNNING, but every device call of the workload blocks until the runtime's lock gives up"))),
+    None,  # the agent bounds the runtime's own wait by --lock-timeout
     "3000",  # with the runtime's own wait shortened, the workload does come back by itself
 ], ids=["runtime-default", "runtime-3s"])
 def test_lock_timeout_leaves_workload_unlocked(runtime_lock_ms, npusim_daemon, tmp_path):

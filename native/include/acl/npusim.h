@@ -27,6 +27,10 @@ ACL_FUNC_VISIBILITY aclError npusimLaunchMatmul(size_t m, size_t n, size_t k, co
  * Returns the length written, or a negative aclError (-ACL_ERROR_INVALID_PARAM if buf is too small). */
 ACL_FUNC_VISIBILITY int npusimSnapshotInfo(char *buf, size_t len);
 
+/* aclrtSnapShotProcessLock with the caller's bound on the wait for in-flight work (CANN's call
+ * waits 60 s): a tool that gives up after timeoutMs leaves the process unlocked at once. */
+ACL_FUNC_VISIBILITY aclError npusimSnapShotProcessLockTimeout(int pid, int32_t timeoutMs);
+
 /* Daemon administration, for tools: the daemon's status as one JSON object
  * {"pid": N, "socket": "...", "devices": [{"id", "total", "used", "free"}],
  *  "clients": [{"pid", "bytes", "allocations", "streams", "connections"}]}.
