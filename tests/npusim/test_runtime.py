@@ -5,6 +5,7 @@ its own process, as one client of a private daemon."""
 from __future__ import annotations
 
 import json
+import time
 
 import npusim
 import pytest
@@ -234,7 +235,13 @@ print("restored", json.dumps(npusim.snapshot_info()))
     try:
         handles = json.loads(proc.stdout.readline())
         assert proc.stdout.readline() == "backed-up\n"
-        status = npusim.daemon_status(npusim_daemon.socket)
+        # Backup released the device; the daemon notices the closed connections within moments.
+        deadline = time.monotonic() + 5
+        while True:
+            status = npusim.daemon_status(npusim_daemon.socket)
+            if status["clients"] == [] or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         assert status["clients"] == [] and all(d["used"] == 0 for d in status["devices"])
         old_pid = status["pid"]
         npusim_daemon.stop()
@@ -249,7 +256,7 @@ print("restored", json.dumps(npusim.snapshot_info()))
         info = json.loads(line.split(" ", 1)[1])
         assert info == {"state": "RUNNING", "devices": [0, 1], "allocations": 3,
                         "bytes": ((5 << 20) + 32) + (1 << 20) + 4096 * 4, "streams": 3,
-                        "events": 2, "connected": True}
+                        "events": 2, "connected": True, "direct": True, "data_path": "in-process"}
         status = npusim.daemon_status(npusim_daemon.socket)
         assert status["pid"] != old_pid
         assert [c["pid"] for c in status["clients"]] == [proc.pid]
