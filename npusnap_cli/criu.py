@@ -43,7 +43,34 @@ class CriuBinary:
 
 
 def binary_version(path: str) -> tuple[int, ...]:
-    """Ask a CRIU binary for its version over RPC."""
+    """A CRIU binary's version, asked over RPC once per binary (cached by path, size, mtime:
+    every command needs it, and a `criu swrk` round trip costs ~0.1 s)."""
+    import json
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CriuFailed(f"cannot run {path}: {e.strerror}", INSTALL_HINT) from e
+    key = f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npusnap" / "criu-versions.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), list):
+        return tuple(int(x) for x in known[key])
+    version = _ask_version(path)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: list(version)}))
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a cache we cannot write only costs time
+    return version
+
+
+def _ask_version(path: str) -> tuple[int, ...]:
     rpc = _rpc()
     req = rpc.criu_req(type=rpc.VERSION)
     resp = Swrk(path).request(req, timeout=20)

@@ -161,6 +161,9 @@ def _wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int
     """Wait until no pid is alive (or, with zombies_count, even a zombie); return those left."""
     deadline = time.monotonic() + timeout
     while True:
+        for p in pids:  # a restored process is our child (subreaper): reap it, freeing its pid
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p, os.WNOHANG)
         left = [p for p in pids if _exists(p, zombies_count)]
         if not left or time.monotonic() >= deadline:
             return left

@@ -465,6 +465,166 @@ struct Expected {
   std::string checksum;
 };
 
+// One device image's data, read by kReaders threads straight into device memory. They take
+// chunks in file order (a shared cursor), so together they read the file front to back; each
+// pread()s its chunk into place, checks the chunk's XXH3-64 and memsets zero chunks. The calling
+// thread feeds the whole file's XXH3-128 in file order from device memory as chunks complete
+// (that hash is sequential by nature and costs far less than reading), and keeps the page cache
+// bounded: it drops what it has hashed, and the readers stay at most kLag chunks ahead of it while
+// asking the kernel for the next kAhead bytes of the file (FADV_WILLNEED), so the disk always
+// has reads queued. No staging buffers: memory use does not grow with the file.
+struct ImportJob {
+  char *dst;
+  const ChunkRec *rec;
+  size_t idx;        // in the index
+  uint64_t va, at;   // the allocation, and the chunk's offset in it (for messages)
+  uint64_t seq;      // number of data chunks before this one
+  bool zero;
+};
+
+class Importer {
+ public:
+  const int kReaders = getenv("TI_READERS") ? std::stoi(getenv("TI_READERS")) : 3;  // TUNING
+  static constexpr uint64_t kLag = 64;              // chunks read ahead of the file hash
+  const uint64_t kAhead = getenv("TI_AHEAD") ? std::stoull(getenv("TI_AHEAD")) << 20 : 64ULL << 20;   // TUNING
+  const uint64_t kRaStep = getenv("TI_STEP") ? std::stoull(getenv("TI_STEP")) << 20 : 16ULL << 20;  // TUNING
+  static constexpr uint64_t kDrop = 32ULL << 20;    // FADV_DONTNEED granularity behind the hash
+
+  Importer(int fd, const std::string &path, const std::vector<ImportJob> &jobs, uint64_t data_chunks,
+           uint64_t data_begin, uint64_t data_end)
+      : fd_(fd), path_(path), jobs_(jobs), done_(data_chunks, 0), data_end_(data_end),
+        ra_next_(data_begin), dropped_(0) {
+    for (const auto &j : jobs_)
+      if (!j.zero) order_.push_back(&j);
+  }
+
+  // Reads everything, feeding h with the data chunks in file order. Throws the first failure
+  // (after every reader has stopped).
+  void run(Hasher &h) {
+    readahead(ra_next_.load());
+    std::vector<std::thread> readers;
+    std::optional<Failure> hash_err;
+    try {
+      for (int i = 0; i < kReaders; ++i) readers.emplace_back([this] { read_loop(); });
+      for (uint64_t seq = 0; seq < order_.size(); ++seq) {
+        {
+          std::unique_lock<std::mutex> l(mu_);
+          hasher_cv_.wait(l, [&] { return done_[seq] || error_.has_value(); });
+          if (error_) break;
+        }
+        const ImportJob &j = *order_[seq];
+        h.update(j.dst, j.rec->length);
+        const uint64_t end = j.rec->offset + j.rec->length;
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          hashed_ = seq + 1;
+        }
+        reader_cv_.notify_all();
+        if (end >= dropped_ + kDrop) {  // hashed, hence read: its cached pages are of no more use
+          const uint64_t to = end & ~(kDrop - 1);
+          ::posix_fadvise(fd_, static_cast<off_t>(dropped_), static_cast<off_t>(to - dropped_), POSIX_FADV_DONTNEED);
+          dropped_ = to;
+        }
+      }
+    } catch (const Failure &e) {
+      hash_err = e;
+    } catch (...) {
+      stop();
+      for (auto &t : readers) t.join();
+      throw;
+    }
+    if (hash_err) stop();
+    for (auto &t : readers) t.join();
+    if (error_) throw *error_;
+    if (hash_err) throw *hash_err;
+  }
+
+ private:
+  void stop() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!error_) error_ = Failure{ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0, "import stopped"};
+    }
+    reader_cv_.notify_all();
+    hasher_cv_.notify_all();
+  }
+
+  void readahead(uint64_t upto) {
+    // Called with mu_ not held; ra_mu_ keeps the requests in order and not duplicated.
+    std::lock_guard<std::mutex> g(ra_mu_);
+    while (ra_next_ < data_end_ && ra_next_ < upto + kAhead) {
+      const uint64_t n = std::min(kRaStep, data_end_ - ra_next_);
+      ::posix_fadvise(fd_, static_cast<off_t>(ra_next_), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+      ra_next_ += n;
+    }
+  }
+
+  void read_loop() {
+    for (;;) {
+      size_t k;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (error_ || next_ >= jobs_.size()) return;
+        k = next_++;
+        const ImportJob &j = jobs_[k];
+        if (!j.zero) {
+          reader_cv_.wait(l, [&] { return error_.has_value() || j.seq < hashed_ + kLag; });
+          if (error_) return;
+        }
+      }
+      const ImportJob &j = jobs_[k];
+      try {
+        if (j.zero) {
+          std::memset(j.dst, 0, j.rec->length);
+          continue;
+        }
+        if (j.rec->offset + kAhead > ra_next_.load(std::memory_order_relaxed) + kRaStep) readahead(j.rec->offset);
+        pread_all(fd_, j.dst, j.rec->length, j.rec->offset, path_);
+        if (XXH3_64bits(j.dst, j.rec->length) != j.rec->hash)
+          fail(ACL_ERROR_INVALID_FILE, 0,
+               path_ + ": checksum mismatch in chunk " + std::to_string(j.idx) + " (allocation " + hex(j.va) +
+                   ", offset " + std::to_string(j.at) + "): the image is corrupted; refusing it");
+      } catch (const Failure &e) {
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          if (!error_) error_ = e;
+        }
+        reader_cv_.notify_all();
+        hasher_cv_.notify_all();
+        return;
+      } catch (const std::bad_alloc &) {
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          if (!error_) error_ = Failure{ACL_ERROR_BAD_ALLOC, ENOMEM, "out of memory in the daemon"};
+        }
+        reader_cv_.notify_all();
+        hasher_cv_.notify_all();
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        done_[j.seq] = 1;
+      }
+      hasher_cv_.notify_one();
+    }
+  }
+
+  const int fd_;
+  const std::string &path_;
+  const std::vector<ImportJob> &jobs_;
+  std::vector<const ImportJob *> order_;  // the data chunks, in file order
+  std::mutex mu_;
+  std::condition_variable reader_cv_, hasher_cv_;
+  std::vector<uint8_t> done_;  // per data chunk: read and verified
+  size_t next_ = 0;            // the next job to take
+  uint64_t hashed_ = 0;        // data chunks fed to the file hash
+  std::optional<Failure> error_;
+  const uint64_t data_end_;
+  std::mutex ra_mu_;
+  std::atomic<uint64_t> ra_next_;  // readahead requested up to here
+  uint64_t dropped_;               // page cache dropped below here (the hashing thread's)
+};
+
 FileResult import_file(int dirfd, const std::string &dir, const std::string &name, const Expected *want,
                        const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
                        std::map<uint64_t, bool> &covered, Totals &tot) {
@@ -528,48 +688,30 @@ FileResult import_file(int dirfd, const std::string &dir, const std::string &nam
   }
   if (expect_chunk != chunks.size() || expect_off != ft.index_offset) fail(bad, 0, path + ": inconsistent index");
 
-  Hasher h;
-  h.update(&hdr, sizeof(hdr));
-  {
-    Pool pool(kThreads, kInFlight);
-    std::deque<std::pair<size_t, const ChunkRec *>> pending;  // submitted, not yet hashed in order
-    std::vector<char *> dsts(chunks.size());
-    auto hash_oldest = [&] {
-      auto [job, rec] = pending.front();
-      pending.pop_front();
-      pool.wait(job);
-      pool.check();
-      h.update(dsts[static_cast<size_t>(rec - chunks.data())], rec->length);
-    };
-    for (size_t a = 0; a < recs.size(); ++a) {
-      Buffer &b = *targets[a];
-      tot.allocations++;
-      tot.bytes += b.size;
-      for (uint64_t c = 0; c < recs[a].nchunks; ++c) {
-        const ChunkRec &r = chunks[recs[a].first_chunk + c];
-        char *dst = b.base + c * kChunk;
-        dsts[recs[a].first_chunk + c] = dst;
-        if (r.flags & kChunkZero) {
-          std::memset(dst, 0, r.length);
-          continue;
-        }
+  // The work, in allocation and chunk order: data chunks are in file order (the index check
+  // above), zero chunks interleaved where they fall.
+  std::vector<ImportJob> jobs;
+  jobs.reserve(chunks.size());
+  uint64_t data_chunks = 0;
+  for (size_t a = 0; a < recs.size(); ++a) {
+    Buffer &b = *targets[a];
+    tot.allocations++;
+    tot.bytes += b.size;
+    for (uint64_t c = 0; c < recs[a].nchunks; ++c) {
+      const size_t idx = recs[a].first_chunk + c;
+      const ChunkRec &r = chunks[idx];
+      const bool zero = (r.flags & kChunkZero) != 0;
+      jobs.push_back({b.base + c * kChunk, &r, idx, b.va, c * kChunk, data_chunks, zero});
+      if (!zero) {
         tot.nonzero += r.length;
-        const size_t idx = recs[a].first_chunk + c;
-        size_t job = pool.submit([fd, dst, &r, idx, &path, &b, c] {
-          pread_all(fd, dst, r.length, r.offset, path);
-          if (XXH3_64bits(dst, r.length) != r.hash)
-            fail(ACL_ERROR_INVALID_FILE, 0,
-                 path + ": checksum mismatch in chunk " + std::to_string(idx) + " (allocation " + hex(b.va) +
-                     ", offset " + std::to_string(c * kChunk) + "): the image is corrupted; refusing it");
-        });
-        pending.emplace_back(job, &r);
-        while (pending.size() > kInFlight) hash_oldest();
+        ++data_chunks;
       }
     }
-    while (!pending.empty()) hash_oldest();
-    pool.wait_all();
-    pool.check();
   }
+  Hasher h;
+  h.update(&hdr, sizeof(hdr));
+  Importer im(fd, path, jobs, data_chunks, sizeof(hdr), ft.index_offset);
+  im.run(h);
   h.update(index.data(), index.size());
   h.update(&ft, sizeof(ft));
   std::string digest = h.hex();
