@@ -16,9 +16,8 @@ import hashlib
 import os
 import time
 
-import numpy as np
-
 import npusim
+import numpy as np
 
 
 def main() -> None:

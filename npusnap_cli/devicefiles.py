@@ -96,7 +96,8 @@ def _error(e: BaseException, doing: str) -> NpusnapError:
         return StorageProblem(f"{doing} failed: {e.strerror or e}")
     code = getattr(e, "code", None)
     if code == ACL_ERROR_INVALID_FILE:
-        return ImageInvalid(f"{doing} failed: {e}", "the checkpoint's device images are corrupt; restore another checkpoint")
+        return ImageInvalid(f"{doing} failed: {e}",
+                            "the checkpoint's device images are corrupt; restore another checkpoint")
     if "not locked" in str(e):
         return WrongState(f"{doing} failed: {e}", "lock the process first")
     return DeviceFailed(f"{doing} failed: {e}")

@@ -102,7 +102,6 @@ class Manifest:
         if not isinstance(d, dict):
             raise ImageInvalid("manifest.yaml is not a mapping")
         try:
-            version = int(d.get("format_version", -1))
             _check_version(d)
             fields = {f.name for f in dataclasses.fields(cls)}
             kw = {k: v for k, v in d.items() if k in fields}
@@ -139,6 +138,10 @@ class Manifest:
             raise bad("the device section", dev)
         if not isinstance(self.options, dict) or not isinstance(self.command, list):
             raise bad("options or command", self.options)
+
+
+def _size_mismatch(entry: FileEntry, size: int) -> ImageInvalid:
+    return ImageInvalid(f"{entry.path}: size {size} differs from the manifest's {entry.size} (truncated or altered)")
 
 
 def _check_version(d: dict[str, Any]) -> None:
@@ -276,11 +279,11 @@ def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[st
         if Path(entry.path).parts[0] in shallow:
             st = os.lstat(path)
             if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
-                raise ImageInvalid(f"{entry.path}: size {st.st_size} differs from the manifest's {entry.size} (truncated or altered)")
+                raise _size_mismatch(entry, st.st_size)
             continue
         size, digest = checksum_file(path)
         if size != entry.size:
-            raise ImageInvalid(f"{entry.path}: size {size} differs from the manifest's {entry.size} (truncated or altered)")
+            raise _size_mismatch(entry, size)
         if digest != entry.checksum:
             raise ImageInvalid(f"{entry.path}: checksum mismatch (the file was altered or corrupted)")
     for rel in image_files(root):

@@ -26,13 +26,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from . import __version__, backends
+from . import __version__, backends, devicecheck
 from .criu import Criu, DumpOptions, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
-from . import devicecheck
-from .image import (CRIU_DIR, DEVICE_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest,
-                    verify)
+from .image import CRIU_DIR, DEVICE_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest, verify
 from .target import open_target
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
@@ -322,7 +320,8 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
             backend = backends.for_restore(pid, manifest.device, opts.device_map)
             try:
                 with phase("device-restore") as t:
-                    backend.restore(root / DEVICE_DIR, [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")])
+                    images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
+                    backend.restore(root / DEVICE_DIR, images)
                     t.bytes = manifest.device.bytes
                 with phase("unlock"):
                     backend.unlock()

@@ -83,7 +83,8 @@ def _privileges(report: Report) -> None:
     root = os.geteuid() == 0
     cr = bool(caps & (1 << CAP_CHECKPOINT_RESTORE))
     ptrace = bool(caps & (1 << CAP_SYS_PTRACE))
-    detail = f"euid {os.geteuid()}; CAP_CHECKPOINT_RESTORE {'yes' if cr else 'no'}; CAP_SYS_PTRACE {'yes' if ptrace else 'no'}"
+    detail = (f"euid {os.geteuid()}; CAP_CHECKPOINT_RESTORE {'yes' if cr else 'no'}; "
+              f"CAP_SYS_PTRACE {'yes' if ptrace else 'no'}")
     good = root or (cr and ptrace)
     report.add("privileges", "ok" if good else "fail", detail,
                None if good else "run as root, or grant CAP_CHECKPOINT_RESTORE and CAP_SYS_PTRACE")

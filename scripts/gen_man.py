@@ -102,7 +102,8 @@ def render() -> str:
     out += [
         ".SH CONFIGURATION",
         ".PP\nSettings are read from these sources; a later one wins:",
-        ".nf\n.RS\n/etc/npusnap/config.yaml\n$XDG_CONFIG_HOME/npusnap/config.yaml (default ~/.config/npusnap/config.yaml)\n"
+        ".nf\n.RS\n/etc/npusnap/config.yaml\n"
+        "$XDG_CONFIG_HOME/npusnap/config.yaml (default ~/.config/npusnap/config.yaml)\n"
         "npusnap \\-\\-config FILE (or NPUSNAP_CONFIG=FILE)\n"
         f"{ENV_PREFIX}_<COMMAND>_<OPTION> environment variables (NPUSNAP_CRIU for \\-\\-criu)\n"
         "flags on the command line\n.RE\n.fi",

@@ -32,7 +32,8 @@ from . import criu_option, json_option, pid_argument
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
-               tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float, criu_timeout: Optional[float],
+               tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
+               criu_timeout: Optional[float],
                replace: bool, criu_path: Optional[str]) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
@@ -40,11 +41,13 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     `criu dump`); with --leave-running it carries on. A failure at any point leaves
     the process running and unlocked, and no checkpoint directory behind.
     """
-    from ..pipeline import CheckpointOptions, checkpoint as run_checkpoint
+    from ..pipeline import CheckpointOptions
+    from ..pipeline import checkpoint as run_checkpoint
     from ..target import parse_pid
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
-                             tcp_established=tcp_established, device=device, data_path=data_path, lock_timeout=lock_timeout,
+                             tcp_established=tcp_established, device=device, data_path=data_path,
+                             lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
     m = run_checkpoint(parse_pid(pid), opts, report=term.reporter())
     size = sum(f.size for f in m.files)

@@ -21,11 +21,10 @@ from typing import Any, Optional
 
 import click
 
-from ..output import Terminal, human_bytes
-from . import json_option
-
 # The hidden names Staging (image.py) and prune give directories; the token is secrets.token_hex(4).
 from ..image import HIDDEN_SIBLING as HIDDEN
+from ..output import Terminal, human_bytes
+from . import json_option
 
 
 @dataclass
@@ -75,7 +74,8 @@ def scan(directory: Path, verify: bool = False) -> list[Entry]:
 
 def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
     from ..errors import NpusnapError
-    from ..image import MANIFEST, load_manifest, safe_member, verify as verify_dir
+    from ..image import MANIFEST, load_manifest, safe_member
+    from ..image import verify as verify_dir
 
     mtime, age, disk = _tree_facts(path)
     entry = Entry(name, str(path), "invalid", None, os.lstat(path / MANIFEST).st_mtime, age, disk_bytes=disk)

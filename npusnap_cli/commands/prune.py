@@ -16,17 +16,16 @@ being a checkpoint at once) and then removes it.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..output import Terminal, human_bytes
-from . import json_option
 from ..image import HIDDEN_SIBLING as HIDDEN
 from ..image import hidden_sibling
+from ..output import Terminal, human_bytes
+from . import json_option
 from .list import Entry, scan
 
 STALE_AFTER = 3600.0

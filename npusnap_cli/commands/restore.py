@@ -15,7 +15,8 @@ from . import criu_option, json_option
 @click.option("-d", "--detach", is_flag=True, help="Return once the process runs instead of waiting for it.")
 @click.option("--pidfile", type=click.Path(path_type=Path), help="Write the restored pid here.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum pass (faster; trusts the files).")
-@click.option("--criu-only", is_flag=True, help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
+@click.option("--criu-only", is_flag=True,
+              help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
 @click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
               help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
 @criu_option
@@ -29,7 +30,8 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     for the restored process and exits with its exit code; --detach returns at once.
     """
     from ..criu import become_subreaper
-    from ..pipeline import RestoreOptions, restore as run_restore, wait_exit_code
+    from ..pipeline import RestoreOptions, wait_exit_code
+    from ..pipeline import restore as run_restore
 
     term: Terminal = ctx.obj
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts

@@ -21,7 +21,6 @@ from npusnap_cli import agent as ag
 
 from .support import dump_and_restore, kill_pid
 
-
 WORKLOAD = r"""
 import os, sys, time
 import numpy as np

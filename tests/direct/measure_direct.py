@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import npusim
-from tests.conftest import NpuSimDaemon
 
+from tests.conftest import NpuSimDaemon
 
 MiB = 1 << 20
 def hwm_kib(pid: int) -> int:
@@ -73,7 +73,6 @@ def main() -> None:
         import subprocess
 
         # A client that fills its memory on the device: a small dedicated script.
-        import subprocess
 
         code = (
             "import os, sys, npusim\n"

@@ -6,12 +6,11 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-from pathlib import Path
 
+import npusim
 import pytest
 import xxhash
 
-import npusim
 from npusnap_cli import devicefiles
 from npusnap_cli.errors import StorageProblem
 from npusnap_cli.image import FileEntry

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from npusim_helpers import pid_alive
 
 pytestmark = pytest.mark.criu

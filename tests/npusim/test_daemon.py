@@ -7,7 +7,6 @@ import socket
 import subprocess
 
 import npusim
-
 from npusim_helpers import run_py
 
 

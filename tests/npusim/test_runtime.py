@@ -9,7 +9,6 @@ import time
 
 import npusim
 import pytest
-
 from npusim_helpers import reap, run_py, spawn_py
 
 LOCK_TIMEOUT = 507905
