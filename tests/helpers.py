@@ -48,6 +48,24 @@ requires_criu = pytest.mark.skipif("not __import__('tests.helpers', fromlist=['x
                                    reason="needs a working CRIU >= 4.1 (probed with criu check); run scripts/install-criu.sh")
 
 
+def proc_state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, T, Z, ...), or "gone"."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat.rpartition(")")[2].split()[0]
+
+
+def agent_status(pid: int, env: Optional[dict[str, str]] = None) -> dict:
+    """`npusnap status PID --json`, which must succeed."""
+    import json
+
+    r = npusnap("status", pid, "--json", env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]

@@ -484,16 +484,16 @@ struct ImportJob {
 
 class Importer {
  public:
-  const int kReaders = getenv("TI_READERS") ? std::stoi(getenv("TI_READERS")) : 3;  // TUNING
+  static constexpr int kReaders = 3;
+  static constexpr uint64_t kPage = 4096;           // enough for the rounding: larger pages stay cached
   static constexpr uint64_t kLag = 64;              // chunks read ahead of the file hash
-  const uint64_t kAhead = getenv("TI_AHEAD") ? std::stoull(getenv("TI_AHEAD")) << 20 : 64ULL << 20;   // TUNING
-  const uint64_t kRaStep = getenv("TI_STEP") ? std::stoull(getenv("TI_STEP")) << 20 : 16ULL << 20;  // TUNING
-  static constexpr uint64_t kDrop = 32ULL << 20;    // FADV_DONTNEED granularity behind the hash
+  static constexpr uint64_t kAhead = 64ULL << 20;  // readahead beyond the readers' position
+  // One FADV_WILLNEED request; the kernel reads at most max(io_pages, 2 x read_ahead_kb) of one.
+  static constexpr uint64_t kRaStep = 2ULL << 20;
 
   Importer(int fd, const std::string &path, const std::vector<ImportJob> &jobs, uint64_t data_chunks,
            uint64_t data_begin, uint64_t data_end)
-      : fd_(fd), path_(path), jobs_(jobs), done_(data_chunks, 0), data_end_(data_end),
-        ra_next_(data_begin), dropped_(0) {
+      : fd_(fd), path_(path), jobs_(jobs), done_(data_chunks, 0), data_end_(data_end), ra_next_(data_begin) {
     for (const auto &j : jobs_)
       if (!j.zero) order_.push_back(&j);
   }
@@ -514,17 +514,11 @@ class Importer {
         }
         const ImportJob &j = *order_[seq];
         h.update(j.dst, j.rec->length);
-        const uint64_t end = j.rec->offset + j.rec->length;
         {
           std::lock_guard<std::mutex> g(mu_);
           hashed_ = seq + 1;
         }
         reader_cv_.notify_all();
-        if (end >= dropped_ + kDrop) {  // hashed, hence read: its cached pages are of no more use
-          const uint64_t to = end & ~(kDrop - 1);
-          ::posix_fadvise(fd_, static_cast<off_t>(dropped_), static_cast<off_t>(to - dropped_), POSIX_FADV_DONTNEED);
-          dropped_ = to;
-        }
       }
     } catch (const Failure &e) {
       hash_err = e;
@@ -584,6 +578,11 @@ class Importer {
           fail(ACL_ERROR_INVALID_FILE, 0,
                path_ + ": checksum mismatch in chunk " + std::to_string(j.idx) + " (allocation " + hex(j.va) +
                    ", offset " + std::to_string(j.at) + "): the image is corrupted; refusing it");
+        // The chunk is in device memory now: drop its cached pages (those wholly inside it; the
+        // few shared with a neighbour go with the whole file's at the end), so that the page
+        // cache holds about the readahead window, never the file, and the cost is shared out.
+        const uint64_t lo = (j.rec->offset + kPage - 1) & ~(kPage - 1), hi = (j.rec->offset + j.rec->length) & ~(kPage - 1);
+        if (hi > lo) ::posix_fadvise(fd_, static_cast<off_t>(lo), static_cast<off_t>(hi - lo), POSIX_FADV_DONTNEED);
       } catch (const Failure &e) {
         {
           std::lock_guard<std::mutex> g(mu_);
@@ -622,7 +621,6 @@ class Importer {
   const uint64_t data_end_;
   std::mutex ra_mu_;
   std::atomic<uint64_t> ra_next_;  // readahead requested up to here
-  uint64_t dropped_;               // page cache dropped below here (the hashing thread's)
 };
 
 FileResult import_file(int dirfd, const std::string &dir, const std::string &name, const Expected *want,

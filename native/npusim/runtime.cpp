@@ -40,6 +40,13 @@ CallScope::~CallScope() {
 
 int32_t current_device() { return t_device >= 0 ? t_device : runtime().current_device; }
 
+aclError active_device(Runtime &r, int32_t *device) {
+  std::lock_guard<std::mutex> g(r.mu);
+  if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
+  *device = current_device();
+  return r.devices.count(*device) == 0 ? ACL_ERROR_RT_CONTEXT_NULL : ACL_SUCCESS;
+}
+
 void set_thread_device(int32_t device) { t_device = device; }
 
 int32_t resolve_stream(aclrtStream stream, StreamObj **out) {
@@ -234,12 +241,7 @@ aclError aclrtSynchronizeDevice(void) {
   Runtime &r = runtime();
   CallScope scope;
   int32_t d;
-  {
-    std::lock_guard<std::mutex> g(r.mu);
-    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
-    d = current_device();
-    if (r.devices.count(d) == 0) return ACL_ERROR_RT_CONTEXT_NULL;
-  }
+  if (aclError rc = active_device(r, &d); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::DeviceSync);
   rq.device = d;
   return r.pool.call(rq);
@@ -251,12 +253,7 @@ aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free, size_t *total) {
   Runtime &r = runtime();
   CallScope scope;
   int32_t d;
-  {
-    std::lock_guard<std::mutex> g(r.mu);
-    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
-    d = current_device();
-    if (r.devices.count(d) == 0) return ACL_ERROR_RT_CONTEXT_NULL;
-  }
+  if (aclError rc = active_device(r, &d); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::MemInfo);
   rq.device = d;
   proto::Reply rp{};

@@ -104,6 +104,8 @@ class CallScope {
 
 // The calling thread's device, or -1.
 int32_t current_device();
+// The calling thread's device, once the runtime is initialized and the device set (else the aclError).
+aclError active_device(Runtime &r, int32_t *device);
 void set_thread_device(int32_t device);
 // Resolves a stream handle (NULL: the current device's default stream).
 int32_t resolve_stream(aclrtStream stream, StreamObj **out);

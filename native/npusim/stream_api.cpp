@@ -64,12 +64,7 @@ aclError aclrtCreateStream(aclrtStream *stream) {
   Runtime &r = runtime();
   CallScope scope;
   int32_t d;
-  {
-    std::lock_guard<std::mutex> g(r.mu);
-    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
-    d = current_device();
-    if (r.devices.count(d) == 0) return ACL_ERROR_RT_CONTEXT_NULL;
-  }
+  if (aclError rc = active_device(r, &d); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::StreamCreate);
   rq.device = d;
   proto::Reply rp{};

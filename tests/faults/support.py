@@ -3,7 +3,6 @@ checks that say a case "ended safe"."""
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -14,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from tests.helpers import ROOT, Workload, kill_and_wait, npusnap, npusnap_cmd
+from tests.helpers import ROOT, Workload, kill_and_wait, npusnap_cmd, proc_state  # noqa: F401  (re-exported)
+from tests.helpers import agent_status as status  # noqa: F401  (re-exported)
 
 TRAIN = ROOT / "examples" / "train.py"
 DOCUMENTED_CODES = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 130}
@@ -74,20 +74,6 @@ def start_train(tmp: Path, env: dict[str, str], agent: bool = True, name: str = 
 
 def steps(w: Workload) -> int:
     return sum(1 for x in w.lines() if x.startswith("step "))
-
-
-def proc_state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat.rpartition(")")[2].split()[0]
-
-
-def status(pid: int, env: Optional[dict[str, str]] = None) -> dict:
-    r = npusnap("status", pid, "--json", env=env, timeout=30)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def one_error_line(stderr: str) -> str:

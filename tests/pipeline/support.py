@@ -3,12 +3,11 @@ comparison, and the checks every test makes on a workload after a phase."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from tests.helpers import ROOT, WORKLOADS, npusnap, npusnap_cmd
+from tests.helpers import ROOT, WORKLOADS, agent_status, npusnap_cmd, proc_state  # noqa: F401  (proc_state: re-exported for the tests)
 
 TRAIN = ROOT / "examples" / "train.py"
 ACL_THREADS_SRC = WORKLOADS / "acl_threads.c"
@@ -67,18 +66,8 @@ def strip_ready(lines: Sequence[str]) -> list[str]:
     return [line for line in lines if not line.startswith("ready pid")]
 
 
-def proc_state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat.rpartition(")")[2].split()[0]
-
-
 def status(pid: int, env: Optional[dict[str, str]] = None) -> dict:
-    r = npusnap("status", pid, "--json", env=env)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    doc = agent_status(pid, env)
     assert doc["kind"] == "status" and doc["pid"] == pid
     return doc
 
