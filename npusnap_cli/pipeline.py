@@ -30,7 +30,8 @@ from . import __version__, backends, devicecheck
 from .criu import Criu, DumpOptions, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
-from .image import CRIU_DIR, DEVICE_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, load_manifest, verify
+from .image import (CRIU_DIR, DEVICE_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, Writeback,
+                    load_manifest, verify)
 from .target import open_target
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
@@ -229,7 +230,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 tree = target.tree()
                 tree_pids = [p.pid for p in tree]
                 guardian.watch(tree_pids)  # CRIU leaves them stopped: resumed if we die
-                with phase("dump") as dump_timing, signals.critical():
+                with phase("dump") as dump_timing, signals.critical(), Writeback(staging.criu_dir):
                     undos.callback(undo("resume", lambda: _resume(tree_pids)))
                     criu.dump(DumpOptions(
                         pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,
