@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import cpuonly, device, latency, limits, report
+from . import copies, cpuonly, device, latency, limits, report
 from .config import PRESETS, human
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
@@ -66,17 +66,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             dev_runs = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes, repeat,
                                       sizes.zero_fraction, lim, budget, progress)
 
+            progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
+            copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
+
             progress(f"agent round trip x{sizes.pings}, `npusnap --help` x{sizes.helps}")
             ping = latency.agent_round_trip(res, workdir, sizes.pings)
             helps = latency.help_latency(sizes.helps)
 
             runs: list[dict[str, Any]] = cpu.pop("runs") + dev_runs
             doc: dict[str, Any] = {
-                "targets": report.targets(lim, cpu, runs, ping, helps),
+                "targets": report.targets(lim, cpu, runs, ping, helps, copy),
                 "limits": lim,
                 "runs": runs,
                 "cpu_only": cpu,
                 "latency": {"agent_ping": ping, "help": helps},
+                "npusim_copies": copy,
                 "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),
                 "budget": {"seconds": budget_s, "cut": budget.cut},
                 "duration_s": round(time.monotonic() - started, 1),

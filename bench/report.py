@@ -22,7 +22,7 @@ def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: st
 
 
 def targets(limits: dict[str, Any], cpu: dict[str, Any], runs: list[dict[str, Any]],
-            ping: dict[str, Any], helps: dict[str, Any]) -> list[dict[str, Any]]:
+            ping: dict[str, Any], helps: dict[str, Any], copy: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     dev_runs = [r for r in runs if r["kind"] == "device"]
     for dev in sorted({r["device_bytes"] for r in dev_runs}):
@@ -56,6 +56,10 @@ def targets(limits: dict[str, Any], cpu: dict[str, Any], runs: list[dict[str, An
     out.append(target("agent round trip (median of pings)", ping["median_ms"], 1.0, "<=", "ms",
                       f"p99 {ping['p99_ms']:.3f} ms over {ping['count']}"))
     out.append(target("`npusnap --help`", helps["median_ms"], 150.0, "<=", "ms", f"median of {helps['count']}"))
+    for way, label in (("h2d", "host->device"), ("d2h", "device->host")):
+        rate = copy[f"{way}_Bps"]
+        out.append(target(f"npusim {label} copy of {human(copy['bytes'])} / memcpy", rate / limits["memcpy_Bps"], 0.7,
+                          ">=", "x", f"{human(rate)}/s vs {human(limits['memcpy_Bps'])}/s"))
     return out
 
 

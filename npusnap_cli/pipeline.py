@@ -30,8 +30,18 @@ from . import __version__, backends, devicecheck
 from .criu import Criu, DumpOptions, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
-from .image import (CRIU_DIR, DEVICE_DIR, LOG_DIR, DeviceState, Manifest, PhaseTiming, Staging, Writeback,
-                    load_manifest, verify)
+from .image import (
+    CRIU_DIR,
+    DEVICE_DIR,
+    LOG_DIR,
+    DeviceState,
+    Manifest,
+    PhaseTiming,
+    Staging,
+    Writeback,
+    load_manifest,
+    verify,
+)
 from .target import open_target
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
