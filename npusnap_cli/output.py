@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
+import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 if TYPE_CHECKING:
@@ -61,19 +64,33 @@ class Terminal:
         if self.verbose:
             self.err.print(f"[dim]{_escape(message)}[/dim]")
 
-    def reporter(self) -> "Callable[[str, str], None]":
-        """The pipeline's progress callback: phases and warnings on stderr."""
+    @contextlib.contextmanager
+    def reporter(self) -> Iterator[Callable[[str, str], None]]:
+        """The pipeline's callback. On a terminal each phase is a live line, with bytes and
+        rate where the pipeline names a directory it fills ("watch"); scripts get no progress."""
+        with self.progress() as progress:
+            watch: Optional[_Watch] = None
 
-        def report(event: str, message: str) -> None:
-            if event == "warn":
-                self.warn(message)
-            elif event == "phase":
-                if sys.stderr.isatty():  # progress is for people watching; scripts get results
-                    self.info(f"→ {message}")
-            else:
-                self.info(message)
+            def report(event: str, message: str) -> None:
+                nonlocal watch
+                if event == "warn":
+                    self.warn(message)
+                elif event == "phase":
+                    if watch is not None:
+                        watch.stop()
+                    watch = _Watch(progress, message) if progress is not None else None
+                elif event == "watch":
+                    if watch is not None:
+                        path, _, total = message.partition("\t")
+                        watch.follow(Path(path), int(total or 0))
+                else:
+                    self.info(message)
 
-        return report
+            try:
+                yield report
+            finally:
+                if watch is not None:
+                    watch.stop()
 
     # data (stdout)
     def data(self, kind: str, payload: dict[str, Any]) -> None:
@@ -91,25 +108,65 @@ class Terminal:
         if self.json_mode or not sys.stderr.isatty():
             yield None
             return
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TransferSpeedColumn,
-        )
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description:<15}"),
             BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            TextColumn("{task.fields[bytes]}"),  # filled in only for phases that move data
             TimeElapsedColumn(),
             console=self.err,
             transient=False,
         ) as progress:
             yield progress
+
+
+class _Watch:
+    """One phase's progress line; with a directory to follow, the bytes written into it."""
+
+    def __init__(self, progress: "Progress", name: str) -> None:
+        self.progress = progress
+        self.task = progress.add_task(name, total=None, bytes="")
+        self.stopped = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    def follow(self, directory: Path, total: int) -> None:
+        if total:
+            self.progress.update(self.task, total=total)
+        self.thread = threading.Thread(target=self._poll, args=(directory,), daemon=True)
+        self.thread.start()
+
+    def _poll(self, directory: Path) -> None:
+        while not self.stopped.wait(0.2):
+            self._show(_tree_size(directory))
+
+    def _show(self, done: int) -> None:
+        task = self.progress.tasks[self.task]
+        rate = f", {human_bytes(task.speed)}/s" if task.speed else ""
+        self.progress.update(self.task, completed=done, bytes=f"{human_bytes(done)}{rate}")
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+        if self.thread is None:
+            self.progress.update(self.task, total=1, completed=1)
+            return
+        task = self.progress.tasks[self.task]
+        done = int(task.completed)
+        rate = f", {human_bytes(done / task.elapsed)}/s" if task.elapsed else ""
+        self.progress.update(self.task, total=done or 1, completed=done or 1, bytes=f"{human_bytes(done)}{rate}")
+
+
+def _tree_size(directory: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(directory):
+        for n in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def _escape(text: str) -> str:

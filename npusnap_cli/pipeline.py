@@ -152,6 +152,16 @@ class Signals:
             raise Interrupted()
 
 
+def _resident_bytes(pids: list[int]) -> int:
+    """What CRIU will write, about: the tree's resident memory (for progress only)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            total += int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) << 10
+    return total
+
+
 def _resume(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -234,6 +244,8 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 if backend.method == backends.DirectBackend.method:
                     guardian.recover_from(staging.device_dir)  # if we die, it brings the device data back
                 with phase("backup") as t:
+                    if backend.method == backends.DirectBackend.method:
+                        report("watch", f"{staging.device_dir}\t{backend.describe().bytes}")
                     device_files = backend.backup(staging.device_dir)
                     device = backend.describe()
                     t.bytes = device.bytes
@@ -241,6 +253,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 tree_pids = [p.pid for p in tree]
                 guardian.watch(tree_pids)  # CRIU leaves them stopped: resumed if we die
                 with phase("dump") as dump_timing, signals.critical(), Writeback(staging.criu_dir):
+                    report("watch", f"{staging.criu_dir}\t{_resident_bytes(tree_pids)}")
                     undos.callback(undo("resume", lambda: _resume(tree_pids)))
                     criu.dump(DumpOptions(
                         pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,

@@ -49,7 +49,8 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
                              tcp_established=tcp_established, device=device, data_path=data_path,
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
-    m = run_checkpoint(parse_pid(pid), opts, report=term.reporter())
+    with term.reporter() as report:
+        m = run_checkpoint(parse_pid(pid), opts, report=report)
     size = sum(f.size for f in m.files)
     if term.json_mode:
         term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,

@@ -131,7 +131,8 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
                              tcp_established=tcp_established, replace=replace, criu_path=criu_path)
-    m = checkpoint(parse_pid(pid), opts, report=term.reporter(), device_phases=False)
+    with term.reporter() as report:
+        m = checkpoint(parse_pid(pid), opts, report=report, device_phases=False)
     if term.json_mode:
         term.data("dump", {"directory": str(directory.absolute()), "pid": m.pid,
                            "bytes": sum(f.size for f in m.files), "left_running": leave_running})

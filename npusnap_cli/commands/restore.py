@@ -36,8 +36,9 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     term: Terminal = ctx.obj
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     become_subreaper()
-    result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
-                                        device_map=mapping), report=term.reporter())
+    with term.reporter() as report:
+        result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
+                                            device_map=mapping), report=report)
     if pidfile:
         tmp = pidfile.with_name(pidfile.name + ".tmp")
         tmp.write_text(f"{result.pid}\n")
