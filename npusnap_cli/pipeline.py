@@ -180,10 +180,11 @@ def _wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int
     """Wait until no pid is alive (or, with zombies_count, even a zombie); return those left."""
     deadline = time.monotonic() + timeout
     while True:
-        for p in pids:  # a restored process is our child (subreaper): reap it, freeing its pid
+        left = [p for p in pids if _exists(p, zombies_count)]
+        # A restored process is our child (we are a subreaper): reap it, or its pid stays taken.
+        for p in pids:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(p, os.WNOHANG)
-        left = [p for p in pids if _exists(p, zombies_count)]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.01)
