@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from . import __version__, backends, devicecheck
-from .criu import Criu, DumpOptions, find_criu
+from .criu import Criu, DumpOptions, become_subreaper, find_criu
 from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
 from .image import (
@@ -190,6 +190,13 @@ def _wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int
         time.sleep(0.01)
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _exists(pid: int, zombies_count: bool) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -329,13 +336,19 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
     devicecheck.fits(manifest.device)
     taken = _pids_in_use(manifest)
     if taken:
-        raise CriuFailed(f"pid {taken[0]} from the checkpoint is in use by a running process",
-                         "stop it first (a checkpoint restores its processes with their original pids)")
+        pid = taken[0]
+        if _exists(pid, zombies_count=False):
+            raise CriuFailed(f"pid {pid} from the checkpoint is in use by a running process",
+                             "stop it first (a checkpoint restores its processes with their original pids)")
+        parent = _parent(pid)
+        raise CriuFailed(f"pid {pid} from the checkpoint is held by a zombie that process {parent} has not reaped",
+                         f"process {parent} must wait() for its child, or exit")
     criu = Criu(find_criu(opts.criu_path))
     log_dir = root / LOG_DIR
     if not os.access(log_dir, os.W_OK):
         log_dir = Path(tempfile.mkdtemp(prefix="npusnap-restore-logs-"))
         report("info", f"checkpoint directory is read-only; CRIU logs go to {log_dir}")
+    become_subreaper()  # the restored root is adopted by us once `criu swrk` exits: we can wait for it
     with Signals() as signals:
         with phase("criu-restore"), signals.critical():
             pid = criu.restore(root / CRIU_DIR, log_dir,

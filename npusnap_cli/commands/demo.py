@@ -20,13 +20,11 @@ from . import json_option
 def demo(term: Terminal, steps: int, checkpoint_at: int, workdir: Optional[Path]) -> None:
     """Checkpoint a training loop on the software NPU mid-run, restart the device,
     restore it, and show it finishes exactly as an uninterrupted run."""
-    from ..criu import become_subreaper
     from ..demo import run_demo
     from ..errors import NpusnapError
 
     if checkpoint_at >= steps:
         raise click.BadParameter("must be smaller than --steps", param_hint="--checkpoint-at")
-    become_subreaper()  # the restored training loop becomes our child, so we can wait for it
     r = run_demo(steps, checkpoint_at, workdir, say=term.info)
     if term.json_mode:
         term.data("demo", {"workdir": str(r.workdir), "identical": r.identical, "final": r.final_line,

@@ -29,13 +29,11 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
     for the restored process and exits with its exit code; --detach returns at once.
     """
-    from ..criu import become_subreaper
     from ..pipeline import RestoreOptions, wait_exit_code
     from ..pipeline import restore as run_restore
 
     term: Terminal = ctx.obj
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
-    become_subreaper()
     with term.reporter() as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
                                             device_map=mapping), report=report)
