@@ -42,7 +42,7 @@ from .image import (
     load_manifest,
     verify,
 )
-from .target import open_target
+from .target import open_target, proc_stat, process_exists, wait_gone
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
 
@@ -173,36 +173,12 @@ def _kill(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    _wait_gone(pids, timeout=10, zombies_count=False)
-
-
-def _wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int]:
-    """Wait until no pid is alive (or, with zombies_count, even a zombie); return those left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [p for p in pids if _exists(p, zombies_count)]
-        # A restored process is our child (we are a subreaper): reap it, or its pid stays taken.
-        for p in pids:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(p, os.WNOHANG)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.01)
+    wait_gone(pids, timeout=10, zombies_count=False)
 
 
 def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _exists(pid: int, zombies_count: bool) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return zombies_count or state not in ("Z", "X")
+    fields = proc_stat(pid)
+    return int(fields[2]) if fields else 0
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
@@ -251,9 +227,8 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                     backend.lock(opts.lock_timeout, lease=opts.lease)
                 if backend.method == backends.DirectBackend.method:
                     guardian.recover_from(staging.device_dir)  # if we die, it brings the device data back
+                    report("watch", f"{staging.device_dir}\t{backend.describe().bytes}")
                 with phase("backup") as t:
-                    if backend.method == backends.DirectBackend.method:
-                        report("watch", f"{staging.device_dir}\t{backend.describe().bytes}")
                     device_files = backend.backup(staging.device_dir)
                     device = backend.describe()
                     t.bytes = device.bytes
@@ -320,7 +295,7 @@ class _Already(backends.NoDevice):
 
 def _pids_in_use(manifest: Manifest) -> list[int]:
     # A zombie still holds its pid; give its parent a moment to reap it.
-    return _wait_gone([p.pid for p in manifest.processes], timeout=2, zombies_count=True)
+    return wait_gone([p.pid for p in manifest.processes], timeout=2, zombies_count=True)
 
 
 def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
@@ -337,7 +312,7 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
     taken = _pids_in_use(manifest)
     if taken:
         pid = taken[0]
-        if _exists(pid, zombies_count=False):
+        if process_exists(pid, zombies_count=False):
             raise CriuFailed(f"pid {pid} from the checkpoint is in use by a running process",
                              "stop it first (a checkpoint restores its processes with their original pids)")
         parent = _parent(pid)

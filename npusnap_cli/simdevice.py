@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from . import native
 from .errors import DeviceFailed, EnvironmentProblem
+from .target import wait_gone
 
 
 def socket_path(explicit: Optional[str] = None) -> str:
@@ -90,24 +91,9 @@ def stop(sock: str, timeout: float = 10) -> Optional[int]:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return pid
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.02)
-    if _alive(pid):
+    if wait_gone([pid], timeout=timeout, zombies_count=False):
         os.kill(pid, signal.SIGKILL)
     return pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def shell_env(sock: str) -> dict[str, str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,14 @@ def _stat_fields(pid: int) -> list[str]:
     # comm may contain spaces and parentheses: split after the last ')'.
     head, _, rest = raw.rpartition(")")
     return [head.split("(", 1)[1]] + rest.split()
+
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat as fields (comm, state, ppid, ...), or [] when the process is gone."""
+    try:
+        return _stat_fields(pid)
+    except (OSError, IndexError):
+        return []
 
 
 def open_target(pid: int) -> Target:
@@ -97,3 +107,22 @@ def process_tree(root: int) -> list[ProcessEntry]:
             out.append(info[pid])
             todo.extend(sorted(children.get(pid, [])))
     return out
+
+
+def wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int]:
+    """Wait until no pid is alive (or, with zombies_count, even a zombie); return those left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if process_exists(p, zombies_count)]
+        # A restored process is our child (we are a subreaper): reap it, or its pid stays taken.
+        for p in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p, os.WNOHANG)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
+def process_exists(pid: int, zombies_count: bool) -> bool:
+    fields = proc_stat(pid)
+    return bool(fields) and (zombies_count or fields[1] not in ("Z", "X"))
