@@ -321,6 +321,20 @@ int open_dir(const std::string &dir, bool import) {
   return fd;
 }
 
+// The one-line JSON a transfer returns: its files (name, size, xxh3_128) and totals.
+std::string transfer_json(const std::vector<FileResult> &files, const Totals &tot, const char *bytes_key,
+                          std::chrono::steady_clock::time_point t0) {
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ostringstream o;
+  o << "{\"files\": [";
+  for (size_t i = 0; i < files.size(); ++i)
+    o << (i ? ", " : "") << "{\"path\": " << json_string(files[i].name) << ", \"size\": " << files[i].size
+      << ", \"checksum\": " << json_string(files[i].checksum) << "}";
+  o << "], \"allocations\": " << tot.allocations << ", \"bytes\": " << tot.bytes << ", \"nonzero_bytes\": " << tot.nonzero
+    << ", \"" << bytes_key << "\": " << tot.file_bytes << ", \"seconds\": " << secs << "}";
+  return o.str();
+}
+
 struct Fd {
   int fd = -1;
   ~Fd() {
@@ -447,15 +461,7 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &dir) {
     for (auto &f : files) ::unlinkat(d.fd, f.name.c_str(), 0);
     throw;
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::ostringstream o;
-  o << "{\"files\": [";
-  for (size_t i = 0; i < files.size(); ++i)
-    o << (i ? ", " : "") << "{\"path\": " << json_string(files[i].name) << ", \"size\": " << files[i].size
-      << ", \"checksum\": " << json_string(files[i].checksum) << "}";
-  o << "], \"allocations\": " << tot.allocations << ", \"bytes\": " << tot.bytes << ", \"nonzero_bytes\": " << tot.nonzero
-    << ", \"written_bytes\": " << tot.file_bytes << ", \"seconds\": " << secs << "}";
-  return o.str();
+  return transfer_json(files, tot, "written_bytes", t0);
 }
 
 // ------------------------------------------------------------------------------------ import
@@ -768,15 +774,7 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request)
            "no device image in " + dir + " holds the client's allocation at " + hex(va) + " (device " +
                std::to_string(b->device) + "): the images do not belong to this process");
   tr.imported();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::ostringstream o;
-  o << "{\"files\": [";
-  for (size_t i = 0; i < files.size(); ++i)
-    o << (i ? ", " : "") << "{\"path\": " << json_string(files[i].name) << ", \"size\": " << files[i].size
-      << ", \"checksum\": " << json_string(files[i].checksum) << "}";
-  o << "], \"allocations\": " << tot.allocations << ", \"bytes\": " << tot.bytes << ", \"nonzero_bytes\": " << tot.nonzero
-    << ", \"read_bytes\": " << tot.file_bytes << ", \"seconds\": " << secs << "}";
-  return o.str();
+  return transfer_json(files, tot, "read_bytes", t0);
 }
 
 }  // namespace
