@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import select
 import signal
@@ -19,17 +18,6 @@ from npusnap_cli import native
 _READY_TIMEOUT_S = 10.0
 
 
-def installed(path: Path) -> Path:
-    """path (from npusnap_cli.native) in the installed package.
-
-    A source checkout on sys.path shadows the installed package but has no built _native/;
-    the built files are then found through the installed distribution.
-    """
-    if path.exists():
-        return path
-    rel = path.relative_to(native.NATIVE_DIR.parent.parent)
-    return Path(str(importlib.metadata.distribution("npusnap").locate_file(rel)))
-
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path, NUL excluded
 
 
@@ -42,8 +30,8 @@ class NpuSimDaemon:
     memory: int = 1 << 30
     env: dict = field(default_factory=dict)
     proc: Optional[subprocess.Popen] = None
-    npusimd: Path = field(default_factory=lambda: installed(native.NPUSIMD))
-    toolkit: Path = field(default_factory=lambda: installed(native.TOOLKIT_HOME))
+    npusimd: Path = field(default_factory=lambda: native.NPUSIMD)
+    toolkit: Path = field(default_factory=lambda: native.TOOLKIT_HOME)
 
     def start(self) -> None:
         if not self.npusimd.exists():

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
 import pytest
+
+from npusnap_cli import native
 
 from .support import Target, criu_binary
 
@@ -22,20 +23,8 @@ CC = os.environ.get("CC", "cc")
 
 
 def _installed(name: str) -> Optional[Path]:
-    """The artifact of the *installed* package (pip install .), if any. Asked of an
-    isolated interpreter because the source tree shadows site-packages here."""
-    try:
-        r = subprocess.run(
-            [sys.executable, "-I", "-c",
-             "from npusnap_cli import native as n; print(n.AGENT_LIB); print(n.INJECTOR)"],
-            capture_output=True, text=True, timeout=30, cwd="/",
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = r.stdout.split()
-    if r.returncode != 0 or len(lines) != 2:
-        return None
-    p = Path(lines[0] if name == "agent" else lines[1])
+    """The artifact of the installed package (pip install .), if there is one."""
+    p = native.AGENT_LIB if name == "agent" else native.INJECTOR
     return p if p.exists() else None
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from npusnap_cli import agent as ag
 from npusnap_cli import devicefiles, native
-from tests.conftest import installed
 
 CANN_LIKE = r"""
 int aclrtSnapShotProcessLock(int pid, void *r) { (void)pid; (void)r; return 0; }
@@ -31,7 +30,7 @@ def test_external_refused_without_the_direct_path(tmp_path):
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     code = f"import ctypes, time; ctypes.CDLL({str(lib)!r}); print('ready', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={"LD_PRELOAD": str(installed(native.AGENT_LIB)), "PATH": "/usr/bin:/bin"})
+                            env={"LD_PRELOAD": str(native.AGENT_LIB), "PATH": "/usr/bin:/bin"})
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         ag._wait_ready(proc.pid, 10)

@@ -15,7 +15,6 @@ import pytest
 from npusnap_cli import agent as ag
 from npusnap_cli import devicefiles, native
 from npusnap_cli.image import checksum_file
-from tests.conftest import installed
 from tests.helpers import kill_and_wait, pid_alive
 
 from ..agent.support import criu_binary
@@ -83,7 +82,7 @@ def test_direct_checkpoint_restore_through_agent_and_criu(npusim_daemon, tmp_pat
     assert ref.wait(timeout=60) == 0, ref_out.read_text()[-2000:]
     expected = [line for line in ref_out.read_text().splitlines() if not line.startswith("ready")]
 
-    env = {**npusim_daemon.env, "LD_PRELOAD": str(installed(native.AGENT_LIB)),
+    env = {**npusim_daemon.env, "LD_PRELOAD": str(native.AGENT_LIB),
            "NPUSNAP_AGENT_LOG": str(tmp_path / "agent.log")}
     out = tmp_path / "run.out"
     proc = _run([sys.executable, str(script), str(STEPS), "0.05"], out, env)

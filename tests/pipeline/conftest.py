@@ -14,14 +14,14 @@ from typing import Callable, Iterator, Sequence
 import pytest
 
 from npusnap_cli import native
-from tests.conftest import NpuSimDaemon, installed
+from tests.conftest import NpuSimDaemon
 
 from .support import ACL_THREADS_SRC, strip_ready
 
 
 @pytest.fixture(scope="session")
 def toolkit() -> Path:
-    return installed(native.TOOLKIT_HOME)
+    return native.TOOLKIT_HOME
 
 
 @pytest.fixture(scope="session")

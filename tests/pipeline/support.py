@@ -12,34 +12,6 @@ from tests.helpers import ROOT, WORKLOADS, agent_status, npusnap_cmd, proc_state
 TRAIN = ROOT / "examples" / "train.py"
 ACL_THREADS_SRC = WORKLOADS / "acl_threads.c"
 
-# A Python workload on npusim that knows nothing of npusnap (for `npusnap attach`): each step
-# runs two axpy kernels on its own stream and an async copy back, and prints a digest.
-ATTACH_WORKLOAD = r"""
-import hashlib, os, sys, time
-import numpy as np
-import npusim
-
-steps, sleep_ms = int(sys.argv[1]), int(sys.argv[2])
-npusim.init()
-npusim.set_device(0)
-s = npusim.create_stream()
-n = 1 << 16
-a, b = npusim.malloc(n * 4), npusim.malloc(n * 4)
-npusim.memcpy_h2d(a, np.arange(n, dtype=np.float32) / n)
-npusim.launch_fill(b, n, 1.0, s)
-npusim.synchronize_stream(s)
-print(f"ready pid {os.getpid()}", flush=True)
-host = np.empty(n, dtype=np.float32)
-for step in range(steps):
-    npusim.launch_axpy(n, 0.5, a, b, s)     # b += a / 2
-    npusim.launch_axpy(n, -0.25, b, a, s)   # a -= b / 4
-    npusim.memcpy_d2h(host, b, s)
-    npusim.synchronize_stream(s)
-    print(f"step {step} {hashlib.sha256(host.tobytes()).hexdigest()[:16]}", flush=True)
-    time.sleep(sleep_ms / 1000)
-npusim.memcpy_d2h(host, a)
-print(f"done {hashlib.sha256(host.tobytes()).hexdigest()[:16]}", flush=True)
-"""
 
 
 def train_argv(steps: int, sleep_ms: int, scratch_mb: int = 4) -> list[str]:
@@ -53,7 +25,8 @@ def train_device_bytes(scratch_mb: int = 4, dim: int = 256, samples: int = 1024)
 
 
 def attach_argv(steps: int, sleep_ms: int) -> list[str]:
-    return [sys.executable, "-c", ATTACH_WORKLOAD, str(steps), str(sleep_ms)]
+    """A workload started without the agent (tests/workloads/npusim_steps.py)."""
+    return [sys.executable, str(WORKLOADS / "npusim_steps.py"), str(steps), str(sleep_ms)]
 
 
 def under_agent(argv: Sequence[str]) -> list[str]:
