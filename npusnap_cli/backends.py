@@ -254,7 +254,9 @@ def select(pid: int, requested: str = "auto", maps: str = "", data_path: str = "
                              "use --device none, or check that the workload uses the device")
         return NoDevice()
     name = requested if requested != "auto" else ("sim" if reply.device is not None else "ascend")
-    direct = bool(reply.device and reply.device.get("direct") is True)
+    from .devicefiles import offers_direct
+
+    direct = offers_direct(reply.device)
     if data_path == "direct" and not direct:
         raise WrongState(f"process {pid}'s device runtime offers only the in-process path",
                          "use --data-path auto or in-process")

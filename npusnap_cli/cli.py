@@ -86,22 +86,26 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Optional[str
 @click.option("--config", metavar="FILE", envvar="NPUSNAP_CONFIG", is_eager=True, expose_value=False,
               callback=_load_config, type=click.Path(exists=True, dir_okay=False),
               help="Read settings from FILE too, after /etc/npusnap/config.yaml and ~/.config/npusnap/config.yaml.")
-@click.option("-v", "--verbose", is_flag=True, help="Show debug messages and tracebacks.")
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks on errors.")
 @click.pass_context
 def app(ctx: click.Context, verbose: bool) -> None:
     """Checkpoint and restore processes that hold NPU/GPU state."""
     from .output import Terminal
 
-    ctx.obj = Terminal(verbose=verbose or _debug_env())
+    _tracebacks[0] = verbose  # from the flag, NPUSNAP_VERBOSE or a config file; main() reads it on failure
+    ctx.obj = Terminal()
+
+
+_tracebacks = [False]  # set by the root command once its options are parsed
 
 
 def _debug_env() -> bool:
-    return any(os.environ.get(v, "") not in ("", "0") for v in ("NPUSNAP_DEBUG", "NPUSNAP_VERBOSE"))
+    return _tracebacks[0] or any(os.environ.get(v, "") not in ("", "0") for v in ("NPUSNAP_DEBUG", "NPUSNAP_VERBOSE"))
 
 
 def main(argv: Optional[list[str]] = None) -> Any:
     """Entry point: run the app and turn every failure into one line and an exit code."""
-    verbose = _debug_env() or any(a in ("-v", "--verbose") for a in (argv or sys.argv[1:]))
+    _tracebacks[0] = any(a in ("-v", "--verbose") for a in (argv or sys.argv[1:]))  # also before parsing
     try:
         # Without standalone mode click returns ctx.exit()'s code instead of exiting.
         rc = app.main(args=argv, prog_name="npusnap", standalone_mode=False)
@@ -112,22 +116,22 @@ def main(argv: Optional[list[str]] = None) -> Any:
         e.show()
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        _fail(Interrupted(), verbose)
+        _fail(Interrupted())
     except KeyboardInterrupt:
-        _fail(Interrupted(), verbose)
+        _fail(Interrupted())
     except NpusnapError as e:
-        _fail(e, verbose)
+        _fail(e)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # a bug: one line unless asked for more
-        if verbose:
+        if _debug_env():
             raise
         click.echo(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
         sys.exit(3)
 
 
-def _fail(error: NpusnapError, verbose: bool) -> None:
-    if verbose:
+def _fail(error: NpusnapError) -> None:
+    if _debug_env():
         import traceback
 
         traceback.print_exc()

@@ -357,8 +357,6 @@ class CudaBackend(NoDevice):
         self.pids = pids
         self.device_map = device_map or {}
         self._gpus: Optional[list[str]] = None
-        self._locked: list[int] = []
-        self._checkpointed: list[int] = []
 
     # -- construction
     @classmethod
@@ -475,12 +473,11 @@ class CudaBackend(NoDevice):
             left_ms = int(max(0.001, deadline - time.monotonic()) * 1000)
             self.driver.lock(pid, left_ms)
 
-        self._locked = self._each("lock", one, self.pids, self.driver.unlock)
+        self._each("lock", one, self.pids, self.driver.unlock)
 
     def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         self.describe()  # the GPUs are known only while the contexts exist
-        self._checkpointed = self._each("checkpoint", self.driver.checkpoint, self.pids,
-                                        lambda pid: self.driver.restore(pid))
+        self._each("checkpoint", self.driver.checkpoint, self.pids, lambda pid: self.driver.restore(pid))
         return []
 
     def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:

@@ -27,9 +27,6 @@ from typing import Any, Iterable, Optional
 from .errors import DeviceFailed, ImageInvalid, NpusnapError, StorageProblem, WrongState
 from .image import DEVICE_DIR, FileEntry
 
-METHOD_DIRECT = "direct"
-METHOD_IN_PROCESS = "in-process"
-
 ACL_ERROR_INVALID_FILE = 100003  # the daemon's code for a corrupt or altered image
 
 
@@ -60,6 +57,11 @@ def daemon_socket(pid: int, explicit: Optional[str] = None) -> str:
     return socket_path()
 
 
+def offers_direct(device: Optional[dict[str, Any]]) -> bool:
+    """Whether a runtime's device info (npusimSnapshotInfo, through the agent) offers the direct path."""
+    return bool(device and device.get("direct") is True)
+
+
 def supports_direct(pid: int) -> bool:
     """True when process pid runs the npusim runtime with the direct path and the agent answers.
     A real CANN runtime lacks it (the pipeline then keeps the in-process path)."""
@@ -69,7 +71,7 @@ def supports_direct(pid: int) -> bool:
         reply = AgentClient(pid).status()
     except AgentProblem:
         return False
-    return bool(reply.device and reply.device.get("direct") is True)
+    return offers_direct(reply.device)
 
 
 def _entries(result: dict[str, Any]) -> list[FileEntry]:

@@ -31,7 +31,6 @@ CRIU_DIR = "criu"
 DEVICE_DIR = "device"
 LOG_DIR = "logs"
 CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
-CHECKSUM_ALGO = "xxh3_128"
 CHUNK = 8 << 20
 
 # Hidden siblings npusnap names itself: `.NAME.partial-*` (being written),

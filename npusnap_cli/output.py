@@ -23,9 +23,8 @@ JSON_SCHEMA_VERSION = 1
 
 
 class Terminal:
-    def __init__(self, json_mode: bool = False, verbose: bool = False) -> None:
+    def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        self.verbose = verbose
         self._out: Optional[Console] = None
         self._err: Optional[Console] = None
 
@@ -59,10 +58,6 @@ class Terminal:
 
     def error(self, message: str) -> None:
         self.err.print(f"[red]error:[/red] {_escape(message)}")
-
-    def debug(self, message: str) -> None:
-        if self.verbose:
-            self.err.print(f"[dim]{_escape(message)}[/dim]")
 
     @contextlib.contextmanager
     def reporter(self) -> Iterator[Callable[[str, str], None]]:

@@ -5,6 +5,7 @@ from typing import Optional
 
 import click
 
+from ..backends import BACKENDS
 from ..output import Terminal, human_bytes
 from . import criu_option, json_option, pid_argument
 
@@ -16,7 +17,7 @@ from . import criu_option, json_option, pid_argument
 @click.option("--leave-running", is_flag=True, help="Keep the process running after the checkpoint.")
 @click.option("--shell-job", is_flag=True, help="The process shares a terminal with its shell.")
 @click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
-@click.option("--device", type=click.Choice(["auto", "none", "sim", "ascend", "cuda"]), default="auto",
+@click.option("--device", type=click.Choice(BACKENDS), default="auto",
               show_default=True, help="Device backend (auto: found from the process).")
 @click.option("--data-path", type=click.Choice(["auto", "direct", "in-process"]), default="auto", show_default=True,
               help="Device memory: straight from the device to DIR/device (direct, where the runtime allows), "
