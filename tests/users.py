@@ -53,13 +53,15 @@ def _ensure_user(name: str, groups: Sequence[str] = ()) -> User:
             argv += ["--groups", ",".join(groups)]
         r = subprocess.run([*argv, name], capture_output=True, text=True)
         if r.returncode not in (0, 9):  # 9: created meanwhile by a parallel run
-            raise RuntimeError(f"useradd {name} failed: {r.stderr.strip()}")
+            raise RuntimeError(f"useradd {name} failed: {r.stderr.strip()}") from None
         pw = pwd.getpwnam(name)
-    gids = tuple(sorted({_ensure_group(g) for g in groups}))
-    for g, gid in zip(groups, gids):
+    gids = []
+    for g in groups:
+        gid = _ensure_group(g)
         if name not in grp.getgrgid(gid).gr_mem:
             subprocess.run(["usermod", "-a", "-G", g, name], check=True, capture_output=True)
-    return User(pw.pw_name, pw.pw_uid, pw.pw_gid, gids)
+        gids.append(gid)
+    return User(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(sorted(gids)))
 
 
 def other_user() -> User:
