@@ -61,8 +61,9 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
     if state == "RUNNING":
         return done
     external = (reply.device or {}).get("data_path") == "external"
+    direct = devicefiles.offers_direct(reply.device)  # an import may be awaited (after `restore external`)
     hint = f"its device data is in files: npusnap recover {target.pid} --device-images DIR/device"
-    backend = DirectBackend(target.pid, "sim") if external else AgentBackend(target.pid, "auto")
+    backend = DirectBackend(target.pid, "sim") if external else AgentBackend(target.pid, "sim" if direct else "auto")
     if state == "BACKED_UP":
         if external and device_images is None:
             raise WrongState(f"process {target.pid} was backed up by the direct path", hint)
@@ -72,7 +73,7 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
         backend.unlock()
     except NpusnapError as e:
         # LOCKED after `restore external` whose import failed: the daemon refuses Unlock until it is in.
-        if not external or state != "LOCKED":
+        if not direct or state != "LOCKED":
             raise
         if device_images is None:
             raise type(e)(e.message, hint) from e
