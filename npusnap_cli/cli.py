@@ -110,6 +110,7 @@ def main(argv: Optional[list[str]] = None) -> Any:
     import signal
 
     previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is handled below
     try:
         _main(argv)
     except KeyboardInterrupt:

@@ -35,6 +35,7 @@ from .image import (
     DEVICE_DIR,
     LOG_DIR,
     DeviceState,
+    FileEntry,
     Manifest,
     PhaseTiming,
     ProcessEntry,
@@ -365,12 +366,32 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                 _kill(frozen)
                 return manifest
             _resume(frozen)
-            backend.restore(staging.final / DEVICE_DIR, device_files)
-            backend.unlock()
+            _device_back_after_commit(backend, staging.final / DEVICE_DIR, device_files)
             return manifest
     finally:
         backend.release()
         guardian.release()
+
+
+def _device_back_after_commit(backend: backends.NoDevice, device_dir: Path, files: list[FileEntry]) -> None:
+    """--leave-running after the commit: device restore (from the committed directory: the
+    staging path has moved) and unlock. If we were stopped past the lease, the agent may have
+    done part of it already: only what is left is done."""
+    if not isinstance(backend, backends.AgentBackend):
+        backend.restore(device_dir, files)
+        backend.unlock()
+        return
+    for attempt in (1, 2):
+        state = backend.state()
+        try:
+            if state == "BACKED_UP":
+                backend.restore(device_dir, files)
+            if state != "RUNNING":
+                backend.unlock()
+            return
+        except WrongState:
+            if attempt == 2:  # the agent moved under us once (lease expiry); not twice
+                raise
 
 
 class _Already(backends.NoDevice):
