@@ -236,6 +236,17 @@ def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
     if not landed:
         loop._learn(op, time.monotonic() - start)
     rc = cli.returncode
+    if rc == -signal.SIGINT and not err:
+        # Before the interpreter reached npusnap's first line (Python's own startup), nothing is ours
+        # to report; it must also be true that nothing was done. Counted apart.
+        assert not (target / "manifest.yaml").exists() or op == "restore"
+        assert not partial_leftovers(target) or op == "restore"
+        if op == "restore":
+            assert proc_state(w.pid) == "gone", f"{what}: restore killed while starting, yet {w.pid} exists"
+        else:
+            assert_running_intact(w, reference, loop.daemon.env)
+        assert_nothing_stray(loop)
+        return "interrupted before npusnap started"
     assert rc == 0 or rc in DOCUMENTED_CODES, f"{what}: exit {rc}: {err}"
     assert "Traceback" not in err, f"{what}: {err}"
     outcome = "success" if rc == 0 else f"failed {rc}"
