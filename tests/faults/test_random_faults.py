@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 import pytest
 
 from tests.conftest import NpuSimDaemon
-from tests.helpers import Workload, npusnap, npusnap_cmd, pid_alive, requires_criu, rewind_to_checkpoint
+from tests.helpers import Workload, npusnap, npusnap_cmd, requires_criu, rewind_to_checkpoint
 
 from .conftest import NOTES
 from .support import (
