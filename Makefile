@@ -5,7 +5,7 @@ PIP    := $(VENV)/bin/pip
 PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' 2>/dev/null) pyproject.toml CMakeLists.txt
 
-.PHONY: setup demo test bench bench-quick criu completions man docs clean
+.PHONY: setup demo test faults bench bench-quick criu completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -33,6 +33,14 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/pytest
+
+# Signals at random moments of checkpoint and restore: 100 SIGINTs and 20 SIGSTOP/SIGCONT pauses
+# (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run).
+FAULT_SIGINT  ?= 100
+FAULT_SIGSTOP ?= 20
+faults: setup
+	NPUSNAP_FAULT_SIGINT=$(FAULT_SIGINT) NPUSNAP_FAULT_SIGSTOP=$(FAULT_SIGSTOP) \
+		$(VENV)/bin/pytest tests/faults/test_random_faults.py -q -rs -p no:cacheprovider
 
 bench: setup
 	$(PY) -m bench

@@ -1,3 +1,18 @@
 """npusnap: checkpoint/restore for Linux processes that hold accelerator state."""
 
+import os as _os
+import signal as _signal
+import sys as _sys
+
 __version__ = "0.1.0"
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    # Nothing has been done yet: say so in one line instead of dying by SIGINT (exit -2).
+    _os.write(2, b"npusnap: error: interrupted while starting; nothing was done\n")
+    _os._exit(130)
+
+
+# The CLI's own process (console script or `python -m npusnap_cli`), until main() takes over.
+if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "npusnap":
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)

@@ -36,6 +36,7 @@ E_BUSY = -4  # an abandoned lock is still inside the runtime
 E_DENIED = -5  # our uid may not control the process
 E_INTERNAL = -6  # resource failure inside the agent
 E_UNSUPPORTED = -7  # the runtime lacks the direct data path (`backup external` on CANN)
+E_LEASE_LOST = -8  # renew after the lease ran out: the agent took the process back (fencing)
 
 # npusnap-inject exit statuses (native/agent/inject.c).
 INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = 2, 3, 4
@@ -103,6 +104,7 @@ _HINTS = {
     E_NO_RUNTIME: "the process has not loaded a device runtime (libascendcl) yet",
     E_DENIED: "run as root or as the process's owner",
     E_UNSUPPORTED: "this runtime offers only the in-process path: use plain backup/restore",
+    E_LEASE_LOST: "npusnap was stopped longer than its lease; checkpoint again, or raise --lease",
 }
 
 
@@ -118,6 +120,7 @@ class AgentReply:
     device: Optional[dict[str, Any]] = field(default=None)
     # ms of run time left on the lock's lease; None when no lease is armed
     lease_ms_left: Optional[float] = field(default=None)
+    lease_lost: bool = False  # the lock's last lease ran out (renew is refused until the next lock)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentReply:
@@ -133,6 +136,7 @@ class AgentReply:
             device=device if isinstance(device, dict) else None,
             lease_ms_left=(float(data["lease_ms_left"])
                            if isinstance(data.get("lease_ms_left"), (int, float)) else None),
+            lease_lost=data.get("lease_lost") is True,
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from .errors import (
     DeviceFailed,
+    LeaseLost,
     LockTimeout,
     NpusnapError,
     PermissionProblem,
@@ -56,6 +57,13 @@ class NoDevice:
     def back_to_running(self) -> None:
         """Rollback: undo whatever part of lock and backup happened."""
 
+    def adopt_lease(self, lease: float) -> None:
+        """Restore: take over the lease the restored process's lock still holds, if any."""
+
+    def fence(self) -> None:
+        """Before each step: renew the lock's lease now and make sure it is still ours.
+        Raises LeaseLost when it ran out (we were stopped or frozen past it)."""
+
 
 class LeaseKeeper:
     """Renews the agent's lease while we work, so the workload unlocks itself if we die.
@@ -70,18 +78,37 @@ class LeaseKeeper:
 
         self.client = AgentClient(pid, connect_timeout=0.5)
         self.lease = lease
+        self.lost = False  # the agent said the lease ran out: the next fence() stops the pipeline
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"lease-{pid}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        from .agent import AgentProblem
+        from .agent import E_LEASE_LOST, AgentError, AgentProblem
 
         while not self.stopped.wait(self.lease / 4):
             try:
                 self.client.renew(self.lease)
+            except AgentError as e:
+                if e.code == E_LEASE_LOST:
+                    self.lost = True
+                    return
             except AgentProblem:
                 pass
+
+    def renew_now(self) -> bool:
+        """Renew at once; False when the agent says the lease ran out."""
+        from .agent import E_LEASE_LOST, AgentError
+
+        if self.lost:
+            return False
+        try:
+            self.client.renew(self.lease)
+        except AgentError as e:
+            if e.code != E_LEASE_LOST:
+                raise
+            self.lost = True
+        return not self.lost
 
     def stop(self) -> None:
         self.stopped.set()
@@ -152,6 +179,30 @@ class AgentBackend(NoDevice):
             self.unlock()
         self.release()
 
+    def adopt_lease(self, lease: float) -> None:
+        """Restore: the restored agent still holds the dump's lease; keep it renewed while we
+        finish (none armed, or already run out: the agent's state then says what is left)."""
+        from .agent import AgentProblem
+
+        try:
+            self.client.renew(lease)
+        except AgentProblem:
+            return
+        self._keeper = LeaseKeeper(self.pid, lease)
+
+    def fence(self) -> None:
+        from .agent import AgentProblem
+
+        if self._keeper is None:
+            return
+        try:
+            ours = self._keeper.renew_now()
+        except AgentProblem as e:
+            raise agent_error(e, f"renewing the lease on process {self.pid}'s device lock") from e
+        if not ours:
+            raise LeaseLost(f"the lease on process {self.pid}'s device lock ran out while npusnap was not "
+                            "running; the agent took the workload back, so npusnap stops here")
+
     def release(self) -> None:
         if self._keeper is not None:
             self._keeper.stop()
@@ -195,6 +246,23 @@ class DirectBackend(AgentBackend):
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
         devicefiles.restore_direct(self.client, self.pid, device_dir, list(files) if files else None)
+
+    def back_to_running(self) -> None:
+        from . import devicefiles
+
+        state = self.state()
+        if state == "BACKED_UP":
+            self.restore()
+        if state in ("LOCKED", "BACKED_UP"):
+            try:
+                self.unlock()
+            except NpusnapError:
+                # LOCKED after a failed import: the daemon refuses Unlock until the data is in.
+                if state != "LOCKED" or self._images is None:
+                    raise
+                devicefiles.import_device(self.pid, self._images[0], self._images[1])
+                self.unlock()
+        self.release()
 
 
 def _sim_endpoint(pid: int) -> str:

@@ -104,7 +104,24 @@ def _debug_env() -> bool:
 
 
 def main(argv: Optional[list[str]] = None) -> Any:
-    """Entry point: run the app and turn every failure into one line and an exit code."""
+    """Entry point: run the app and turn every failure into one line and an exit code.
+    A Ctrl-C while an outcome is being reported ends as one line and 130 too, never as
+    death by SIGINT; once the outcome is out, further signals wait for our exit."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is handled below
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _fail(Interrupted())
+    finally:
+        # The process's own CLI (argv from sys.argv) exits next; a caller in-process gets its handler back.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if argv is None else previous)
+
+
+def _main(argv: Optional[list[str]]) -> Any:
     _tracebacks[0] = any(a in ("-v", "--verbose") for a in (argv or sys.argv[1:]))  # also before parsing
     try:
         # Without standalone mode click returns ctx.exit()'s code instead of exiting.

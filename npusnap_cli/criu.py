@@ -312,3 +312,23 @@ def become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def dumped_tree(images_dir: Path) -> list[tuple[int, int, int]]:
+    """The tree CRIU froze and dumped, from its pstree.img: (pid, ppid, threads) per
+    process, root first. It, not a /proc listing taken before the freeze, is what the
+    dump holds: children forked in between are in it."""
+    try:
+        import pycriu.images  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as e:
+        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
+    try:
+        fd = os.open(images_dir / "pstree.img", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise CriuFailed(f"CRIU wrote no readable pstree.img: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        try:
+            entries = pycriu.images.load(f)["entries"]
+        except Exception as e:  # pycriu raises whatever protobuf/struct raise
+            raise CriuFailed(f"cannot read CRIU's pstree.img: {e}") from e
+    return [(int(e["pid"]), int(e.get("ppid", 0)), len(e.get("threads", [])) or 1) for e in entries]

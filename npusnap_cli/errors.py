@@ -64,6 +64,11 @@ class LockTimeout(DeviceFailed):
     default_hint = "device work did not finish in time; retry with a longer --lock-timeout"
 
 
+class LeaseLost(DeviceFailed):
+    default_hint = ("npusnap was stopped (Ctrl-Z, SIGSTOP, a frozen cgroup) longer than --lease; "
+                    "checkpoint again, or raise --lease")
+
+
 class WrongState(NpusnapError):
     exit_code = 11
     default_hint = "run `npusnap status PID` to see which phase the process is in"

@@ -1,10 +1,13 @@
-"""A guardian for the moments the workload is stopped.
+"""A guardian for the moments the workload cannot look after itself.
 
-CRIU leaves the dumped tree stopped until the checkpoint is committed. If
-npusnap died then (SIGKILL, OOM), nothing would ever resume it. The guardian is
-a tiny separate process, in its own session, holding the read end of a pipe: if
-the pipe closes without the word "done", it resumes the tree and removes the
-partial checkpoint. The agent's lease then unlocks the device by itself.
+Checkpoint: CRIU leaves the dumped tree stopped until the checkpoint is committed.
+If npusnap died then (SIGKILL, OOM), nothing would ever resume it. Restore: between
+CRIU's restore and the unlock, the restored tree is locked, waiting for its device
+data. The guardian is a tiny separate process, in its own session, holding the read
+end of a pipe: if the pipe closes without the word "done", it resumes the tree (and
+its descendants, whatever CRIU froze) and removes the partial checkpoint; for a
+restore it kills the restored tree instead, so the checkpoint can be restored again.
+The agent's lease then unlocks the device by itself.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 _SCRIPT = r"""
 import os, shutil, signal, subprocess, sys
@@ -23,11 +27,31 @@ while True:
         break
     data += chunk
 words = data.decode().split()
+
+def tree(roots):
+    # the roots and every descendant now alive: children forked before CRIU froze them count too
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/" + d + "/stat") as f:
+                    parent[int(d)] = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [p for p in roots if p in parent]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.append(p)
+            todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
 if words[-1:] != ["done"]:
     pids = [int(w) for w in words if w.isdigit()]
-    for pid in pids:
+    sig = signal.SIGKILL if "kill" in words else signal.SIGCONT
+    for pid in tree(pids):
         try:
-            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, sig)
         except OSError:
             pass
     if "recover" in words and pids:  # direct path: the device data is only in staging/device
@@ -35,17 +59,19 @@ if words[-1:] != ["done"]:
                         "--device-images", os.path.join(staging, "device")],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=3600)
-    shutil.rmtree(staging, ignore_errors=True)
+    if staging != "-":
+        shutil.rmtree(staging, ignore_errors=True)
 """
 
 
 class Guardian:
-    def __init__(self, staging: Path, pid: int) -> None:
+    def __init__(self, staging: Optional[Path], pid: int) -> None:
+        """staging: the partial checkpoint to remove if we die (None: a restore, nothing to remove)."""
         from .criu import clean_env
 
         self.staging = staging
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging), sys.executable],
+            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging) if staging else "-", sys.executable],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C aimed at us must not take it down too
             env=clean_env(),
@@ -55,6 +81,11 @@ class Guardian:
     def watch(self, pids: list[int]) -> None:
         """Resume these if we die (CRIU is about to leave them stopped)."""
         self._say(" ".join(map(str, pids)))
+
+    def kill_if_dead(self, pids: list[int]) -> None:
+        """Restore: if we die before release(), kill these and their descendants
+        (a half-restored tree must not run on, and it holds the checkpoint's pids)."""
+        self._say(" ".join(map(str, pids)) + " kill")
 
     def recover_from(self, device_dir: Path) -> None:
         """The device data is about to exist only in device_dir: if we die, put it back

@@ -381,14 +381,18 @@ class Staging:
             if self.final.exists():
                 # Swap in one step: DIR holds the old checkpoint or the new one, never neither.
                 _exchange(self.path, self.final)
+                self.committed = True
                 old = hidden_sibling(self.final, "old")
                 os.rename(self.path, old)  # self.path now holds the replaced checkpoint
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.rename(self.path, self.final)
+                self.committed = True
             _fsync_path(self.final.parent)
         except OSError as e:
-            raise StorageProblem(f"cannot write the checkpoint: {e.strerror}") from e
+            if not self.committed:
+                raise StorageProblem(f"cannot write the checkpoint: {e.strerror}") from e
+            # Renamed into place: the checkpoint stands; what failed after was tidying up.
         self.committed = True
         return self.final
 

@@ -25,6 +25,13 @@
  * stopped) does not eat the lease, and neither does a long backup or restore
  * (the ticker waits for the mutex the command holds).
  *
+ * Fencing: once a lease has run out, `renew` answers AGENT_E_LEASE_LOST
+ * (until the next lock), so a CLI that was stopped past its lease learns that
+ * it no longer owns the next step. After an external (direct-path) backup the
+ * device data lives only in files the agent cannot read: expiry then leaves
+ * the process BACKED_UP (restoring without the data would strand it LOCKED,
+ * awaiting an import) for the CLI's rollback or `npusnap recover`.
+ *
  * Reply "code" is the runtime's aclError, 507905 for a lock timeout, or one
  * of the agent's own negative codes (AGENT_E_*) for requests the agent
  * refused without calling the runtime.
@@ -63,6 +70,7 @@
 #define AGENT_E_DENIED (-5)    /* peer uid is neither ours nor root */
 #define AGENT_E_INTERNAL (-6)  /* resource failure inside the agent */
 #define AGENT_E_UNSUPPORTED (-7) /* the runtime lacks what the request needs (direct path) */
+#define AGENT_E_LEASE_LOST (-8) /* renew after the lease ran out: the CLI no longer owns the lock */
 
 #define IO_TIMEOUT_S 5          /* per-connection read/write bound */
 #define DEFAULT_LOCK_MS 30000   /* "lock" without an argument */
@@ -99,6 +107,7 @@ static struct {
     int lock_pending, lock_done, lock_rc, lock_abandoned;
     /* lease on the lock (lease_armed: lease_left_ms counts down in run time) */
     int lease_armed;
+    int lease_lost; /* the last lease ran out: renew is refused until the next lock */
     double lease_left_ms;
     pthread_cond_t lease_cv; /* wakes the ticker when a lease is armed */
     char log_path[PATH_MAX];
@@ -410,8 +419,15 @@ static void lease_expire(void)
     device_info(info, sizeof info);
     sync_state(info);
     enum state st = g.state;
+    g.lease_lost = 1;
     if (st == ST_RUNNING) {
         lease_disarm();
+        return;
+    }
+    if (st == ST_BACKED_UP && g.get_data_path && (g.get_data_path() & 2)) {
+        lease_disarm();
+        log_line("lease expired while BACKED_UP externally: the device data is in files; "
+                 "left for the CLI or `npusnap recover --device-images`");
         return;
     }
     if (st == ST_BACKED_UP) {
@@ -550,6 +566,9 @@ static void execute(const char *line, struct buf *out)
         if (!rq.has_arg || rq.arg <= 0) {
             code = AGENT_E_REQUEST;
             err = "renew takes one argument: lease_ms > 0";
+        } else if (g.lease_lost) {
+            code = AGENT_E_LEASE_LOST;
+            err = "renew refused: the lease ran out; the agent took the process back";
         } else if (!g.lease_armed) {
             code = AGENT_E_STATE;
             err = "renew refused: no lease is armed (lock with a lease first)";
@@ -591,6 +610,8 @@ static void execute(const char *line, struct buf *out)
                     err = "lock refused: the process is already locked";
                 } else {
                     code = do_lock(ms, &err);
+                    if (code == 0)
+                        g.lease_lost = 0;
                     if (code == 0 && lease > 0)
                         lease_arm(lease);
                     else
@@ -675,6 +696,8 @@ static void execute(const char *line, struct buf *out)
                    g.lease_left_ms > 0 ? (long)(g.lease_left_ms + 0.5) : 0L);
     else
         buf_add(out, ", \"lease_ms_left\": null", 23);
+    if (g.lease_lost)
+        buf_add(out, ", \"lease_lost\": true", 20);
     buf_add(out, ", \"device\": ", 12);
     if (info[0])
         buf_add(out, info, strlen(info));
@@ -830,6 +853,7 @@ static void atfork_child(void)
     g.state = ST_RUNNING;
     g.lock_pending = g.lock_done = g.lock_abandoned = 0;
     lease_disarm(); /* the child was never locked by anyone */
+    g.lease_lost = 0;
     start_control_thread();
 }
 

@@ -148,28 +148,11 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 @click.pass_obj
 def recover(term: Terminal, pid: str, device_images: Optional[Path]) -> None:
     """Bring PID back to running from any intermediate phase (stopped, locked, backed up)."""
-    import os
-    import signal
+    from ..recovery import recover as run_recover
+    from ..target import parse_pid
 
-    from ..agent import AgentClient, AgentNotFound
-    from ..backends import AgentBackend, DirectBackend
-    from ..target import open_target, parse_pid
-
-    target = open_target(parse_pid(pid))
-    os.kill(target.pid, signal.SIGCONT)  # a dump left it stopped
-    steps = []
-    try:
-        state = AgentClient(target.pid).status().state
-    except AgentNotFound:
-        state = "RUNNING"
-    if state != "RUNNING":
-        backend: AgentBackend = DirectBackend(target.pid, "sim") if device_images else AgentBackend(target.pid, "auto")
-        if state == "BACKED_UP":
-            backend.restore(device_images)
-            steps.append("device-restore")
-        backend.unlock()
-        steps.append("unlock")
+    done = run_recover(parse_pid(pid), device_images)
     if term.json_mode:
-        term.data("recover", {"pid": target.pid, "was": state, "steps": steps, "state": "RUNNING"})
+        term.data("recover", {"pid": done.pid, "was": done.was, "steps": done.steps, "state": "RUNNING"})
     else:
-        term.success(f"process {target.pid} is running (was {state}; did: {', '.join(steps) or 'nothing'})")
+        term.success(f"process {done.pid} is running (was {done.was}; did: {', '.join(done.steps) or 'nothing'})")

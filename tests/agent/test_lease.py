@@ -40,13 +40,19 @@ def test_lease_expiry_in_locked_unlocks(spawn, agent_lib, c_programs, tmp_path):
     assert st.lease_ms_left is None
     assert st.device and st.device["unlocks"] == 1 and st.device["state"] == "RUNNING"
     assert "lease expired while LOCKED: unlocked by the agent" in log.read_text()
-    # with nothing armed, renew is refused as a wrong order and unlock too
+    # fencing: the lease ran out, so renew says the CLI lost it (status too); unlock is a wrong order
     with pytest.raises(ag.AgentError) as ei:
         c.renew(1)
-    assert ei.value.code == ag.E_STATE
+    assert ei.value.code == ag.E_LEASE_LOST
+    assert c.status().lease_lost is True
     with pytest.raises(ag.AgentError) as ei:
         c.unlock()
     assert ei.value.code == ag.E_STATE
+    c.lock(5, lease_s=5)  # a new lock starts a new lease: no longer lost
+    assert c.status().lease_lost is False
+    c.renew(5)
+    c.unlock()
+
 
 
 def test_lock_without_lease_never_expires(spawn, agent_lib, c_programs):
