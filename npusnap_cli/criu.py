@@ -13,10 +13,11 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .criuopts import CriuOptions
 from .errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
 
 MIN_VERSION = (4, 1)
@@ -233,6 +234,7 @@ class DumpOptions:
     tcp_established: bool = False
     timeout: Optional[float] = None
     log_level: int = 4
+    extra: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
 
 
 class Criu:
@@ -268,13 +270,14 @@ class Criu:
         opts.file_locks = True
         if o.timeout:
             opts.timeout = int(o.timeout)
+        fds = o.extra.apply(opts, rpc)
         log_fd = os.open(o.log_dir, os.O_DIRECTORY | os.O_RDONLY)
         try:
             opts.work_dir_fd = log_fd
             resp = Swrk(self.binary.path).request(
                 rpc.criu_req(type=rpc.DUMP, opts=opts),
                 timeout=None if not o.timeout else o.timeout + 30,
-                pass_fds=(log_fd,),
+                pass_fds=(log_fd, *fds),
             )
         finally:
             os.close(log_fd)
@@ -282,7 +285,7 @@ class Criu:
             raise _failure(resp, "dump", o.log_dir / "dump.log")
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
-                tcp_established: bool = False, log_level: int = 4) -> int:
+                tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None) -> int:
         """Restore the tree; returns the root pid. The restored root becomes our
         child once `criu swrk` exits, because main() made us a child subreaper."""
         rpc = _rpc()
@@ -293,10 +296,12 @@ class Criu:
         opts.log_level = log_level
         opts.log_file = "restore.log"
         opts.file_locks = True
+        fds = (extra or CriuOptions()).apply(opts, rpc)
         log_fd = os.open(log_dir, os.O_DIRECTORY | os.O_RDONLY)
         try:
             opts.work_dir_fd = log_fd
-            resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts), pass_fds=(log_fd,))
+            resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
+                                                  pass_fds=(log_fd, *fds))
         finally:
             os.close(log_fd)
         if not resp.success:
