@@ -194,7 +194,7 @@ def kill_leftovers() -> None:
     reap()
 
 
-def run(cmd: list[str], what: str, logfile: Path) -> None:
+def run(cmd: list[str], what: str, logfile: Path, criu_log: Optional[Path] = None) -> None:
     with open(logfile, "a") as f:
         f.write(f"$ {shlex.join(cmd)}\n")
         f.flush()
@@ -206,6 +206,10 @@ def run(cmd: list[str], what: str, logfile: Path) -> None:
         f.write(r.stderr)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        if criu_log is not None:
+            from npusnap_cli.criu import explain
+
+            last = explain(criu_log)[0] or last
         raise Failed(f"{what} failed (exit {r.returncode}): {last[:300]}")
 
 
@@ -268,12 +272,12 @@ def run_one(static: Path, test: str, desc: dict[str, str], way: str, npusnap: st
         images = work / f"{test}.{way}.img"
         if way == "bare":
             images.mkdir()
-            locking = ["--network-lock", lock] if "--tcp-established" in opts else []
+            locking = ["--network-lock", lock] if "--tcp-established" in dump_opts else []
             run([criu, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v4", *locking, *dump_opts],
-                "criu dump", logfile)
+                "criu dump", logfile, images / "dump.log")
             wait_gone(pid, 10)
             run([criu, "restore", "-d", "-D", str(images), "-o", "restore.log", "-v4", *locking, *restore_opts],
-                "criu restore", logfile)
+                "criu restore", logfile, images / "restore.log")
         else:
             run([npusnap, "checkpoint", str(pid), "-D", str(images), "--device", "none", *dump_flags],
                 "npusnap checkpoint", logfile)
