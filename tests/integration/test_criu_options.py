@@ -255,7 +255,7 @@ def test_restore_names_a_grown_file_instead_of_killed_by_signal(tmp_path: Path) 
         r = npusnap("restore", tmp_path / "ck", "--detach")
         assert r.returncode == 7
         line = one_error_line(r.stderr)
-        assert "has bad size" in line and str(w.out) in line and "truncate" in line
+        assert "has bad size" in line and str(w.out).lstrip("/") in line and "truncate" in line
         assert "killed by signal" not in line
     finally:
         w.stop()
@@ -297,16 +297,15 @@ def test_external_on_dump_and_inherit_fd_on_restore(tmp_path: Path) -> None:
     w = None
     try:
         with open(tmp_path / "out", "wb") as out:
-            proc = subprocess.Popen([*PROG, "fd", "3"], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(theirs.fileno(),),
-                                    preexec_fn=lambda: os.dup2(theirs.fileno(), 3))
+            proc = subprocess.Popen([*PROG, "fd", str(theirs.fileno())], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(theirs.fileno(),))
         w = Workload.__new__(Workload)
         w.out, w.argv, w.proc, w.pid, w.extra_pids = tmp_path / "out", [], proc, proc.pid, []
         theirs.close()
         ours.settimeout(20)
         f = ours.makefile("rwb", buffering=0)
         assert f.readline() == b"ready\n"
-        ino = os.stat(f"/proc/{w.pid}/fd/3").st_ino
+        ino = os.stat(f"/proc/{w.pid}/fd/{proc.args[-1]}").st_ino
         r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none")
         assert r.returncode == 7 and "--ext-unix-sk" in one_error_line(r.stderr)
         npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--external", f"unix[{ino}]",
