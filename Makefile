@@ -5,7 +5,7 @@ PIP    := $(VENV)/bin/pip
 PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' 2>/dev/null) pyproject.toml CMakeLists.txt
 
-.PHONY: setup demo test faults bench bench-quick criu completions man docs clean
+.PHONY: setup demo test faults bench bench-quick criu zdtm completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -47,6 +47,11 @@ bench: setup
 
 bench-quick: setup
 	$(PY) -m bench --quick
+
+# CRIU's zdtm static tests, bare and through npusnap; fails if one passes bare only.
+# ZDTM_TESTS=a,b picks tests (default: the issue's tests and a broad host-mode set).
+zdtm: setup
+	$(PY) scripts/zdtm.py $(if $(ZDTM_TESTS),--only $(ZDTM_TESTS))
 
 # Generated from the click app, committed, and checked by tests/cli/test_{completions,docs}.py.
 completions: $(VENV)/bin/python

@@ -13,10 +13,11 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .criuopts import CriuOptions
 from .errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
 
 MIN_VERSION = (4, 1)
@@ -194,25 +195,69 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-# Error lines that never explain a failure: harmless on this kind of machine, or just the verdict.
-UNINFORMATIVE = ("Can't setup RLIMIT_NOFILE", "Dumping FAILED", "Restoring FAILED")
+# Error lines that never explain a failure: harmless on this kind of machine, or just the verdict
+# (a failed task, the pid whose files failed, the last words of a restore).
+UNINFORMATIVE = ("Can't setup RLIMIT_NOFILE", "Dumping FAILED", "Restoring FAILED", "failed with -1",
+                 "killed by signal", "exited, status=", "Failed to dump files", "Dump files (pid")
+
+# CRIU's lines that say what is wrong, with what to do about it in npusnap's terms.
+ACTIONABLE = (
+    ("Use link-remap option", "checkpoint with --link-remap (open files that were unlinked)"),
+    ("increase limit", "checkpoint with a larger --ghost-limit (e.g. --ghost-limit 64M): a deleted open file "
+                       "is larger than the limit"),
+    ("External socket is used", "checkpoint with --ext-unix-sk (a Unix socket's peer is outside the tree)"),
+    ("External socket found in image", "restore needs --ext-unix-sk; checkpoint with it again"),
+    ("Can't dump half of stream unix connection",
+     "a stream Unix socket is connected outside the tree, which CRIU cannot dump: include its peer "
+     "in the tree, or close it first (--ext-unix-sk covers datagram sockets only)"),
+    ("In-flight connection", "checkpoint with --skip-in-flight (connections not yet accepted)"),
+    ("consider using --tcp-established", "checkpoint with --tcp-established, or --tcp-close"),
+    ("Need to set the --tcp-close", "restore with --tcp-close"),
+    ("Iptables configuration failed", "use another --network-lock (`npusnap check` shows what works here)"),
+    ("Locking network failed", "use another --network-lock (`npusnap check` shows what works here)"),
+    ("has bad size", "a file changed size since the checkpoint (the workload's output, often): "
+                     "put back its size from the message (truncate -s), or restore from a copy"),
+)
 
 
-def _last_error(log: Path) -> str:
-    """The last error line CRIU logged (its cr_errmsg is the first, often harmless)."""
+def _error_lines(log: Path) -> list[str]:
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
-        return ""
-    errors = [line for line in lines if "Error (" in line and not any(h in line for h in UNINFORMATIVE)]
-    return " ".join(errors[-1].split()) if errors else ""
+        return []
+    return [line for line in lines if "Error (" in line]
+
+
+def _message(line: str) -> str:
+    """An error line without CRIU's timestamp, pid and source position."""
+    head, sep, rest = line.partition("Error (")
+    if sep:
+        _, sep2, msg = rest.partition("): ")
+        if sep2:
+            return " ".join(msg.split())
+    return " ".join(line.split())
+
+
+def explain(log: Path) -> tuple[str, Optional[str]]:
+    """The line of CRIU's log that says why it failed, and the npusnap hint for it when known:
+    the first actionable line, else the last error line that is not just a verdict."""
+    errors = _error_lines(log)
+    for line in errors:
+        for needle, hint in ACTIONABLE:
+            if needle in line:
+                return _message(line), hint
+    informative = [line for line in errors if not any(h in line for h in UNINFORMATIVE)]
+    if informative:
+        return _message(informative[-1]), None
+    return (_message(errors[-1]), None) if errors else ("", None)
 
 
 def _failure(resp: Any, what: str, log: Path) -> NpusnapError:
     err = resp.cr_errno if resp.HasField("cr_errno") else 0
     msg = resp.cr_errmsg if resp.HasField("cr_errmsg") and resp.cr_errmsg else ""
-    detail = _last_error(log) or " ".join(msg.split()) or (os.strerror(err) if err else "failed")
-    hint = f"see {log}"
+    line, advice = explain(log)
+    detail = line or " ".join(msg.split()) or (os.strerror(err) if err else "failed")
+    hint = f"{advice}; see {log}" if advice else f"see {log}"
     if err == errno_mod.EEXIST and what == "restore":
         return CriuFailed(f"CRIU restore failed: a process already uses a pid from the image ({detail})",
                           "stop that process, or restore on another machine")
@@ -233,6 +278,7 @@ class DumpOptions:
     tcp_established: bool = False
     timeout: Optional[float] = None
     log_level: int = 4
+    extra: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
 
 
 class Criu:
@@ -268,13 +314,14 @@ class Criu:
         opts.file_locks = True
         if o.timeout:
             opts.timeout = int(o.timeout)
+        fds = o.extra.apply(opts, rpc)
         log_fd = os.open(o.log_dir, os.O_DIRECTORY | os.O_RDONLY)
         try:
             opts.work_dir_fd = log_fd
             resp = Swrk(self.binary.path).request(
                 rpc.criu_req(type=rpc.DUMP, opts=opts),
                 timeout=None if not o.timeout else o.timeout + 30,
-                pass_fds=(log_fd,),
+                pass_fds=(log_fd, *fds),
             )
         finally:
             os.close(log_fd)
@@ -282,7 +329,7 @@ class Criu:
             raise _failure(resp, "dump", o.log_dir / "dump.log")
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
-                tcp_established: bool = False, log_level: int = 4) -> int:
+                tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None) -> int:
         """Restore the tree; returns the root pid. The restored root becomes our
         child once `criu swrk` exits, because main() made us a child subreaper."""
         rpc = _rpc()
@@ -293,10 +340,12 @@ class Criu:
         opts.log_level = log_level
         opts.log_file = "restore.log"
         opts.file_locks = True
+        fds = (extra or CriuOptions()).apply(opts, rpc)
         log_fd = os.open(log_dir, os.O_DIRECTORY | os.O_RDONLY)
         try:
             opts.work_dir_fd = log_fd
-            resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts), pass_fds=(log_fd,))
+            resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
+                                                  pass_fds=(log_fd, *fds))
         finally:
             os.close(log_fd)
         if not resp.success:

@@ -21,13 +21,14 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from . import __version__, backends, devicecheck
+from . import __version__, backends, devicecheck, netlock
 from .criu import Criu, DumpOptions, become_subreaper, dumped_tree, find_criu
+from .criuopts import CriuOptions
 from .errors import CriuFailed, Interrupted, NpusnapError, UnsupportedTarget, WrongState
 from .guardian import Guardian
 from .image import (
@@ -67,6 +68,7 @@ class CheckpointOptions:
     criu_path: Optional[str] = None
     lease: float = 10.0  # the agent unlocks by itself after this much run time without us
     data_path: str = "auto"  # device memory: auto | direct (daemon streams it to DIR/device) | in-process
+    criu: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
 
 
 @dataclass
@@ -76,6 +78,7 @@ class RestoreOptions:
     verify: bool = True
     criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
     device_map: Optional[dict[str, str]] = None  # cuda: old GPU UUID -> new
+    criu: CriuOptions = field(default_factory=CriuOptions)  # restore-side additions: tcp_close, external, inherit_fd
 
 
 @dataclass
@@ -196,6 +199,22 @@ def _resume_tree(root: int, pids: list[int]) -> None:
     resume_tree(root)
 
 
+def _run_on(images_dir: Path, extra: CriuOptions, root: int, pids: list[int], report: Report) -> None:
+    """Resume a dumped tree that runs on: first undo CRIU's network lock, which it keeps
+    for a tree it leaves stopped, or the tree's TCP connections are dead."""
+    try:
+        netlock.release(images_dir, extra.network_lock, pids, warn=lambda m: report("warn", m))
+    except Exception as e:  # never keep the tree stopped over this
+        report("warn", f"could not undo CRIU's network lock: {e}")
+    _resume_tree(root, pids)
+
+
+def _restore_options(manifest: Manifest, opts: RestoreOptions) -> CriuOptions:
+    """What the dump used (the manifest's options), plus restore's own additions."""
+    return CriuOptions.from_manifest(manifest.options).for_restore(
+        opts.criu.tcp_close, opts.criu.external, opts.criu.inherit_fd)
+
+
 def _kill(pids: list[int]) -> None:
     """SIGKILL the tree and wait (bounded) until it is dead, so a restore may follow at once."""
     for pid in pids:
@@ -256,6 +275,9 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     """
     target = open_target(pid)
     criu = Criu(find_criu(opts.criu_path))
+    extra = opts.criu
+    if opts.tcp_established or extra.network_lock:  # the lock matters only to dumped connections
+        extra = replace(extra, network_lock=netlock.choose(extra.network_lock, criu.binary.path))
     # The runbook's DUMP phase follows `npusnap backup`, which stages device memory in the process.
     backend = backends.select(pid, opts.device, target.maps(), opts.data_path if device_phases else "in-process")
     state = backend.state()
@@ -323,11 +345,11 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                     guardian.watch([p.pid for p in before])  # CRIU leaves them stopped: resumed if we die
                     with phase("dump") as dump_timing, signals.critical(), Writeback(staging.criu_dir):
                         report("watch", f"{staging.criu_dir}\t{_resident_bytes([p.pid for p in before])}")
-                        undos.callback(undo("resume", lambda: _resume_tree(pid, frozen)))
+                        undos.callback(undo("resume", lambda: _run_on(staging.criu_dir, extra, pid, frozen, report)))
                         criu.dump(DumpOptions(
                             pid=pid, images_dir=staging.criu_dir, log_dir=staging.log_dir,
                             leave_stopped=True, shell_job=opts.shell_job,
-                            tcp_established=opts.tcp_established, timeout=opts.criu_timeout,
+                            tcp_established=opts.tcp_established, timeout=opts.criu_timeout, extra=extra,
                         ))
                         tree = _dumped_entries(staging.criu_dir, before)
                         frozen[:] = [p.pid for p in tree]
@@ -344,7 +366,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                         criu_version=criu.binary.version_str,
                         command=target.command,
                         options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
-                                 "leave_running": opts.leave_running},
+                                 "leave_running": opts.leave_running, **extra.recorded()},
                         processes=tree,
                         device=device,
                         phases=phase.timings,
@@ -365,7 +387,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
             if not opts.leave_running:
                 _kill(frozen)
                 return manifest
-            _resume(frozen)
+            _run_on(staging.final / CRIU_DIR, extra, pid, frozen, report)
             _device_back_after_commit(backend, staging.final / DEVICE_DIR, device_files)
             return manifest
     finally:
@@ -450,7 +472,8 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
                 with phase("criu-restore"), signals.critical():
                     pid = criu.restore(root / CRIU_DIR, log_dir,
                                        shell_job=bool(manifest.options.get("shell_job")),
-                                       tcp_established=bool(manifest.options.get("tcp_established")))
+                                       tcp_established=bool(manifest.options.get("tcp_established")),
+                                       extra=_restore_options(manifest, opts))
                 if manifest.device.backend != "none" and not opts.criu_only:
                     _finish_device(pid, manifest, root, opts, phase, signals, report)
                 else:

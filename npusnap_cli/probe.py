@@ -64,11 +64,27 @@ def _criu(report: Report, criu_path: Optional[str]) -> None:
         feats = Criu(binary).features()
     except NpusnapError:
         feats = {}
+    _network_lock(report, binary.path)
     for key, label, use in (("mem_track", "soft-dirty tracking", "incremental (pre-dump) checkpoints"),
                             ("lazy_pages", "userfaultfd", "lazy (post-copy) restore")):
         if key in feats:
             report.add(label, "ok" if feats[key] else "info",
                        "available" if feats[key] else f"not available (only {use} need it)")
+
+
+def _network_lock(report: Report, criu_binary: str) -> None:
+    """Which way CRIU can lock TCP connections while it dumps them (--tcp-established)."""
+    from .netlock import methods
+
+    found = methods(criu_binary)
+    works = [m for m in found if m.works and m.name != "skip"]
+    others = "; ".join(f"{m.name}: {m.detail}" for m in found if m.name != "skip" and not m.works)
+    if works:
+        detail = f"{works[0].name} ({works[0].detail}); --network-lock auto uses it"
+        report.add("network lock", "ok", detail + (f"; {others}" if others else ""))
+    else:
+        report.add("network lock", "warn", f"no method works ({others}); --tcp-established dumps unlocked",
+                   "install iptables, or use a CRIU built with libnftables")
 
 
 def _kernel(report: Report) -> None:

@@ -6,8 +6,10 @@ from typing import Optional
 import click
 
 from ..backends import BACKENDS
+from ..criuopts import CriuOptions
 from ..output import Terminal, human_bytes
 from . import criu_option, json_option, pid_argument
+from .criu_flags import dump_flags
 
 
 @click.command()
@@ -29,13 +31,14 @@ from . import criu_option, json_option, pid_argument
 @click.option("--criu-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
+@dump_flags
 @criu_option
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
-               replace: bool, criu_path: Optional[str]) -> None:
+               replace: bool, criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
@@ -49,7 +52,8 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
                              tcp_established=tcp_established, device=device, data_path=data_path,
                              lock_timeout=lock_timeout,
-                             lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
+                             lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
+                             criu=criu_opts)
     with term.reporter() as report:
         m = run_checkpoint(parse_pid(pid), opts, report=report)
     size = sum(f.size for f in m.files)

@@ -8,8 +8,10 @@ from typing import Any, Optional
 
 import click
 
+from ..criuopts import CriuOptions
 from ..output import Terminal
 from . import criu_option, json_option, pid_argument
+from .criu_flags import dump_flags
 
 
 def _agent(pid: str) -> Any:
@@ -120,17 +122,19 @@ def unlock(term: Terminal, pid: str) -> None:
 @click.option("--shell-job", is_flag=True, help="The process shares a terminal with its shell.")
 @click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
+@dump_flags
 @criu_option
 @json_option
 @click.pass_obj
 def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
-         tcp_established: bool, replace: bool, criu_path: Optional[str]) -> None:
+         tcp_established: bool, replace: bool, criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """DUMP: write PID (device already backed up) to DIRECTORY with CRIU."""
     from ..pipeline import CheckpointOptions, checkpoint
     from ..target import parse_pid
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
-                             tcp_established=tcp_established, replace=replace, criu_path=criu_path)
+                             tcp_established=tcp_established, replace=replace, criu_path=criu_path,
+                             criu=criu_opts)
     with term.reporter() as report:
         m = checkpoint(parse_pid(pid), opts, report=report, device_phases=False)
     if term.json_mode:

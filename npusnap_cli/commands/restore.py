@@ -6,8 +6,10 @@ from typing import Optional
 
 import click
 
+from ..criuopts import CriuOptions
 from ..output import Terminal
 from . import criu_option, json_option
+from .criu_flags import restore_flags
 
 
 @click.command()
@@ -19,11 +21,12 @@ from . import criu_option, json_option
               help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
 @click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
               help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
+@restore_flags
 @criu_option
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str]) -> None:
+            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """Restore the process checkpointed in DIRECTORY.
 
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
@@ -36,7 +39,7 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     with term.reporter() as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
-                                            device_map=mapping), report=report)
+                                            device_map=mapping, criu=criu_opts), report=report)
     if pidfile:
         tmp = pidfile.with_name(pidfile.name + ".tmp")
         tmp.write_text(f"{result.pid}\n")

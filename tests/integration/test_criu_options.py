@@ -1,0 +1,338 @@
+"""CRIU's own options through npusnap, with real CRIU and real processes: each one reaches
+CRIU (the process needs it to dump or restore), is recorded in the manifest, and restore
+uses it; without it, the error line names CRIU's reason and npusnap's flag."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.helpers import WORKLOADS, Workload, npusnap, npusnap_cmd, pid_alive, proc_state, requires_criu
+from tests.pipeline.support import assert_no_checkpoint, one_error_line
+
+pytestmark = requires_criu
+
+PROG = [sys.executable, str(WORKLOADS / "criu_opts.py")]
+
+
+def manifest_options(ck: Path) -> dict:
+    r = npusnap("inspect", ck, "--json", check=True)
+    return json.loads(r.stdout)["options"]
+
+
+def count_after(w: Workload, prefix: str, start: int) -> None:
+    """Wait until the workload printed a `prefix N` line past the first `start` lines."""
+    w.wait_for_line(start + 2)
+    tail = w.lines()[start:]
+    assert all(line.startswith(prefix) for line in tail if line.strip()), tail
+
+
+@pytest.fixture
+def peer() -> Iterator[socket.socket]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def accept_echo(srv: socket.socket, w: Workload) -> tuple[socket.socket, object]:
+    srv.settimeout(20)
+    conn, _ = srv.accept()
+    conn.settimeout(20)
+    f = conn.makefile("rwb", buffering=0)
+    assert f.readline() == b"ready\n"
+    f.write(b"one\n")
+    assert f.readline() == b"echo one\n"
+    return conn, f
+
+
+def nft_tables() -> str:
+    from npusnap_cli import netlock
+
+    lib = netlock._nft_lib()
+    assert lib is not None
+    import ctypes
+
+    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+    ctx = lib.nft_ctx_new(0)
+    try:
+        lib.nft_ctx_buffer_output(ctx)
+        assert lib.nft_run_cmd_from_buffer(ctx, b"list tables") == 0
+        return (lib.nft_ctx_get_output_buffer(ctx) or b"").decode()
+    finally:
+        lib.nft_ctx_free(ctx)
+
+
+def lock_method() -> str:
+    from npusnap_cli.criu import find_criu
+    from npusnap_cli.netlock import choose
+
+    return choose(None, find_criu().path)
+
+
+# ---------------------------------------------------------------- live connections
+
+
+def test_leave_running_keeps_tcp_connections_alive(peer: socket.socket, tmp_path: Path) -> None:
+    port = peer.getsockname()[1]
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none",
+                        "--leave-running", "--tcp-established")
+            assert r.returncode == 0, r.stderr
+            f.write(b"two\n")  # CRIU's lock (repair mode, its nftables table) must be gone
+            assert f.readline() == b"echo two\n"
+        opts = manifest_options(tmp_path / "ck")
+        assert opts["tcp_established"] is True and opts["network_lock"] == lock_method()
+        assert "CRIU-" not in nft_tables()
+    finally:
+        w.stop()
+
+
+def test_rollback_after_the_dump_unlocks_tcp_connections(peer: socket.socket, tmp_path: Path) -> None:
+    from tests.faults.support import PausedCli
+
+    port = peer.getsockname()[1]
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    cli = None
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            cli = PausedCli(["checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-established"],
+                            "after:dump", dict(os.environ))
+            cli.proc.send_signal(signal.SIGINT)  # after a successful dump: everything is rolled back
+            assert cli.proc.wait(timeout=60) == 130
+            assert_no_checkpoint(tmp_path / "ck")
+            assert pid_alive(w.pid) and proc_state(w.pid) != "T"
+            f.write(b"two\n")
+            assert f.readline() == b"echo two\n"
+        assert "CRIU-" not in nft_tables()
+    finally:
+        if cli is not None and cli.proc.poll() is None:
+            cli.kill()
+        w.stop()
+
+
+def test_network_lock_that_cannot_work_is_refused_before_anything(peer: socket.socket, tmp_path: Path) -> None:
+    from npusnap_cli.criu import find_criu
+    from npusnap_cli.netlock import methods
+
+    broken = [m for m in methods(find_criu().path) if not m.works]
+    if not broken:
+        pytest.skip("every network lock method works on this machine")
+    port = peer.getsockname()[1]
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-established",
+                        "--network-lock", broken[0].name)
+            assert r.returncode == 6
+            line = one_error_line(r.stderr)
+            assert f"network lock {broken[0].name} cannot work here" in line and "--network-lock" in line
+            assert_no_checkpoint(tmp_path / "ck")
+            f.write(b"two\n")
+            assert f.readline() == b"echo two\n"
+    finally:
+        w.stop()
+
+
+def test_check_reports_the_network_lock_that_works() -> None:
+    from npusnap_cli.criu import find_criu
+    from npusnap_cli.netlock import methods
+
+    r = npusnap("check", "--json")
+    item = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "network lock")
+    found = methods(find_criu().path)
+    working = [m.name for m in found if m.works and m.name != "skip"]
+    if working:
+        assert item["status"] == "ok" and item["detail"].startswith(working[0])
+    else:
+        assert item["status"] == "warn"
+    for m in found:
+        if m.name != "skip" and not m.works:
+            assert m.name in item["detail"]  # says what is missing, e.g. iptables-restore
+
+
+def test_tcp_close_is_recorded_and_restore_uses_it(peer: socket.socket, tmp_path: Path) -> None:
+    port = peer.getsockname()[1]
+    w = Workload([*PROG, "waitclose", str(port)], tmp_path / "out")
+    try:
+        peer.settimeout(20)
+        conn, _ = peer.accept()
+        with conn:
+            w.wait_for_line("ready")
+            npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-close", check=True)
+            w.proc.wait(timeout=10)
+            assert manifest_options(tmp_path / "ck")["tcp_close"] is True
+            # No --tcp-close here: CRIU refuses this image without it, so restore took it from the manifest.
+            r = npusnap("restore", tmp_path / "ck", "--detach")
+            assert r.returncode == 0, r.stderr
+            w.wait_for_line("closed")  # restored with the connection closed, as asked
+            w.wait_for_line("after 1")
+    finally:
+        w.stop()
+
+
+# ---------------------------------------------------------------- files
+
+
+def test_ghost_limit_flag_env_and_error_line(tmp_path: Path) -> None:
+    size = 3 << 20  # more than CRIU's default limit of 1 MiB
+    w = Workload([*PROG, "ghost", str(tmp_path / "ghost"), str(size)], tmp_path / "out")
+    try:
+        w.wait_for_line("ok 1")
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none")
+        assert r.returncode == 7
+        line = one_error_line(r.stderr)
+        assert "increase limit" in line and "--ghost-limit" in line and "failed with -1" not in line
+        assert_no_checkpoint(tmp_path / "ck")
+        assert pid_alive(w.pid) and proc_state(w.pid) != "T"
+        # The same option from the environment (NPUSNAP_CHECKPOINT_GHOST_LIMIT), as a config key would.
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none",
+                    env={**os.environ, "NPUSNAP_CHECKPOINT_GHOST_LIMIT": "4M"})
+        assert r.returncode == 0, r.stderr
+        w.proc.wait(timeout=10)
+        assert manifest_options(tmp_path / "ck")["ghost_limit"] == 4 << 20
+        seen = len(w.lines())
+        npusnap("restore", tmp_path / "ck", "--detach", check=True)
+        count_after(w, "ok", seen)  # the deleted file's contents came back
+    finally:
+        w.stop()
+
+
+def test_ghost_limit_rejects_a_bad_size(tmp_path: Path) -> None:
+    for bad in ("lots", "5G", "-1M"):
+        r = npusnap("checkpoint", "1", "-D", tmp_path / "ck", "--ghost-limit", bad)
+        assert r.returncode == 2 and "--ghost-limit" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_link_remap_from_a_config_file_and_error_line(tmp_path: Path) -> None:
+    w = Workload([*PROG, "remap", str(tmp_path / "f")], tmp_path / "out")
+    try:
+        w.wait_for_line("same 1")
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none")
+        assert r.returncode == 7
+        line = one_error_line(r.stderr)
+        assert "Use link-remap option" in line and "--link-remap" in line
+        assert_no_checkpoint(tmp_path / "ck")
+        config = tmp_path / "config.yaml"
+        config.write_text("checkpoint:\n  link_remap: true\n")
+        r = npusnap("--config", config, "checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none")
+        assert r.returncode == 0, r.stderr
+        w.proc.wait(timeout=10)
+        assert manifest_options(tmp_path / "ck")["link_remap"] is True
+        seen = len(w.lines())
+        npusnap("restore", tmp_path / "ck", "--detach", check=True)
+        count_after(w, "same", seen)  # the open file is the linked inode again
+    finally:
+        w.stop()
+
+
+def test_restore_names_a_grown_file_instead_of_killed_by_signal(tmp_path: Path) -> None:
+    w = Workload([*PROG, "remap", str(tmp_path / "f")], tmp_path / "out")
+    try:
+        w.wait_for_line("same 1")
+        npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--link-remap", check=True)
+        w.proc.wait(timeout=10)
+        with open(w.out, "a") as f:
+            f.write("grown after the checkpoint\n")
+        r = npusnap("restore", tmp_path / "ck", "--detach")
+        assert r.returncode == 7
+        line = one_error_line(r.stderr)
+        assert "has bad size" in line and str(w.out).lstrip("/") in line and "truncate" in line
+        assert "killed by signal" not in line
+    finally:
+        w.stop()
+
+
+# ---------------------------------------------------------------- sockets
+
+
+def test_ext_unix_sk_is_recorded_and_restore_uses_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "outside.sock")
+    outside = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    outside.bind(path)
+    outside.settimeout(20)
+    w = Workload([*PROG, "dgram", path], tmp_path / "out")
+    try:
+        w.wait_for_line("sent 1")
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none")
+        assert r.returncode == 7
+        line = one_error_line(r.stderr)
+        assert "External socket is used" in line and "--ext-unix-sk" in line
+        assert_no_checkpoint(tmp_path / "ck")
+        npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--ext-unix-sk", check=True)
+        w.proc.wait(timeout=10)
+        assert manifest_options(tmp_path / "ck")["ext_unix_sk"] is True
+        outside.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while outside.recv(64):  # what the original sent before it was killed
+                pass
+        outside.settimeout(20)
+        npusnap("restore", tmp_path / "ck", "--detach", check=True)  # CRIU refuses it without ext_unix_sk
+        assert outside.recv(64).startswith(b"tick ")  # from the restored process, on the same socket
+    finally:
+        outside.close()
+        w.stop()
+
+
+def test_external_on_dump_and_inherit_fd_on_restore(tmp_path: Path) -> None:
+    ours, theirs = socket.socketpair()
+    w = None
+    try:
+        with open(tmp_path / "out", "wb") as out:
+            proc = subprocess.Popen([*PROG, "fd", str(theirs.fileno())], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(theirs.fileno(),))
+        w = Workload.__new__(Workload)
+        w.out, w.argv, w.proc, w.pid, w.extra_pids = tmp_path / "out", [], proc, proc.pid, []
+        theirs.close()
+        ours.settimeout(20)
+        f = ours.makefile("rwb", buffering=0)
+        assert f.readline() == b"ready\n"
+        ino = os.stat(f"/proc/{w.pid}/fd/{proc.args[-1]}").st_ino
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none")
+        assert r.returncode == 7 and "--ext-unix-sk" in one_error_line(r.stderr)
+        npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--external", f"unix[{ino}]",
+                check=True)
+        proc.wait(timeout=10)
+        assert manifest_options(tmp_path / "ck")["external"] == [f"unix[{ino}]"]
+        # Restore hands the tree a new socket in place of the outside one.
+        new_ours, new_theirs = socket.socketpair()
+        with new_ours, new_theirs:
+            fd = new_theirs.fileno()
+            r2 = subprocess.run([*npusnap_cmd(), "restore", str(tmp_path / "ck"), "--detach",
+                                 "--inherit-fd", f"fd[{fd}]:socket:[{ino}]"],
+                                capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                                pass_fds=(fd,))
+            assert r2.returncode == 0, r2.stderr
+            new_ours.settimeout(20)
+            g = new_ours.makefile("rwb", buffering=0)
+            g.write(b"again\n")
+            assert g.readline() == b"echo again\n"
+    finally:
+        ours.close()
+        if w is not None:
+            w.stop()
+
+
+def test_inherit_fd_must_be_open(tmp_path: Path) -> None:
+    r = npusnap("restore", tmp_path, "--inherit-fd", "fd[250]:pipe:[1]")
+    assert r.returncode == 2 and "fd 250 is not open" in r.stderr
+    r = npusnap("restore", tmp_path, "--inherit-fd", "nonsense")
+    assert r.returncode == 2 and "fd[N]:RESOURCE" in r.stderr
