@@ -24,7 +24,7 @@ import click
 
 from ..image import HIDDEN_SIBLING as HIDDEN
 from ..image import hidden_sibling
-from ..output import Terminal, human_bytes
+from ..output import Terminal, human_bytes, shown
 from . import json_option
 from .list import Entry, scan
 
@@ -116,7 +116,7 @@ def prune(term: Terminal, directory: Path, keep: int, dry_run: bool, verify: boo
     else:
         verb = "would delete" if dry_run else "deleted"
         for d in deleted:
-            click.echo(f"{verb}  {d['path']}  ({d['reason']})")
+            click.echo(shown(f"{verb}  {d['path']}  ({d['reason']})"))
         for e, r in kept:
             if e.state != "valid":
                 term.warn(f"kept {e.path}: {r}")
