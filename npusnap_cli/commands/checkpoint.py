@@ -6,6 +6,7 @@ from typing import Optional
 import click
 
 from ..backends import BACKENDS
+from ..numbers import Seconds
 from ..output import Terminal, human_bytes
 from . import criu_option, json_option, pid_argument
 
@@ -22,11 +23,11 @@ from . import criu_option, json_option, pid_argument
 @click.option("--data-path", type=click.Choice(["auto", "direct", "in-process"]), default="auto", show_default=True,
               help="Device memory: straight from the device to DIR/device (direct, where the runtime allows), "
                    "or staged in the process and dumped by CRIU (in-process, the vendor way).")
-@click.option("--lock-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+@click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0, show_default=True,
               metavar="SECONDS", help="How long device work may take to quiesce.")
-@click.option("--lease", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--lease", type=Seconds(min=1), default=10.0, show_default=True, metavar="SECONDS",
               help="If npusnap dies mid-checkpoint, the workload unlocks itself after running this long.")
-@click.option("--criu-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+@click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
 @criu_option

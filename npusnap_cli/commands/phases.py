@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import click
 
+from ..numbers import Seconds
 from ..output import Terminal
 from . import criu_option, json_option, pid_argument
 
@@ -68,7 +69,7 @@ def status(term: Terminal, pid: str) -> None:
 
 @click.command()
 @pid_argument
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
+@click.option("--timeout", type=Seconds(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
               help="How long device work may take to quiesce.")
 @json_option
 @click.pass_obj
