@@ -60,10 +60,13 @@ class Terminal:
         self.err.print(f"[red]error:[/red] {_escape(shown(message))}")
 
     @contextlib.contextmanager
-    def reporter(self) -> Iterator[Callable[[str, str], None]]:
+    def reporter(self, live: bool = True) -> Iterator[Callable[[str, str], None]]:
         """The pipeline's callback. On a terminal each phase is a live line, with bytes and
-        rate where the pipeline names a directory it fills ("watch"); scripts get no progress."""
-        with self.progress() as progress:
+        rate where the pipeline names a directory it fills ("watch"); scripts get no progress.
+        live=False when the terminal is a shell job's too (--shell-job): a live display hides
+        the cursor and redraws lines over what the job writes, and after a restore the job owns
+        the terminal; only plain messages go there then."""
+        with self.progress(live) as progress:
             watch: Optional[_Watch] = None
 
             def report(event: str, message: str) -> None:
@@ -98,9 +101,9 @@ class Terminal:
         self.out.print(renderable)
 
     @contextlib.contextmanager
-    def progress(self) -> Iterator[Optional[Progress]]:
+    def progress(self, live: bool = True) -> Iterator[Optional[Progress]]:
         """A rich Progress on stderr when a person is watching, else None."""
-        if self.json_mode or not sys.stderr.isatty():
+        if self.json_mode or not live or not sys.stderr.isatty():
             yield None
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -51,7 +51,7 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
                              tcp_established=tcp_established, device=device, data_path=data_path,
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path)
-    with term.reporter() as report:
+    with term.reporter(live=not shell_job) as report:
         m = run_checkpoint(parse_pid(pid), opts, report=report)
     size = sum(f.size for f in m.files)
     if term.json_mode:

@@ -132,7 +132,7 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
                              tcp_established=tcp_established, replace=replace, criu_path=criu_path)
-    with term.reporter() as report:
+    with term.reporter(live=not shell_job) as report:
         m = checkpoint(parse_pid(pid), opts, report=report, device_phases=False)
     if term.json_mode:
         term.data("dump", {"directory": str(directory.absolute()), "pid": m.pid,
