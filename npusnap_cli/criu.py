@@ -301,7 +301,11 @@ class Criu:
             resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
                                                   pass_fds=(images_fd, log_fd), terminal=tty)
         if not resp.success:
-            raise _failure(resp, "restore", log_dir / "restore.log")
+            error = _failure(resp, "restore", log_dir / "restore.log")
+            if shell_job and tty is None:
+                error.hint = ("a shell job is restored onto a terminal: run `npusnap restore` from one; "
+                              f"details in {log_dir / 'restore.log'}")
+            raise error
         return int(resp.restore.pid)
 
 
