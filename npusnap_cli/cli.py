@@ -152,5 +152,7 @@ def _fail(error: NpusnapError) -> None:
         import traceback
 
         traceback.print_exc()
-    click.echo(f"npusnap: error: {error.one_line()}", err=True)
+    from .output import shown
+
+    click.echo(f"npusnap: error: {shown(error.one_line())}", err=True)  # one line, whatever a path holds
     sys.exit(error.exit_code)

@@ -7,6 +7,7 @@ request has a deadline, CRIU can be killed on Ctrl-C, and its exit is reaped.
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_mod
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .criuopts import CriuOptions
 from .errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
@@ -133,17 +134,22 @@ class Swrk:
     def __init__(self, binary: str) -> None:
         self.binary = binary
 
-    def request(self, req: Any, timeout: Optional[float] = None, pass_fds: tuple[int, ...] = ()) -> Any:
+    def request(self, req: Any, timeout: Optional[float] = None, pass_fds: tuple[int, ...] = (),
+                terminal: Optional[int] = None) -> Any:
+        """One request. With a terminal fd, CRIU runs in our session with that terminal
+        as stdin, as a shell-job restore needs (it hands the terminal to the restored
+        job, which joins our session and process group, as under bare `criu restore`)."""
         rpc = _rpc()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
                 [self.binary, "swrk", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(), *pass_fds),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if terminal is None else terminal,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                start_new_session=True,  # a Ctrl-C at the terminal reaches us, not CRIU mid-dump
+                # Otherwise a session of its own: a Ctrl-C at the terminal reaches us, not CRIU mid-dump.
+                start_new_session=terminal is None,
                 env=clean_env(),
             )
         except OSError as e:
@@ -303,7 +309,6 @@ class Criu:
     def dump(self, o: DumpOptions) -> None:
         rpc = _rpc()
         opts = rpc.criu_opts(images_dir_fd=-1)
-        opts.images_dir = str(o.images_dir)
         opts.pid = o.pid
         opts.leave_running = o.leave_running
         opts.leave_stopped = o.leave_stopped
@@ -315,16 +320,14 @@ class Criu:
         if o.timeout:
             opts.timeout = int(o.timeout)
         fds = o.extra.apply(opts, rpc)
-        log_fd = os.open(o.log_dir, os.O_DIRECTORY | os.O_RDONLY)
-        try:
+        with _dir_fds(o.images_dir, o.log_dir) as (images_fd, log_fd):
+            opts.images_dir_fd = images_fd  # a descriptor, not a path: any byte in -D works
             opts.work_dir_fd = log_fd
             resp = Swrk(self.binary.path).request(
                 rpc.criu_req(type=rpc.DUMP, opts=opts),
                 timeout=None if not o.timeout else o.timeout + 30,
-                pass_fds=(log_fd, *fds),
+                pass_fds=(images_fd, log_fd, *fds),
             )
-        finally:
-            os.close(log_fd)
         if not resp.success:
             raise _failure(resp, "dump", o.log_dir / "dump.log")
 
@@ -334,23 +337,58 @@ class Criu:
         child once `criu swrk` exits, because main() made us a child subreaper."""
         rpc = _rpc()
         opts = rpc.criu_opts(images_dir_fd=-1)
-        opts.images_dir = str(images_dir)
         opts.shell_job = shell_job
         opts.tcp_established = tcp_established
         opts.log_level = log_level
         opts.log_file = "restore.log"
         opts.file_locks = True
         fds = (extra or CriuOptions()).apply(opts, rpc)
-        log_fd = os.open(log_dir, os.O_DIRECTORY | os.O_RDONLY)
-        try:
+        with _dir_fds(images_dir, log_dir) as (images_fd, log_fd), _terminal(shell_job) as tty:
+            opts.images_dir_fd = images_fd
             opts.work_dir_fd = log_fd
             resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
-                                                  pass_fds=(log_fd, *fds))
-        finally:
-            os.close(log_fd)
+                                                  pass_fds=(images_fd, log_fd, *fds), terminal=tty)
         if not resp.success:
-            raise _failure(resp, "restore", log_dir / "restore.log")
+            error = _failure(resp, "restore", log_dir / "restore.log")
+            if shell_job and tty is None:
+                error.hint = ("a shell job is restored onto a terminal: run `npusnap restore` from one; "
+                              f"details in {log_dir / 'restore.log'}")
+            raise error
         return int(resp.restore.pid)
+
+
+@contextlib.contextmanager
+def _dir_fds(*dirs: Path) -> Iterator[list[int]]:
+    """The directories opened for CRIU (it reaches them as /proc/OUR_PID/fd/N), never through a link."""
+    fds: list[int] = []
+    try:
+        for d in dirs:
+            fds.append(os.open(d, os.O_DIRECTORY | os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _terminal(shell_job: bool) -> Iterator[Optional[int]]:
+    """For a shell-job restore, our terminal (stdin, else /dev/tty): the restored job
+    goes back onto it. None when not a shell job or when we have no terminal."""
+    if not shell_job:
+        yield None
+        return
+    if os.isatty(0):
+        yield 0
+        return
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def become_subreaper() -> None:

@@ -6,7 +6,8 @@ Exit codes (documented in the README for scheduler scripts):
   6 environment cannot checkpoint (CRIU, kernel, privileges)
   7 CRIU failed                         8 checkpoint image invalid or corrupt
   9 device / agent failure             10 lock timeout
- 11 wrong phase order / state          12 storage problem (space, read-only, exists)
+ 11 wrong phase order / state          12 storage problem (space, read-only, exists,
+                                           -D is not a directory npusnap wrote)
  13 the target cannot be checkpointed (pid 1, a kernel thread)
  14 configuration file problem (unknown key, bad value, not YAML)
 130 interrupted (Ctrl-C; everything was rolled back)
@@ -107,7 +108,7 @@ EXIT_CODES = {
     DeviceFailed.exit_code: "device runtime or agent failure",
     LockTimeout.exit_code: "device lock timed out",
     WrongState.exit_code: "wrong phase order or process state",
-    StorageProblem.exit_code: "storage problem (no space, read-only, already exists)",
+    StorageProblem.exit_code: "storage problem (no space, read-only, already exists, -D not written by npusnap)",
     UnsupportedTarget.exit_code: "the target cannot be checkpointed (pid 1, a kernel thread)",
     ConfigProblem.exit_code: "configuration file problem (unknown key, bad value, not YAML)",
     Interrupted.exit_code: "interrupted; rolled back",

@@ -11,6 +11,7 @@ only when complete, so a partial checkpoint never looks valid.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -298,17 +299,16 @@ def dump_yaml(data: Any) -> str:
 
 
 class Staging:
-    """A checkpoint under construction: a 0700 sibling directory renamed into place on commit."""
+    """A checkpoint under construction: a 0700 sibling directory renamed into place on commit.
+
+    DIR must be absent, an empty directory, or (with replace) a checkpoint whose
+    manifest npusnap can read: never a file, a device node or a symlink, which a
+    rename would silently take the place of. Commit checks again, atomically."""
 
     def __init__(self, final: Path, replace: bool = False) -> None:
         self.final = final.absolute()
         self.replace = replace
-        if self.final.exists() and not replace:
-            if (self.final / MANIFEST).exists():
-                raise StorageProblem(f"{self.final} already holds a checkpoint",
-                                     "choose another directory, or pass --replace to replace it")
-            if self.final.is_dir() and any(self.final.iterdir()):
-                raise StorageProblem(f"{self.final} exists and is not empty", "choose another directory")
+        self.found = _check_target(self.final, replace)  # what DIR was, to recognise it at commit
         parent = self.final.parent
         if not parent.is_dir():
             raise StorageProblem(f"{parent} does not exist", "create the parent directory first")
@@ -319,7 +319,7 @@ class Staging:
                 os.mkdir(self.path / sub, 0o700)
             # Logs are written outside until commit: a failed checkpoint is removed
             # but its logs survive for the error message to point at.
-            self.log_dir = Path(tempfile.mkdtemp(prefix=f"npusnap-logs-{self.final.name}-"))
+            self.log_dir = Path(tempfile.mkdtemp(prefix=f"npusnap-logs-{_safe_prefix(self.final.name)}-"))
         except OSError as e:
             shutil.rmtree(self.path, ignore_errors=True)
             raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
@@ -378,16 +378,7 @@ class Staging:
                 shutil.move(str(p), self.path / LOG_DIR / p.name)
             os.rmdir(self.log_dir)
             _fsync_path(self.path)
-            if self.final.exists():
-                # Swap in one step: DIR holds the old checkpoint or the new one, never neither.
-                _exchange(self.path, self.final)
-                self.committed = True
-                old = hidden_sibling(self.final, "old")
-                os.rename(self.path, old)  # self.path now holds the replaced checkpoint
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(self.path, self.final)
-                self.committed = True
+            self._put_in_place()
             _fsync_path(self.final.parent)
         except OSError as e:
             if not self.committed:
@@ -401,19 +392,120 @@ class Staging:
         (a private temporary directory), so an error's hint can point at them."""
         if not self.committed:
             shutil.rmtree(self.path, ignore_errors=True)
-            if not any(self.log_dir.iterdir()):
-                shutil.rmtree(self.log_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # gone already when a late commit step failed
+                os.rmdir(self.log_dir)          # only when empty
 
 
-def _exchange(a: Path, b: Path) -> None:
-    """Atomically swap two directories (renameat2 RENAME_EXCHANGE)."""
+    def _put_in_place(self) -> None:
+        """Rename the staging directory to DIR, checking again what DIR is now: a
+        checkpoint swapped out only if it is the one checked at start, and otherwise
+        nothing ever replaced (RENAME_NOREPLACE)."""
+        if self.found is None or self.found == _EMPTY:
+            if self.found == _EMPTY:
+                try:
+                    os.rmdir(self.final)  # fails if DIR is no longer an empty directory
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise _changed(self.final, e.strerror or str(e)) from e
+            try:
+                _rename(self.path, self.final, RENAME_NOREPLACE)
+            except FileExistsError:
+                raise _changed(self.final, "something was created there") from None
+            self.committed = True
+            return
+        # Swap in one step: DIR holds the old checkpoint or the new one, never neither.
+        _rename(self.path, self.final, RENAME_EXCHANGE)
+        swapped = _identity(self.path)  # what DIR held an instant ago
+        if swapped != self.found:
+            _rename(self.path, self.final, RENAME_EXCHANGE)  # put it back untouched
+            raise _changed(self.final, "it was replaced by something else")
+        self.committed = True
+        old = hidden_sibling(self.final, "old")
+        os.rename(self.path, old)  # self.path now holds the replaced checkpoint
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_EMPTY = (-1, -1)  # Staging.found for an empty directory: removed, not swapped, at commit
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def _identity(path: Path) -> Optional[tuple[int, int]]:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _changed(final: Path, why: str) -> StorageProblem:
+    return StorageProblem(f"{final} changed while the checkpoint was written ({why}); nothing was replaced",
+                          "run the checkpoint again")
+
+
+def _refuse(final: Path, what: str) -> StorageProblem:
+    return StorageProblem(f"{final} {what}; npusnap writes only a new directory, an empty one, "
+                          "or (with --replace) a checkpoint it wrote",
+                          "choose another directory")
+
+
+def _check_target(final: Path, replace: bool) -> Optional[tuple[int, int]]:
+    """What -D names, refused unless it is safe to write: None (absent), _EMPTY
+    (an empty directory) or the (dev, inode) of the checkpoint --replace replaces."""
+    if final.name in ("", ".", ".."):
+        raise StorageProblem(f"{final} cannot hold a checkpoint: -D must name the directory to create",
+                             "pass a path like /ckpt/job1")
+    try:
+        st = os.lstat(final)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StorageProblem(f"cannot look at {final}: {e.strerror}") from e
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(final, "is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "a device, socket or pipe"
+        raise _refuse(final, f"is {kind}, not a directory")
+    try:
+        fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise StorageProblem(f"cannot open {final}: {e.strerror}") from e
+    try:
+        names = os.listdir(fd)
+        fst = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+        raise _changed(final, "it was replaced while being checked")
+    if not names:
+        return _EMPTY
+    if MANIFEST not in names:
+        raise _refuse(final, "exists, is not empty and holds no checkpoint")
+    if not replace:
+        raise StorageProblem(f"{final} already holds a checkpoint",
+                             "choose another directory, or pass --replace to replace it")
+    try:
+        load_manifest(final)
+    except ImageInvalid as e:
+        raise _refuse(final, f"does not hold a checkpoint npusnap can read ({e.message})") from None
+    return (st.st_dev, st.st_ino)
+
+
+def _safe_prefix(name: str) -> str:
+    """A name for a temporary directory's prefix: printable ASCII, short."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64]
+
+
+def _rename(a: Path, b: Path, flags: int) -> None:
+    """renameat2(2): RENAME_EXCHANGE swaps two paths atomically, RENAME_NOREPLACE
+    fails with EEXIST rather than replace whatever is at b."""
     import ctypes
 
-    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    AT_FDCWD = -100
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
+    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), flags) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"cannot swap in the new checkpoint: {os.strerror(err)}", str(b))
+        raise OSError(err, os.strerror(err), str(b))
 
 
 class Writeback:

@@ -44,26 +44,29 @@ class Terminal:
             self._err = Console(stderr=True, highlight=False, soft_wrap=True)
         return self._err
 
-    # messages (stderr)
+    # messages (stderr), each one line whatever bytes the paths in it hold
     def info(self, message: str) -> None:
         if not self.json_mode:
-            self.err.print(message, markup=False)
+            self.err.print(shown(message), markup=False)
 
     def success(self, message: str) -> None:
         if not self.json_mode:
-            self.err.print(f"[green]✓[/green] {_escape(message)}")
+            self.err.print(f"[green]✓[/green] {_escape(shown(message))}")
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/yellow] {_escape(message)}")
+        self.err.print(f"[yellow]warning:[/yellow] {_escape(shown(message))}")
 
     def error(self, message: str) -> None:
-        self.err.print(f"[red]error:[/red] {_escape(message)}")
+        self.err.print(f"[red]error:[/red] {_escape(shown(message))}")
 
     @contextlib.contextmanager
-    def reporter(self) -> Iterator[Callable[[str, str], None]]:
+    def reporter(self, live: bool = True) -> Iterator[Callable[[str, str], None]]:
         """The pipeline's callback. On a terminal each phase is a live line, with bytes and
-        rate where the pipeline names a directory it fills ("watch"); scripts get no progress."""
-        with self.progress() as progress:
+        rate where the pipeline names a directory it fills ("watch"); scripts get no progress.
+        live=False when the terminal is a shell job's too (--shell-job): a live display hides
+        the cursor and redraws lines over what the job writes, and after a restore the job owns
+        the terminal; only plain messages go there then."""
+        with self.progress(live) as progress:
             watch: Optional[_Watch] = None
 
             def report(event: str, message: str) -> None:
@@ -76,7 +79,7 @@ class Terminal:
                     watch = _Watch(progress, message) if progress is not None else None
                 elif event == "watch":
                     if watch is not None:
-                        path, _, total = message.partition("\t")
+                        path, _, total = message.rpartition("\t")  # the path may hold a tab itself
                         watch.follow(Path(path), int(total or 0))
                 else:
                     self.info(message)
@@ -98,9 +101,9 @@ class Terminal:
         self.out.print(renderable)
 
     @contextlib.contextmanager
-    def progress(self) -> Iterator[Optional[Progress]]:
+    def progress(self, live: bool = True) -> Iterator[Optional[Progress]]:
         """A rich Progress on stderr when a person is watching, else None."""
-        if self.json_mode or not sys.stderr.isatty():
+        if self.json_mode or not live or not sys.stderr.isatty():
             yield None
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -162,6 +165,23 @@ def _tree_size(directory: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def shown(value: object) -> str:
+    """Text (a path, a name, a message) as one printable line: a control character or
+    an undecodable byte (a surrogate escape from the file system) shows as \\n, \\xff, ..."""
+    text = os.fsdecode(value) if isinstance(value, (bytes, os.PathLike)) else str(value)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable():
+            out.append(ch)
+        elif "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        else:
+            out.append(repr(ch)[1:-1])
+    return "".join(out)
 
 
 def _escape(text: str) -> str:

@@ -359,7 +359,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
                         t.bytes = dump_timing.bytes = sum(f.size for f in files if f.path.startswith(CRIU_DIR))
                     manifest = Manifest(
                         pid=pid,
-                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
                         host=socket.gethostname(),
                         kernel=platform.release(),
                         npusnap_version=__version__,

@@ -27,7 +27,7 @@ def parse_size(text: str) -> int:
     num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
     try:
         value = int(float(num) * units[unit])
-    except ValueError:
+    except (ValueError, OverflowError):  # nan, inf, 1e308G
         raise ValueError(f"not a size: {text!r} (try 4G, 512M)") from None
     if value <= 0:
         raise ValueError(f"size must be positive: {text!r}")

@@ -203,6 +203,7 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
     case TaskKind::DeviceToHost: src_len = t.size; dst_dev = false; src_dev = true; kernel = false; break;
     case TaskKind::DeviceToDevice: dst_len = src_len = t.size; src_dev = true; kernel = false; break;
     case TaskKind::Memset: dst_len = t.size; kernel = false; break;
+    case TaskKind::HostMemset: dst_dev = false; kernel = false; break;
     case TaskKind::Fill:
       if (!mul_ok(t.m, sizeof(float), &dst_len)) return ACL_ERROR_INVALID_PARAM;
       break;

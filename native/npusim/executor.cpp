@@ -69,6 +69,16 @@ int32_t client_copy(pid_t pid, char *local, uint64_t remote, uint64_t size, bool
   return ACL_SUCCESS;
 }
 
+// aclrtMemsetAsync on host memory: the client's pages are written in stream order, like a copy.
+int32_t client_memset(pid_t pid, uint64_t remote, uint64_t size, int32_t value) {
+  std::vector<char> pattern(std::min<uint64_t>(size, 1ULL << 20), static_cast<char>(value));
+  for (uint64_t done = 0; done < size; done += pattern.size()) {
+    const uint64_t len = std::min<uint64_t>(pattern.size(), size - done);
+    if (int32_t rc = transfer(pid, pattern.data(), remote + done, len, true); rc != ACL_SUCCESS) return rc;
+  }
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 
 int32_t run_work(Work &w) {
@@ -79,6 +89,7 @@ int32_t run_work(Work &w) {
     case TaskKind::DeviceToHost: return client_copy(w.pid, const_cast<char *>(w.src), t.dst, t.size, true);
     case TaskKind::DeviceToDevice: std::memmove(w.dst, w.src, t.size); return ACL_SUCCESS;
     case TaskKind::Memset: std::memset(w.dst, t.value, t.size); return ACL_SUCCESS;
+    case TaskKind::HostMemset: return client_memset(w.pid, t.dst, t.size, t.value);
     case TaskKind::Fill: kernels::fill(reinterpret_cast<float *>(w.dst), t.m, t.alpha); return ACL_SUCCESS;
     case TaskKind::Axpy:
       kernels::axpy(t.m, t.alpha, reinterpret_cast<const float *>(w.src), reinterpret_cast<float *>(w.dst));

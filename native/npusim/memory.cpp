@@ -146,9 +146,15 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
 
 static aclError memset_impl(void *devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream,
                             bool async) {
-  if (devPtr == nullptr || !is_dev(devPtr) || count > maxCount) return ACL_ERROR_INVALID_PARAM;
+  // CANN decides host or device by the address (acl_rt.h: "the system determines whether it is
+  // host or device according to the address").
+  if (devPtr == nullptr || count > maxCount) return ACL_ERROR_INVALID_PARAM;
+  if (!is_dev(devPtr) && !async) {
+    std::memset(devPtr, value, count);
+    return ACL_SUCCESS;
+  }
   proto::Task t{};
-  t.kind = proto::TaskKind::Memset;
+  t.kind = is_dev(devPtr) ? proto::TaskKind::Memset : proto::TaskKind::HostMemset;
   t.dst = reinterpret_cast<uint64_t>(devPtr);
   t.size = count;
   t.value = value;

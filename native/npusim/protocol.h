@@ -51,6 +51,7 @@ enum class TaskKind : uint32_t {
   Matmul,            // dst=C[m,n], src=A[m,k], src2=B[k,n]
   RecordEvent,       // event
   WaitEvent,         // event, target
+  HostMemset,        // dst host (client memory), size bytes of (uint8_t)value: aclrtMemsetAsync on host memory
 };
 
 struct Task {

@@ -109,8 +109,8 @@ void release_device(int32_t device) {
     delete s;
   }
   for (uint64_t va : addrs) r.allocs.erase(va);
-  for (auto it = r.peers.begin(); it != r.peers.end();)
-    it = (it->first == device || it->second == device) ? r.peers.erase(it) : std::next(it);
+  // Peer access stays: CANN keeps it in the driver (halDeviceEnableP2P) and a reset never
+  // disables it; only aclrtDeviceDisablePeerAccess (or aclFinalize here) ends it.
   r.devices.erase(device);
   if (r.current_device == device) r.current_device = -1;
 }

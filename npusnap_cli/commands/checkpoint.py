@@ -7,6 +7,7 @@ import click
 
 from ..backends import BACKENDS
 from ..criuopts import CriuOptions
+from ..numbers import Seconds
 from ..output import Terminal, human_bytes
 from . import criu_option, json_option, pid_argument
 from .criu_flags import dump_flags
@@ -24,11 +25,11 @@ from .criu_flags import dump_flags
 @click.option("--data-path", type=click.Choice(["auto", "direct", "in-process"]), default="auto", show_default=True,
               help="Device memory: straight from the device to DIR/device (direct, where the runtime allows), "
                    "or staged in the process and dumped by CRIU (in-process, the vendor way).")
-@click.option("--lock-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+@click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0, show_default=True,
               metavar="SECONDS", help="How long device work may take to quiesce.")
-@click.option("--lease", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--lease", type=Seconds(min=1), default=10.0, show_default=True, metavar="SECONDS",
               help="If npusnap dies mid-checkpoint, the workload unlocks itself after running this long.")
-@click.option("--criu-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+@click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
 @dump_flags
@@ -54,7 +55,7 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
                              criu=criu_opts)
-    with term.reporter() as report:
+    with term.reporter(live=not shell_job) as report:
         m = run_checkpoint(parse_pid(pid), opts, report=report)
     size = sum(f.size for f in m.files)
     if term.json_mode:

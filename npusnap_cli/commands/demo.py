@@ -5,13 +5,14 @@ from typing import Optional
 
 import click
 
+from ..numbers import Count
 from ..output import Terminal, human_bytes
 from . import json_option
 
 
 @click.command()
-@click.option("--steps", type=click.IntRange(4, 10000), default=30, show_default=True, help="Training steps.")
-@click.option("--checkpoint-at", type=click.IntRange(1), default=10, show_default=True,
+@click.option("--steps", type=Count(4, 10000), default=30, show_default=True, help="Training steps.")
+@click.option("--checkpoint-at", type=Count(1), default=10, show_default=True,
               help="Step at which to checkpoint.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Where to keep the checkpoint and logs (default: a new temporary directory).")

@@ -5,6 +5,7 @@ from typing import Optional
 
 import click
 
+from ..numbers import Count, Size
 from ..output import Terminal, human_bytes
 from . import json_option
 
@@ -19,8 +20,8 @@ def device() -> None:
 
 @device.command()
 @socket_option
-@click.option("--devices", type=click.IntRange(1, 64), default=2, show_default=True, help="Number of devices.")
-@click.option("--memory", default="4G", show_default=True, help="Memory per device (e.g. 4G, 512M).")
+@click.option("--devices", type=Count(1, 64), default=2, show_default=True, help="Number of devices.")
+@click.option("--memory", type=Size(), default="4G", show_default=True, help="Memory per device (e.g. 4G, 512M).")
 @json_option
 @click.pass_obj
 def start(term: Terminal, sock: Optional[str], devices: int, memory: str) -> None:

@@ -15,7 +15,7 @@ import shlex
 import stat
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,7 +23,7 @@ import click
 
 # The hidden names Staging (image.py) and prune give directories; the token is secrets.token_hex(4).
 from ..image import HIDDEN_SIBLING as HIDDEN
-from ..output import Terminal, human_bytes
+from ..output import Terminal, human_bytes, shown
 from . import json_option
 
 
@@ -68,8 +68,18 @@ def scan(directory: Path, verify: bool = False) -> list[Entry]:
                                           "deleting": "removal by prune unfinished"}[m["kind"]]))
         elif os.path.isfile(path / "manifest.yaml") and not os.path.islink(path / "manifest.yaml"):
             entries.append(_checkpoint(path, child.name, verify))
-    entries.sort(key=lambda e: (-e.timestamp, e.name))
+    entries.sort(key=_newest_first)
     return entries
+
+
+def _newest_first(e: Entry) -> tuple[float, int, str]:
+    """By creation time; a tie (older manifests have whole seconds) goes to the
+    manifest written last (its mtime has nanoseconds), then to the name."""
+    try:
+        written = os.lstat(os.path.join(e.path, "manifest.yaml")).st_mtime_ns
+    except OSError:
+        written = 0
+    return (-e.timestamp, -written, e.name)
 
 
 def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
@@ -86,8 +96,10 @@ def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
         return entry
     entry.created = str(m.created)
     try:
-        entry.timestamp = datetime.fromisoformat(str(m.created)).timestamp()
-    except ValueError:
+        when = datetime.fromisoformat(str(m.created))
+        # A time without a zone is UTC, as npusnap writes it; never the reader's local time.
+        entry.timestamp = (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+    except (ValueError, OverflowError, OSError):
         pass
     entry.pid = m.pid
     argv = [str(a) for a in m.command] if m.command else [p.comm for p in m.processes[:1]]
@@ -158,11 +170,11 @@ def list_checkpoints(term: Terminal, directory: Path, verify: bool) -> None:
     notes = []
     for e in entries:
         style = {"valid": "green", "invalid": "red", "incomplete": "yellow", "leftover": "yellow"}[e.state]
-        table.add_row(Text(e.name), Text(_when(e.timestamp)), Text(str(e.pid) if e.pid is not None else "-"),
-                      Text(e.command or "-"), Text(human_bytes(e.bytes or e.disk_bytes)),
+        table.add_row(Text(shown(e.name)), Text(_when(e.timestamp)), Text(str(e.pid) if e.pid is not None else "-"),
+                      Text(shown(e.command or "-")), Text(human_bytes(e.bytes or e.disk_bytes)),
                       Text(e.device or "-"), Text(e.state, style=style))
         if e.problem:
-            notes.append(Text(f"{e.name}: {e.state}: {e.problem}", style="dim"))
+            notes.append(Text(shown(f"{e.name}: {e.state}: {e.problem}"), style="dim"))
     term.render(table)
     for note in notes:
         term.render(note)

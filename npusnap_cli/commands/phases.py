@@ -9,6 +9,7 @@ from typing import Any, Optional
 import click
 
 from ..criuopts import CriuOptions
+from ..numbers import Seconds
 from ..output import Terminal
 from . import criu_option, json_option, pid_argument
 from .criu_flags import dump_flags
@@ -70,7 +71,7 @@ def status(term: Terminal, pid: str) -> None:
 
 @click.command()
 @pid_argument
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
+@click.option("--timeout", type=Seconds(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
               help="How long device work may take to quiesce.")
 @json_option
 @click.pass_obj
@@ -135,7 +136,7 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
                              tcp_established=tcp_established, replace=replace, criu_path=criu_path,
                              criu=criu_opts)
-    with term.reporter() as report:
+    with term.reporter(live=not shell_job) as report:
         m = checkpoint(parse_pid(pid), opts, report=report, device_phases=False)
     if term.json_mode:
         term.data("dump", {"directory": str(directory.absolute()), "pid": m.pid,

@@ -24,7 +24,8 @@ import click
 
 from ..image import HIDDEN_SIBLING as HIDDEN
 from ..image import hidden_sibling
-from ..output import Terminal, human_bytes
+from ..numbers import Count
+from ..output import Terminal, human_bytes, shown
 from . import json_option
 from .list import Entry, scan
 
@@ -77,7 +78,7 @@ def _hidden_kind(path: Path) -> str:
 
 @click.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--keep", type=click.IntRange(min=0), required=True, metavar="N",
+@click.option("--keep", type=Count(min=0), required=True, metavar="N",
               help="How many valid checkpoints to keep (the newest by creation time).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 @click.option("--verify", is_flag=True, help="Recompute checksums to decide what is valid (slow).")
@@ -116,7 +117,7 @@ def prune(term: Terminal, directory: Path, keep: int, dry_run: bool, verify: boo
     else:
         verb = "would delete" if dry_run else "deleted"
         for d in deleted:
-            click.echo(f"{verb}  {d['path']}  ({d['reason']})")
+            click.echo(shown(f"{verb}  {d['path']}  ({d['reason']})"))
         for e, r in kept:
             if e.state != "valid":
                 term.warn(f"kept {e.path}: {r}")

@@ -37,7 +37,7 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
 
     term: Terminal = ctx.obj
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
-    with term.reporter() as report:
+    with term.reporter(live=not _shell_job(directory)) as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
                                             device_map=mapping, criu=criu_opts), report=report)
     if pidfile:
@@ -56,6 +56,18 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     if term.json_mode:
         term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code})
     ctx.exit(code)
+
+
+def _shell_job(directory: Path) -> bool:
+    """Whether the checkpoint is a shell job's: it is restored onto our terminal, where a
+    live progress display would draw over it. Errors are left to the restore to report."""
+    from ..errors import NpusnapError
+    from ..image import load_manifest
+
+    try:
+        return bool(load_manifest(directory.absolute()).options.get("shell_job"))
+    except NpusnapError:
+        return False
 
 
 def _device_map(directory: Path, items: tuple[str, ...]) -> dict[str, str]:

@@ -193,3 +193,58 @@ def test_list_a_real_checkpoint(tmp_path: Path) -> None:
     finally:
         kill_and_wait(p.pid)
         p.wait()
+
+
+def _made_at(final: Path, created: str) -> Path:
+    s = Staging(final)
+    (s.criu_dir / "core.img").write_bytes(b"c" * 64)
+    m = Manifest(pid=1, created=created, host="h", kernel="k", npusnap_version="0.1.0", criu_version="4.2.1",
+                 files=s.seal())
+    return s.commit(m)
+
+
+def test_prune_keeps_the_newer_of_two_made_in_the_same_second(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    d = tmp_path / "ck"
+    d.mkdir()
+    # Sub-second `created` decides, even against name order and manifest mtimes.
+    later = _made_at(d / "a-later", "2024-01-01T12:00:00.900000+00:00")
+    earlier = _made_at(d / "b-earlier", "2024-01-01T12:00:00.100000+00:00")
+    os.utime(later / "manifest.yaml", (1, 1))
+    # Whole-second manifests (older npusnap) that tie: the one written last stays.
+    old_first = _made_at(d / "m-first", "2023-01-01T12:00:00+00:00")
+    old_second = _made_at(d / "n-second", "2023-01-01T12:00:00+00:00")
+    t = time.time()
+    os.utime(old_first / "manifest.yaml", (t - 10, t - 10))
+    order = [Path(c["path"]).name for c in json.loads(run(capsys, "list", d, "--json")[1])["checkpoints"]]
+    assert order == ["a-later", "b-earlier", "n-second", "m-first"]
+    rc, out, err = run(capsys, "prune", d, "--keep", "1", "--json")
+    assert rc == 0, err
+    assert sorted(p.name for p in d.iterdir()) == ["a-later"]
+    assert not earlier.exists() and not old_second.exists()
+
+
+@requires_criu
+def test_prune_keep_1_after_two_quick_checkpoints(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = subprocess.Popen(["setsid", "sleep", "100"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.1)
+        d = tmp_path / "ck"
+        d.mkdir()
+        for name in ("z-first", "a-second"):  # name order opposite to time order
+            npusnap("checkpoint", p.pid, "-D", d / name, "--device", "none", "--leave-running", check=True)
+        created = load_created(d / "a-second")
+        assert "." in created  # sub-second resolution
+        rc, out, err = run(capsys, "prune", d, "--keep", "1")
+        assert rc == 0, err
+        assert [c.name for c in d.iterdir()] == ["a-second"]
+    finally:
+        kill_and_wait(p.pid)
+        p.wait()
+
+
+def load_created(path: Path) -> str:
+    from npusnap_cli.image import load_manifest
+
+    return str(load_manifest(path).created)

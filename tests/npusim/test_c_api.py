@@ -321,6 +321,75 @@ int main(void) {
 """
 
 
+HOST_MEMSET = r"""
+int main(void) {
+    enum { N = (3 << 20) + 77 };
+    CHECK(aclInit(NULL));
+    CHECK(aclrtSetDevice(0));
+    /* CANN: host or device, decided by the address; malloc'd and aclrtMallocHost memory alike. */
+    unsigned char *plain = malloc(N), *pinned;
+    CHECK(aclrtMallocHost((void **)&pinned, N));
+    memset(plain, 1, N);
+    CHECK(aclrtMemset(plain, N, 0xAB, N));
+    for (size_t k = 0; k < N; k++) ASSERT(plain[k] == 0xAB);
+    CHECK(aclrtMemset(pinned + 3, N - 3, 0x11, N - 3));
+    for (size_t k = 3; k < N; k++) ASSERT(pinned[k] == 0x11);
+    EXPECT(aclrtMemset(plain, 10, 0, 11), ACL_ERROR_INVALID_PARAM);   /* maxCount still counts */
+    EXPECT(aclrtMemset(NULL, 10, 0, 10), ACL_ERROR_INVALID_PARAM);
+    /* Async on host memory runs in stream order: after the D2H copy queued before it. */
+    aclrtStream stream;
+    CHECK(aclrtCreateStream(&stream));
+    void *dev;
+    CHECK(aclrtMalloc(&dev, N, ACL_MEM_MALLOC_HUGE_FIRST));
+    CHECK(aclrtMemset(dev, N, 0x22, N));
+    CHECK(aclrtMemcpyAsync(pinned, N, dev, N, ACL_MEMCPY_DEVICE_TO_HOST, stream));
+    CHECK(aclrtMemsetAsync(pinned, N / 2, 0x33, N / 2, stream));
+    CHECK(aclrtSynchronizeStream(stream));
+    for (size_t k = 0; k < N; k++) ASSERT(pinned[k] == (k < N / 2 ? 0x33 : 0x22));
+    CHECK(aclrtFree(dev));
+    CHECK(aclrtFreeHost(pinned));
+    free(plain);
+    CHECK(aclrtDestroyStream(stream));
+    CHECK(aclFinalize());
+    printf("OK\n");
+    return 0;
+}
+"""
+
+PEER_AFTER_RESET = r"""
+int main(void) {
+    enum { N = 4096 };
+    static unsigned char src[N], dst[N];
+    for (int i = 0; i < N; i++) src[i] = (unsigned char)(i * 7 + 3);
+    CHECK(aclInit(NULL));
+    CHECK(aclrtSetDevice(1));
+    CHECK(aclrtSetDevice(0));
+    CHECK(aclrtDeviceEnablePeerAccess(1, 0));
+    /* Resetting the peer frees its resources, not the link the driver holds for device 0. */
+    CHECK(aclrtResetDeviceForce(1));
+    CHECK(aclrtDeviceDisablePeerAccess(1));
+    EXPECT(aclrtDeviceDisablePeerAccess(1), ACL_ERROR_INVALID_PARAM);
+    /* And a link kept over the reset still carries copies once device 1 is set again. */
+    CHECK(aclrtDeviceEnablePeerAccess(1, 0));
+    CHECK(aclrtResetDevice(1));
+    CHECK(aclrtSetDevice(1));
+    void *a1;
+    CHECK(aclrtMalloc(&a1, N, ACL_MEM_MALLOC_HUGE_FIRST));
+    CHECK(aclrtSetDevice(0));
+    void *a0;
+    CHECK(aclrtMalloc(&a0, N, ACL_MEM_MALLOC_HUGE_FIRST));
+    CHECK(aclrtMemcpy(a0, N, src, N, ACL_MEMCPY_HOST_TO_DEVICE));
+    CHECK(aclrtMemcpy(a1, N, a0, N, ACL_MEMCPY_DEVICE_TO_DEVICE));
+    CHECK(aclrtMemcpy(dst, N, a1, N, ACL_MEMCPY_DEVICE_TO_HOST));
+    ASSERT(memcmp(src, dst, N) == 0);
+    CHECK(aclrtDeviceDisablePeerAccess(1));
+    CHECK(aclFinalize());
+    printf("OK\n");
+    return 0;
+}
+"""
+
+
 def test_memory_round_trips_and_argument_checks(npusim_daemon, tmp_path: Path) -> None:
     assert build_and_run(MEMORY, npusim_daemon, tmp_path) == "OK\n"
 
@@ -335,3 +404,11 @@ def test_peer_access(npusim_daemon, tmp_path: Path) -> None:
 
 def test_snapshot_callbacks(npusim_daemon, tmp_path: Path) -> None:
     assert build_and_run(CALLBACKS, npusim_daemon, tmp_path) == "OK\n"
+
+
+def test_memset_on_host_memory(npusim_daemon, tmp_path: Path) -> None:
+    assert build_and_run(HOST_MEMSET, npusim_daemon, tmp_path) == "OK\n"
+
+
+def test_peer_access_survives_a_reset_of_the_peer(npusim_daemon, tmp_path: Path) -> None:
+    assert build_and_run(PEER_AFTER_RESET, npusim_daemon, tmp_path) == "OK\n"
