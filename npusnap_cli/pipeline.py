@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from . import __version__, backends, devicecheck
 from .criu import Criu, DumpOptions, become_subreaper, find_criu
-from .errors import CriuFailed, Interrupted, NpusnapError, WrongState
+from .errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
 from .image import (
     CRIU_DIR,
@@ -40,8 +40,10 @@ from .image import (
     Staging,
     Writeback,
     load_manifest,
+    restore_log_dir,
     verify,
 )
+from .imagesview import ImagesView
 from .target import open_target, proc_stat, process_exists, wait_gone
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
@@ -319,14 +321,15 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
         raise CriuFailed(f"pid {pid} from the checkpoint is held by a zombie that process {parent} has not reaped",
                          f"process {parent} must wait() for its child, or exit")
     criu = Criu(find_criu(opts.criu_path))
-    log_dir = root / LOG_DIR
-    if not os.access(log_dir, os.W_OK):
+    try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
+        log_dir = restore_log_dir(root)
+    except (OSError, ImageInvalid):
         log_dir = Path(tempfile.mkdtemp(prefix="npusnap-restore-logs-"))
-        report("info", f"checkpoint directory is read-only; CRIU logs go to {log_dir}")
+        report("info", f"cannot write logs in {root / LOG_DIR}; CRIU logs go to {log_dir}")
     become_subreaper()  # the restored root is adopted by us once `criu swrk` exits: we can wait for it
-    with Signals() as signals:
+    with Signals() as signals, ImagesView() as view:
         with phase("criu-restore"), signals.critical():
-            pid = criu.restore(root / CRIU_DIR, log_dir,
+            pid = criu.restore(view.enter(root / CRIU_DIR, report), log_dir,
                                shell_job=bool(manifest.options.get("shell_job")),
                                tcp_established=bool(manifest.options.get("tcp_established")))
         if manifest.device.backend != "none" and not opts.criu_only:
