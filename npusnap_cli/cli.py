@@ -126,7 +126,10 @@ def main(argv: Optional[list[str]] = None) -> Any:
     except Exception as e:  # a bug: one line unless asked for more
         if _debug_env():
             raise
-        click.echo(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
+        from .output import term_safe
+
+        click.echo(term_safe(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)"),
+                   err=True)
         sys.exit(3)
 
 
@@ -135,5 +138,7 @@ def _fail(error: NpusnapError) -> None:
         import traceback
 
         traceback.print_exc()
-    click.echo(f"npusnap: error: {error.one_line()}", err=True)
+    from .output import term_safe
+
+    click.echo(f"npusnap: error: {term_safe(error.one_line())}", err=True)
     sys.exit(error.exit_code)

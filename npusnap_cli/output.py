@@ -47,7 +47,7 @@ class Terminal:
     # messages (stderr)
     def info(self, message: str) -> None:
         if not self.json_mode:
-            self.err.print(message, markup=False)
+            self.err.print(term_safe(message, keep_newlines=True), markup=False)
 
     def success(self, message: str) -> None:
         if not self.json_mode:
@@ -167,7 +167,16 @@ def _tree_size(directory: Path) -> int:
 def _escape(text: str) -> str:
     from rich.markup import escape
 
-    return escape(text)
+    return escape(term_safe(text))
+
+
+def term_safe(text: object, keep_newlines: bool = False) -> str:
+    """Text safe for a terminal: every non-printable character (ESC, CR, C1 controls, ...)
+    shown as its Python escape, so nothing read from a workload or a checkpoint (argv, comm,
+    paths, names) can move the cursor, repaint the screen or forge a line. The one place
+    that does this: every human-readable output goes through it."""
+    return "".join(c if c.isprintable() or (keep_newlines and c in "\n\t") else repr(c)[1:-1]
+                   for c in str(text))
 
 
 def human_bytes(n: float) -> str:

@@ -23,7 +23,7 @@ import click
 
 # The hidden names Staging (image.py) and prune give directories; the token is secrets.token_hex(4).
 from ..image import HIDDEN_SIBLING as HIDDEN
-from ..output import Terminal, human_bytes
+from ..output import Terminal, human_bytes, term_safe
 from . import json_option
 
 
@@ -158,11 +158,13 @@ def list_checkpoints(term: Terminal, directory: Path, verify: bool) -> None:
     notes = []
     for e in entries:
         style = {"valid": "green", "invalid": "red", "incomplete": "yellow", "leftover": "yellow"}[e.state]
-        table.add_row(Text(e.name), Text(_when(e.timestamp)), Text(str(e.pid) if e.pid is not None else "-"),
-                      Text(e.command or "-"), Text(human_bytes(e.bytes or e.disk_bytes)),
-                      Text(e.device or "-"), Text(e.state, style=style))
+        # Names, commands and problems come from directories and workloads: escaped for the terminal.
+        table.add_row(Text(term_safe(e.name)), Text(_when(e.timestamp)),
+                      Text(str(e.pid) if e.pid is not None else "-"),
+                      Text(term_safe(e.command or "-")), Text(human_bytes(e.bytes or e.disk_bytes)),
+                      Text(term_safe(e.device or "-")), Text(e.state, style=style))
         if e.problem:
-            notes.append(Text(f"{e.name}: {e.state}: {e.problem}", style="dim"))
+            notes.append(Text(term_safe(f"{e.name}: {e.state}: {e.problem}"), style="dim"))
     term.render(table)
     for note in notes:
         term.render(note)

@@ -58,15 +58,20 @@ def status(term: Terminal, pid: str) -> None:
     if term.json_mode:
         term.data("status", doc)
         return
+    from rich.markup import escape
+    from rich.text import Text
+
+    from ..output import term_safe
+
     agent = "agent loaded" if doc["agent"] else "no agent (npusnap run / attach to add it)"
-    term.render(f"process {target.pid}: [bold]{doc['state']}[/bold]"
+    term.render(f"process {target.pid}: [bold]{escape(term_safe(doc['state']))}[/bold]"
                 f"{' (stopped)' if doc['stopped'] else ''}; {agent}")
     if doc["runtime"]:
-        term.render(f"  runtime: {doc['runtime']}")
+        term.render(Text(f"  runtime: {term_safe(doc['runtime'])}"))
     if doc["device"]:
         d = doc["device"]
-        term.render(f"  device: {d.get('allocations', 0)} allocations, {d.get('bytes', 0)} bytes"
-                    f" on devices {d.get('devices', [])}")
+        term.render(Text(term_safe(f"  device: {d.get('allocations', 0)} allocations, {d.get('bytes', 0)} bytes"
+                                   f" on devices {d.get('devices', [])}")))
 
 
 @click.command()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Optional
@@ -38,9 +39,7 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
                                             device_map=mapping), report=report)
     if pidfile:
-        tmp = pidfile.with_name(pidfile.name + ".tmp")
-        tmp.write_text(f"{result.pid}\n")
-        os.replace(tmp, pidfile)
+        _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]
     if detach:
         if term.json_mode:
@@ -53,6 +52,33 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     if term.json_mode:
         term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code})
     ctx.exit(code)
+
+
+def _write_pidfile(pidfile: Path, pid: int) -> None:
+    """A random temporary name made with O_EXCL|O_NOFOLLOW, then renamed: a link planted
+    in a shared directory is never written through."""
+    import secrets
+
+    from ..errors import StorageProblem
+
+    for _ in range(8):
+        tmp = pidfile.with_name(f".{pidfile.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise StorageProblem(f"cannot write the pidfile {pidfile}: {e.strerror}") from e
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{pid}\n")
+            os.replace(tmp, pidfile)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StorageProblem(f"cannot write the pidfile {pidfile}: {e.strerror}") from e
+        return
+    raise StorageProblem(f"cannot pick a temporary name for the pidfile {pidfile}")
 
 
 def _device_map(directory: Path, items: tuple[str, ...]) -> dict[str, str]:
