@@ -29,6 +29,7 @@ from .errors import ImageInvalid, StorageProblem
 FORMAT_VERSION = 1
 MANIFEST = "manifest.yaml"
 MANIFEST_CHECKSUM_KEY = "manifest_checksum"
+SIGNATURE = "manifest.sig"  # optional, signing.py
 CRIU_DIR = "criu"
 DEVICE_DIR = "device"
 LOG_DIR = "logs"
@@ -300,7 +301,7 @@ def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[st
 
 def check_tree(root: Path) -> None:
     """Refuse a link or an unexpected file anywhere in the directory, logs/ included: the
-    top level holds only the manifest and the three subdirectories; criu/ and device/ only
+    top level holds only the manifest (and its signature) and the three subdirectories; criu/ and device/ only
     directories and regular files (their listing is checked against the manifest); logs/
     only LOG_NAMES and restore-* directories of LOG_NAMES. Every file must be regular."""
     def bad(rel: str, what: str) -> ImageInvalid:
@@ -319,7 +320,7 @@ def check_tree(root: Path) -> None:
 
     for name in sorted(os.listdir(root)):
         mode = kind(root / name, name)
-        if name == MANIFEST and stat.S_ISREG(mode):
+        if name in (MANIFEST, SIGNATURE) and stat.S_ISREG(mode):
             continue
         if name not in (*CHECKSUMMED_DIRS, LOG_DIR) or not stat.S_ISDIR(mode):
             raise bad(name, "is not part of a checkpoint")

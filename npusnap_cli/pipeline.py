@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from . import __version__, backends, devicecheck
+from . import __version__, backends, devicecheck, signing
 from .criu import Criu, DumpOptions, become_subreaper, find_criu
 from .errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
 from .guardian import Guardian
@@ -75,6 +75,8 @@ class RestoreOptions:
     verify: bool = True
     criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
     device_map: Optional[dict[str, str]] = None  # cuda: old GPU UUID -> new
+    require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
+    trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
 
 
 @dataclass
@@ -305,6 +307,7 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
     root = opts.directory.absolute()
     phase = Phases(report)
     with phase("verify"):
+        signing.check(root, opts.trusted_keys, opts.require_signature)  # even with --no-verify
         manifest = load_manifest(root)
         if opts.verify:
             # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.

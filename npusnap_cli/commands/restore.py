@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from ..output import Terminal
-from . import criu_option, json_option
+from . import criu_option, json_option, trust_options
 
 
 @click.command()
@@ -20,11 +20,13 @@ from . import criu_option, json_option
               help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
 @click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
               help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
+@trust_options
 @criu_option
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str]) -> None:
+            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str], require_signature: bool,
+            trusted_keys: tuple[Path, ...]) -> None:
     """Restore the process checkpointed in DIRECTORY.
 
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
@@ -37,7 +39,8 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     with term.reporter() as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
-                                            device_map=mapping), report=report)
+                                            device_map=mapping, require_signature=require_signature,
+                                            trusted_keys=list(trusted_keys)), report=report)
     if pidfile:
         _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]
