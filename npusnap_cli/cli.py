@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("list:list_checkpoints", "List the checkpoints under a directory, valid or not."),
     "prune": ("prune:prune", "Delete all but the newest N valid checkpoints in a directory."),
     "config": ("config:config", "Show the effective configuration and where each value came from."),
+    "key": ("key:key", "Generate Ed25519 keys for signing checkpoints."),
 }
 
 

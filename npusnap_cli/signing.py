@@ -68,6 +68,28 @@ def trusted_keys(files: Sequence[Path]) -> dict[bytes, Any]:
     return keys
 
 
+def generate_keypair(private: Path, public: Path) -> str:
+    """A new Ed25519 pair as PEM files, created with O_EXCL (private 0600); returns the public key, hex."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from .errors import StorageProblem
+
+    key = Ed25519PrivateKey.generate()
+    blobs = ((private, 0o600, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption())),
+             (public, 0o644, key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                           serialization.PublicFormat.SubjectPublicKeyInfo)))
+    for path, mode, data in blobs:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        except OSError as e:
+            raise StorageProblem(f"cannot create {path}: {e.strerror}", "choose a path that does not exist yet") from e
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return _raw_public(key).hex()
+
+
 class Signer:
     """Loaded before a checkpoint starts (a bad key fails first), used once it is committed."""
 

@@ -42,7 +42,11 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pat
     if not criu_works():
         pytest.skip("CRIU does not work here")
     base = tmp_path_factory.mktemp("signing")
-    private, public = _keypair(base, "ops")
+    private, public = base / "ops.pem", base / "ops.pub"
+    r = npusnap("key", "generate", private, public, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert os.stat(private).st_mode & 0o777 == 0o600
+    assert npusnap("key", "generate", private, base / "x.pub", timeout=60).returncode == 12  # never overwrites
     _, other_public = _keypair(base, "other")
     w = Workload([sys.executable, "-u", "-c", LOOP], base / "w.out")
     try:
