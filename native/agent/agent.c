@@ -761,7 +761,8 @@ static void serve(int c)
  * agent, loaded under another path): then we must not start a second one. */
 static int held_by_us(const struct sockaddr_un *sa, socklen_t salen)
 {
-    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking: a squatter that never accepts (full backlog) must not hang us here. */
+    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c < 0)
         return 0;
     struct ucred cr = {0};

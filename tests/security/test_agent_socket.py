@@ -27,6 +27,9 @@ pid, mode = sys.argv[1], sys.argv[2]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.bind("\0npusnap-agent-" + pid)
 s.listen(1 if mode == "answer" else 0)
+if mode == "silent":  # fill the backlog: a blocking connect to this name now hangs
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    filler.connect("\0npusnap-agent-" + pid)
 print("squatting", flush=True)
 while mode == "answer":
     c, _ = s.accept()
@@ -86,10 +89,11 @@ def test_status_never_talks_to_a_squatter(tmp_path, squat, mode):
         w.stop()
 
 
-def test_attach_injects_despite_a_squatter(tmp_path, squat):
+@pytest.mark.parametrize("mode", ["answer", "silent"])
+def test_attach_injects_despite_a_squatter(tmp_path, squat, mode):
     w = _start(tmp_path, agent=False)
     try:
-        squat(w.pid, "answer")
+        squat(w.pid, mode)
         r = npusnap("attach", w.pid, "--json", timeout=60)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["injected"] is True
