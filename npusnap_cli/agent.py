@@ -1,8 +1,13 @@
 """Client of the agent that lives inside a target process (native/agent/).
 
-The agent listens on the abstract Unix socket ``@npusnap-agent-<pid>``. Each
-request is one connection: one line out, one JSON line back, closed by the
-agent. No connection is kept, so CRIU can dump the process between requests.
+The agent listens on the abstract Unix socket ``@npusnap-agent-<pid>``, or
+``@npusnap-agent-<pid>-<hex>`` when another process squats that name (anyone
+may bind any abstract name). So a name proves nothing: the client finds the
+listening socket among the target's own descriptors and, once connected,
+requires SO_PEERCRED to name the target's pid and uid (the agent checks our
+uid in turn). Each request is one connection: one line out, one JSON line
+back, closed by the agent. No connection is kept, so CRIU can dump the
+process between requests.
 
 A lock may be held on a lease (``lock(timeout_s, lease_s)``, ``renew(lease_s)``):
 if the CLI stops renewing it (it died), the agent puts the process back to
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -66,6 +73,13 @@ class AgentNotFound(AgentProblem):
     """No agent listens for that pid (or the process does not exist)."""
 
     default_hint = _START_HINT
+
+
+class AgentImpostor(AgentProblem):
+    """The socket under the agent's name is not the target's own: someone squats it."""
+
+    default_hint = ("another user's process has bound the agent's socket name; npusnap ignores it "
+                    "(run as root, or as the target's owner, to find the agent through the target's descriptors)")
 
 
 class AgentProtocolError(AgentProblem):
@@ -201,11 +215,18 @@ class AgentClient:
         return reply
 
     def _exchange(self, command: str, timeout: float) -> str:
+        names = agent_sockets(self.pid)
+        if names is None:
+            # The target's descriptors are hidden from us (another user's process): try the plain
+            # name; the credentials check below refuses a squatter, and the agent refuses us.
+            names = [agent_socket_name(self.pid)]
+        elif not names:
+            raise AgentNotFound(self._not_found_message())
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.connect_timeout)
             try:
-                sock.connect(agent_socket_name(self.pid))
+                sock.connect(names[0])
             except (FileNotFoundError, ConnectionRefusedError) as e:
                 raise AgentNotFound(self._not_found_message()) from e
             except socket.timeout as e:
@@ -213,6 +234,7 @@ class AgentClient:
                     f"the agent of process {self.pid} did not accept a connection within "
                     f"{self.connect_timeout:g} s (busy with a long backup or restore?)"
                 ) from e
+            self._check_peer(sock, names[0])
             sock.settimeout(timeout)
             chunks: list[bytes] = []
             try:
@@ -247,10 +269,92 @@ class AgentClient:
         finally:
             sock.close()
 
+    def _check_peer(self, sock: socket.socket, name: str) -> None:
+        """The listener must be the target itself: SO_PEERCRED holds the credentials the
+        kernel took when the socket started listening (a restored agent's are its own)."""
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        peer_pid, peer_uid, _ = struct.unpack("3i", raw)
+        uids = _uids(self.pid)
+        if peer_pid != self.pid or (uids and peer_uid not in uids):
+            raise AgentImpostor(
+                f"the socket @{name[1:]} belongs to process {peer_pid} (uid {peer_uid}), not to process "
+                f"{self.pid}: refusing to talk to it"
+            )
+
     def _not_found_message(self) -> str:
         if not Path(f"/proc/{self.pid}").exists():
             return f"no such process {self.pid}"
-        return f"no npusnap agent is listening in process {self.pid}"
+        message = f"no npusnap agent is listening in process {self.pid}"
+        if _listening_names(None, self.pid):
+            message += f" (another process holds @{agent_socket_name(self.pid)[1:]}: ignored)"
+        return message
+
+
+_SO_ACCEPTCON = 0x10000  # /proc/net/unix Flags: a listening socket
+_SOCK_STREAM = "0001"
+
+
+def _agent_name_re(pid: int) -> re.Pattern[str]:
+    return re.compile(re.escape(agent_socket_name(pid)[1:]) + r"(-[0-9a-f]{16})?")
+
+
+def _listening_names(inodes: Optional[set[str]], pid: int, netns_of: Optional[int] = None) -> list[str]:
+    """Listening stream sockets named like pid's agent in a network namespace's /proc/net/unix
+    (netns_of's, else ours), restricted to `inodes` when given; names with their leading NUL."""
+    pattern = _agent_name_re(pid)
+    where = f"/proc/{netns_of}/net/unix" if netns_of else "/proc/self/net/unix"
+    names = []
+    try:
+        with open(where, encoding="utf-8", errors="replace") as f:
+            next(f, None)
+            for line in f:
+                parts = line.rstrip("\n").split(None, 7)
+                if len(parts) < 8 or parts[4] != _SOCK_STREAM:
+                    continue
+                try:
+                    listening = int(parts[3], 16) & _SO_ACCEPTCON
+                except ValueError:
+                    continue
+                if not listening or (inodes is not None and parts[6] not in inodes):
+                    continue
+                path = parts[7]
+                if path.startswith("@") and pattern.fullmatch(path[1:]):
+                    names.append("\0" + path[1:])
+    except OSError:
+        return []
+    return sorted(names, key=len)  # the plain name first
+
+
+def agent_sockets(pid: int) -> Optional[list[str]]:
+    """The agent's listening socket names among process pid's own descriptors (leading NUL
+    included); None when we may not read its descriptors (another user's process)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except PermissionError:
+        return None
+    except OSError:
+        return []
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link.endswith("]"):
+            inodes.add(link[8:-1])
+    return _listening_names(inodes, pid, netns_of=pid) if inodes else []
+
+
+def _uids(pid: int) -> set[int]:
+    """The process's real, effective, saved and filesystem uids (empty when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return {int(x) for x in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
 
 
 def has_agent(pid: int, library_name: str = AGENT_LIB.name) -> bool:

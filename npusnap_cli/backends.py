@@ -279,6 +279,8 @@ def agent_error(e: Exception, doing: str) -> NpusnapError:
     hint = getattr(e, "hint", None)
     if isinstance(e, agent.AgentNotFound):
         return WrongState(message, hint)
+    if isinstance(e, agent.AgentImpostor):
+        return PermissionProblem(message, hint)
     if isinstance(e, agent.InjectFailed):
         kind = {agent.INJECT_NO_PROCESS: TargetNotFound,
                 agent.INJECT_PERMISSION: PermissionProblem}.get(e.exit_status, DeviceFailed)

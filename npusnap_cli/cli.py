@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("list:list_checkpoints", "List the checkpoints under a directory, valid or not."),
     "prune": ("prune:prune", "Delete all but the newest N valid checkpoints in a directory."),
     "config": ("config:config", "Show the effective configuration and where each value came from."),
+    "key": ("key:key", "Generate Ed25519 keys for signing checkpoints."),
 }
 
 
@@ -143,7 +144,10 @@ def _main(argv: Optional[list[str]]) -> Any:
     except Exception as e:  # a bug: one line unless asked for more
         if _debug_env():
             raise
-        click.echo(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
+        from .output import shown
+
+        click.echo(shown(f"npusnap: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)"),
+                   err=True)
         sys.exit(3)
 
 

@@ -3,7 +3,9 @@
     DIR/manifest.yaml   written last; lists every image file with size and checksum
     DIR/criu/           CRIU images
     DIR/device/         device images written by a backend itself
-    DIR/logs/           CRIU and agent logs (not checksummed: restore appends to them)
+    DIR/logs/           CRIU logs (not checksummed: diagnostics). Only regular files with the
+                        names CRIU's runs write (LOG_NAMES) and restore-* subdirectories, each
+                        created fresh and private by one restore, holding only such files.
 
 A checkpoint is built under a temporary sibling name and renamed into place
 only when complete, so a partial checkpoint never looks valid.
@@ -28,10 +30,15 @@ from .errors import ImageInvalid, StorageProblem
 FORMAT_VERSION = 1
 MANIFEST = "manifest.yaml"
 MANIFEST_CHECKSUM_KEY = "manifest_checksum"
+SIGNATURE = "manifest.sig"  # optional, signing.py
 CRIU_DIR = "criu"
 DEVICE_DIR = "device"
 LOG_DIR = "logs"
 CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
+# What may sit in logs/ besides restore-* directories: dump's logs, and those of restores
+# made before restores got their own directory. Never written through: see restore_log_dir.
+LOG_NAMES = frozenset({"dump.log", "stats-dump", "restore.log", "stats-restore"})
+RESTORE_LOG_DIR = re.compile(r"^restore-[A-Za-z0-9_]{8}$")
 CHUNK = 8 << 20
 
 # Hidden siblings npusnap names itself: `.NAME.partial-*` (being written),
@@ -289,7 +296,66 @@ def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[st
     for rel in image_files(root):
         if str(rel) not in listed:
             raise ImageInvalid(f"{rel} is not listed in the manifest (added after the checkpoint)")
+    check_tree(root)
     return m
+
+
+def check_tree(root: Path) -> None:
+    """Refuse a link or an unexpected file anywhere in the directory, logs/ included: the
+    top level holds only the manifest (and its signature) and the three subdirectories; criu/ and device/ only
+    directories and regular files (their listing is checked against the manifest); logs/
+    only LOG_NAMES and restore-* directories of LOG_NAMES. Every file must be regular."""
+    def bad(rel: str, what: str) -> ImageInvalid:
+        return ImageInvalid(f"{rel} {what}; refusing the directory (planted or tampered with?)",
+                            "remove it if you know where it came from, or restore from a trusted copy")
+
+    def kind(path: Path, rel: str) -> int:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise bad(rel, "is a symbolic link")
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise bad(rel, "is not a regular file")
+        if stat.S_ISREG(mode) and os.lstat(path).st_nlink > 1:
+            raise bad(rel, "has other hard links")
+        return mode
+
+    for name in sorted(os.listdir(root)):
+        mode = kind(root / name, name)
+        if name in (MANIFEST, SIGNATURE) and stat.S_ISREG(mode):
+            continue
+        if name not in (*CHECKSUMMED_DIRS, LOG_DIR) or not stat.S_ISDIR(mode):
+            raise bad(name, "is not part of a checkpoint")
+        if name == LOG_DIR:
+            _check_logs(root / LOG_DIR, kind, bad)
+            continue
+        for dirpath, dirnames, filenames in os.walk(root / name):
+            for n in dirnames + filenames:
+                p = Path(dirpath) / n
+                kind(p, str(p.relative_to(root)))
+
+
+def _check_logs(logs: Path, kind: Any, bad: Any) -> None:
+    for name in sorted(os.listdir(logs)):
+        rel = f"{LOG_DIR}/{name}"
+        mode = kind(logs / name, rel)
+        if stat.S_ISREG(mode) and name in LOG_NAMES:
+            continue
+        if not (stat.S_ISDIR(mode) and RESTORE_LOG_DIR.match(name)):
+            raise bad(rel, "is not a log npusnap writes")
+        for inner in sorted(os.listdir(logs / name)):
+            if not stat.S_ISREG(kind(logs / name / inner, f"{rel}/{inner}")) or inner not in LOG_NAMES:
+                raise bad(f"{rel}/{inner}", "is not a log npusnap writes")
+
+
+def restore_log_dir(root: Path) -> Path:
+    """A fresh private directory for one restore's CRIU logs, DIR/logs/restore-XXXXXXXX: CRIU
+    opens its log by name and follows links, so it only ever writes inside a directory made
+    just now. logs/ itself must be a real directory (not a link) of ours."""
+    logs = root / LOG_DIR
+    st = os.lstat(logs)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ImageInvalid(f"{logs} is not a directory of ours; refusing to write logs there")
+    return Path(tempfile.mkdtemp(prefix="restore-", dir=logs))
 
 
 def dump_yaml(data: Any) -> str:

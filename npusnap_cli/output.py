@@ -169,7 +169,9 @@ def _tree_size(directory: Path) -> int:
 
 def shown(value: object) -> str:
     """Text (a path, a name, a message) as one printable line: a control character or
-    an undecodable byte (a surrogate escape from the file system) shows as \\n, \\xff, ..."""
+    an undecodable byte (a surrogate escape from the file system) shows as \\n, \\xff, ...
+    The one place that makes what came from a workload or a checkpoint (argv, comm, paths,
+    names) safe for a terminal: nothing printed can move the cursor or forge a line."""
     text = os.fsdecode(value) if isinstance(value, (bytes, os.PathLike)) else str(value)
     if text.isprintable():
         return text
@@ -187,7 +189,7 @@ def shown(value: object) -> str:
 def _escape(text: str) -> str:
     from rich.markup import escape
 
-    return escape(text)
+    return escape(shown(text))
 
 
 def human_bytes(n: float) -> str:

@@ -26,10 +26,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from . import __version__, backends, devicecheck, netlock
+from . import __version__, backends, devicecheck, netlock, signing
 from .criu import Criu, DumpOptions, become_subreaper, dumped_tree, find_criu
 from .criuopts import CriuOptions
-from .errors import CriuFailed, Interrupted, NpusnapError, UnsupportedTarget, WrongState
+from .errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, UnsupportedTarget, WrongState
 from .guardian import Guardian
 from .image import (
     CRIU_DIR,
@@ -43,8 +43,10 @@ from .image import (
     Staging,
     Writeback,
     load_manifest,
+    restore_log_dir,
     verify,
 )
+from .imagesview import ImagesView
 from .target import Target, open_target, proc_stat, process_exists, process_tree, wait_gone
 
 Report = Callable[[str, str], None]  # (event, message): "phase" | "warn" | "info"
@@ -79,6 +81,8 @@ class RestoreOptions:
     criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
     device_map: Optional[dict[str, str]] = None  # cuda: old GPU UUID -> new
     criu: CriuOptions = field(default_factory=CriuOptions)  # restore-side additions: tcp_close, external, inherit_fd
+    require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
+    trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
 
 
 @dataclass
@@ -442,6 +446,7 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
     root = opts.directory.absolute()
     phase = Phases(report)
     with phase("verify"):
+        signing.check(root, opts.trusted_keys, opts.require_signature)  # even with --no-verify
         manifest = load_manifest(root)
         if opts.verify:
             # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
@@ -458,19 +463,20 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
         raise CriuFailed(f"pid {pid} from the checkpoint is held by a zombie that process {parent} has not reaped",
                          f"process {parent} must wait() for its child, or exit")
     criu = Criu(find_criu(opts.criu_path))
-    log_dir = root / LOG_DIR
-    if not os.access(log_dir, os.W_OK):
+    try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
+        log_dir = restore_log_dir(root)
+    except (OSError, ImageInvalid):
         log_dir = Path(tempfile.mkdtemp(prefix="npusnap-restore-logs-"))
-        report("info", f"checkpoint directory is read-only; CRIU logs go to {log_dir}")
+        report("info", f"cannot write logs in {root / LOG_DIR}; CRIU logs go to {log_dir}")
     become_subreaper()  # the restored root is adopted by us once `criu swrk` exits: we can wait for it
     pids = [p.pid for p in manifest.processes]
     guardian = Guardian(None, manifest.pid)
     try:
-        with Signals() as signals:
+        with Signals() as signals, ImagesView() as view:
             try:
                 guardian.kill_if_dead(pids)
                 with phase("criu-restore"), signals.critical():
-                    pid = criu.restore(root / CRIU_DIR, log_dir,
+                    pid = criu.restore(view.enter(root / CRIU_DIR, report), log_dir,
                                        shell_job=bool(manifest.options.get("shell_job")),
                                        tcp_established=bool(manifest.options.get("tcp_established")),
                                        extra=_restore_options(manifest, opts))

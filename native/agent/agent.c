@@ -6,8 +6,8 @@
  * control thread, with every signal blocked; everything else happens there.
  *
  * Protocol (native/README.md, "agent <-> CLI"): abstract Unix socket
- * "@npusnap-agent-<pid>", peers must be this process's uid or root
- * (SO_PEERCRED); one request line per connection, one JSON line back, then
+ * "@npusnap-agent-<pid>" (or "@npusnap-agent-<pid>-<random hex>" when someone
+ * squats that name), peers must be this process's uid or root (SO_PEERCRED); one request line per connection, one JSON line back, then
  * the agent closes. Requests: ping, status, lock <timeout_ms> [<lease_ms>],
  * renew <lease_ms>, backup, restore, unlock. Device commands call
  * aclrtSnapShotProcess*(getpid(), NULL) of the runtime, found lazily at the
@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -779,6 +780,22 @@ static void serve(int c)
 
 /* ---------------------------------------------------------------- thread */
 
+/* True when the socket bound at sa is this very process's (another copy of the
+ * agent, loaded under another path): then we must not start a second one. */
+static int held_by_us(const struct sockaddr_un *sa, socklen_t salen)
+{
+    /* Non-blocking: a squatter that never accepts (full backlog) must not hang us here. */
+    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (c < 0)
+        return 0;
+    struct ucred cr = {0};
+    socklen_t crlen = sizeof cr;
+    int ours = connect(c, (const struct sockaddr *)sa, salen) == 0 &&
+               getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) == 0 && cr.pid == getpid();
+    close(c);
+    return ours;
+}
+
 static void *control_main(void *arg)
 {
     (void)arg;
@@ -797,11 +814,41 @@ static void *control_main(void *arg)
         return NULL;
     }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "npusnap-agent-%d", (int)getpid());
-    socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
-    if (bind(fd, (struct sockaddr *)&sa, salen) < 0 || listen(fd, 8) < 0) {
-        /* EADDRINUSE: another copy of the agent already serves this process. */
-        log_line("bind @%s: %s; agent not started", sa.sun_path + 1, strerror(errno));
+    socklen_t salen = 0;
+    int bound = 0, e = 0;
+    /* The plain name first. Anyone may bind any abstract name, so when another
+     * process squats ours take a random suffix instead: the CLI finds us through
+     * this process's own descriptors (/proc/PID/fd + /proc/PID/net/unix) and checks
+     * SO_PEERCRED, never by name alone. */
+    for (int attempt = 0; attempt < 8 && !bound; attempt++) {
+        char suffix[24] = "";
+        if (attempt > 0) {
+            uint64_t r = 0;
+            if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+                r = ((uint64_t)now_ms() << 20) ^ (uint64_t)getpid() ^ ((uint64_t)attempt << 56);
+            snprintf(suffix, sizeof suffix, "-%016llx", (unsigned long long)r);
+        }
+        int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "npusnap-agent-%d%s", (int)getpid(),
+                           suffix);
+        salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
+        if (bind(fd, (struct sockaddr *)&sa, salen) == 0) {
+            bound = 1;
+        } else {
+            e = errno;
+            if (e != EADDRINUSE)
+                break;
+            if (attempt == 0 && held_by_us(&sa, salen)) {
+                log_line("@%s: another copy of the agent already serves this process; agent not started",
+                         sa.sun_path + 1);
+                close(fd);
+                return NULL;
+            }
+            log_line("@%s is taken by another process%s", sa.sun_path + 1,
+                     attempt == 0 ? "; binding a random name instead" : "; trying another");
+        }
+    }
+    if (!bound || listen(fd, 8) < 0) {
+        log_line("bind/listen @%s: %s; agent not started", sa.sun_path + 1, strerror(bound ? errno : e));
         close(fd);
         return NULL;
     }

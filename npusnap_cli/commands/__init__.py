@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
@@ -31,3 +32,12 @@ def criu_option(f: F) -> F:
 
 
 pid_argument = click.argument("pid", metavar="PID")
+
+
+def trust_options(f: F) -> F:
+    """`--require-signature` and `--trusted-key` (verify, restore): see signing.py."""
+    f = click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path),
+                     metavar="FILE", help="An Ed25519 public key (PEM) whose signatures are trusted; repeatable. "
+                     "A present signature is checked against these.")(f)
+    return click.option("--require-signature", is_flag=True,
+                        help="Refuse a checkpoint not signed by a --trusted-key.")(f)

@@ -33,13 +33,15 @@ from .criu_flags import dump_flags
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
 @dump_flags
+@click.option("--sign-key", type=click.Path(path_type=Path), default=None, metavar="KEYFILE",
+              help="Sign the manifest with this Ed25519 private key (PEM); restore/verify check it.")
 @criu_option
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
-               replace: bool, criu_path: Optional[str], criu_opts: CriuOptions) -> None:
+               replace: bool, sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
@@ -55,8 +57,13 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
                              criu=criu_opts)
+    from ..signing import Signer
+
+    signer = Signer(sign_key) if sign_key else None  # a bad key fails before anything starts
     with term.reporter(live=not shell_job) as report:
         m = run_checkpoint(parse_pid(pid), opts, report=report)
+    if signer:
+        signer.sign(directory.absolute())
     size = sum(f.size for f in m.files)
     if term.json_mode:
         term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,

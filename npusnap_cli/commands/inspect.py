@@ -174,8 +174,9 @@ def _clean(text: str) -> str:
     escaped (no terminal escape sequences get through) and rich markup escaped."""
     from rich.markup import escape
 
-    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
-    return escape(safe)
+    from ..output import shown
+
+    return escape(shown(text))
 
 
 def _command(argv: list[str]) -> str:

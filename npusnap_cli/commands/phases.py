@@ -43,7 +43,8 @@ def _done(term: Terminal, kind: str, backend: Any, message: str) -> None:
 @click.pass_obj
 def status(term: Terminal, pid: str) -> None:
     """Show which phase process PID is in, and its device state."""
-    from ..agent import AgentClient, AgentNotFound
+    from ..agent import AgentClient, AgentNotFound, AgentProblem
+    from ..backends import agent_error
     from ..target import open_target, parse_pid
 
     target = open_target(parse_pid(pid))
@@ -53,20 +54,27 @@ def status(term: Terminal, pid: str) -> None:
                                "runtime": reply.runtime, "device": reply.device}
     except AgentNotFound:
         doc = {"pid": target.pid, "agent": False, "state": "RUNNING", "runtime": None, "device": None}
+    except AgentProblem as e:  # a squatter, or an agent that does not answer: one line, not exit 3
+        raise agent_error(e, f"asking the agent of process {target.pid}") from e
     stat = Path(f"/proc/{target.pid}/stat").read_text().rpartition(")")[2].split()[0]
     doc["stopped"] = stat in ("T", "t")
     if term.json_mode:
         term.data("status", doc)
         return
+    from rich.markup import escape
+    from rich.text import Text
+
+    from ..output import shown
+
     agent = "agent loaded" if doc["agent"] else "no agent (npusnap run / attach to add it)"
-    term.render(f"process {target.pid}: [bold]{doc['state']}[/bold]"
+    term.render(f"process {target.pid}: [bold]{escape(shown(doc['state']))}[/bold]"
                 f"{' (stopped)' if doc['stopped'] else ''}; {agent}")
     if doc["runtime"]:
-        term.render(f"  runtime: {doc['runtime']}")
+        term.render(Text(f"  runtime: {shown(doc['runtime'])}"))
     if doc["device"]:
         d = doc["device"]
-        term.render(f"  device: {d.get('allocations', 0)} allocations, {d.get('bytes', 0)} bytes"
-                    f" on devices {d.get('devices', [])}")
+        term.render(Text(shown(f"  device: {d.get('allocations', 0)} allocations, {d.get('bytes', 0)} bytes"
+                                   f" on devices {d.get('devices', [])}")))
 
 
 @click.command()

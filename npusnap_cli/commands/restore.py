@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Optional
@@ -8,7 +9,7 @@ import click
 
 from ..criuopts import CriuOptions
 from ..output import Terminal
-from . import criu_option, json_option
+from . import criu_option, json_option, trust_options
 from .criu_flags import restore_flags
 
 
@@ -22,11 +23,13 @@ from .criu_flags import restore_flags
 @click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
               help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
 @restore_flags
+@trust_options
 @criu_option
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
+            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str], criu_opts: CriuOptions,
+            require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
     """Restore the process checkpointed in DIRECTORY.
 
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
@@ -39,11 +42,10 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     with term.reporter(live=not _shell_job(directory)) as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
-                                            device_map=mapping, criu=criu_opts), report=report)
+                                            device_map=mapping, criu=criu_opts, require_signature=require_signature,
+                                            trusted_keys=list(trusted_keys)), report=report)
     if pidfile:
-        tmp = pidfile.with_name(pidfile.name + ".tmp")
-        tmp.write_text(f"{result.pid}\n")
-        os.replace(tmp, pidfile)
+        _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]
     if detach:
         if term.json_mode:
@@ -68,6 +70,33 @@ def _shell_job(directory: Path) -> bool:
         return bool(load_manifest(directory.absolute()).options.get("shell_job"))
     except NpusnapError:
         return False
+
+
+def _write_pidfile(pidfile: Path, pid: int) -> None:
+    """A random temporary name made with O_EXCL|O_NOFOLLOW, then renamed: a link planted
+    in a shared directory is never written through."""
+    import secrets
+
+    from ..errors import StorageProblem
+
+    for _ in range(8):
+        tmp = pidfile.with_name(f".{pidfile.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise StorageProblem(f"cannot write the pidfile {pidfile}: {e.strerror}") from e
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{pid}\n")
+            os.replace(tmp, pidfile)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StorageProblem(f"cannot write the pidfile {pidfile}: {e.strerror}") from e
+        return
+    raise StorageProblem(f"cannot pick a temporary name for the pidfile {pidfile}")
 
 
 def _device_map(directory: Path, items: tuple[str, ...]) -> dict[str, str]:

@@ -17,6 +17,7 @@ import yaml
 
 from npusnap_cli import agent as ag
 from tests.helpers import npusnap
+from tests.users import as_user, other_user
 
 from .support import assert_failed_cleanly, assert_running_intact, start_train, status
 from .test_images import pristine  # noqa: F401  (module fixture)
@@ -65,28 +66,12 @@ def as_nobody(argv: list[str]) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(st), err
 
 
-def _agent_request_as_nobody(pid: int, line: str) -> str:
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            try:
-                reply = ag.AgentClient(pid).request(line, check=False)
-                out = f"{reply.ok} {reply.code}"
-            except Exception as e:  # noqa: BLE001
-                out = f"exc {type(e).__name__}"
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    os.waitpid(child, 0)
-    return out
+def _agent_request(pid: int, line: str) -> str:
+    try:
+        reply = ag.AgentClient(pid).request(line, check=False)
+        return f"{reply.ok} {reply.code}"
+    except Exception as e:  # noqa: BLE001
+        return f"exc {type(e).__name__}"
 
 
 def test_agent_refuses_other_users(npusim_daemon, reference, tmp_path):
@@ -96,7 +81,7 @@ def test_agent_refuses_other_users(npusim_daemon, reference, tmp_path):
     w = start_train(tmp_path, env)
     try:
         for line in ("lock 1000 1000", "status", "backup", "unlock", "renew 100"):
-            assert _agent_request_as_nobody(w.pid, line) == f"False {ag.E_DENIED}", line
+            assert as_user(other_user(), _agent_request, w.pid, line) == f"False {ag.E_DENIED}", line
         assert status(w.pid, env)["state"] == "RUNNING"
         assert_running_intact(w, reference, env)
     finally:
