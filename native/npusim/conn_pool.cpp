@@ -2,6 +2,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 
 #include "runtime.h"
@@ -11,6 +12,11 @@ namespace npusim::rt {
 
 int ConnPool::connect_one(proto::Reply *hello, int32_t *code) {
   int fd = wire::connect_unix(path_);
+  if (fd == -EACCES || fd == -EPERM) {  // the socket is 0660 owner:group
+    std::fprintf(stderr, "npusim: permission denied on %s (not a member of the daemon's device group?)\n",
+                 path_.c_str());
+    if (code != nullptr) *code = ACL_ERROR_RT_NO_PERMISSION;
+  }
   if (fd < 0) return -1;
   // Only a daemon run by root or by us is our device: anyone else's could read and forge our data.
   uid_t uid = 0;
