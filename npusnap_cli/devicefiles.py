@@ -1,6 +1,7 @@
 """The direct path for device memory (npusim only): the device daemon itself writes a locked
 process's device memory into DIR/device/ and reads it back, so the data never passes through the
 process (no doubled host memory, written once, zero chunks elided, checksummed while streaming).
+The files are opened here, with our rights, and handed to the daemon as descriptors.
 
 Checkpoint, in the pipeline's order (each with its undo):
 

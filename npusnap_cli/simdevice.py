@@ -62,8 +62,9 @@ def check_dir(directory: str, owner: int) -> None:
 
 
 def daemon_peer(sock: str) -> Optional[tuple[int, int]]:
-    """(pid, uid) of the process that listens on sock, from the kernel (SO_PEERCRED), not from
-    anything it says; None when nothing answers."""
+    """(pid, uid) of the process that listens on sock, from the kernel (SO_PEERCRED: as of its
+    listen(), so the pid may be a launcher that forked the daemon), not from anything it says;
+    None when nothing answers."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
@@ -90,6 +91,7 @@ def _open_log(directory: str, name: str) -> int:
     """The daemon's log, inside the checked directory, never through a link."""
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        check_dir(f"/proc/self/fd/{dfd}/.", os.geteuid())  # the directory opened is the one checked
         return os.open(name, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     except OSError as e:
         raise PermissionProblem(f"cannot open the npusim log {directory}/{name}: {e.strerror}",
@@ -154,9 +156,17 @@ def start(sock: str, devices: int = 2, memory: int = 4 << 30, timeout: float = 1
 def stop(sock: str, timeout: float = 10) -> Optional[int]:
     """Stop the daemon on sock; returns its pid, or None if none was running."""
     peer = daemon_peer(sock)
-    if peer is None or status(sock) is None:
+    current = status(sock)
+    if peer is None or current is None:
         return None
-    pid, uid = peer  # the listener the kernel names: a reply's pid could be anyone's
+    _, uid = peer  # the listener's uid, from the kernel (its pid is the launcher that called listen)
+    pid = int(current["pid"])
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return pid
+    if owner != uid:  # a reply's pid could name anyone's process
+        raise PermissionProblem(f"the npusim daemon on {sock} (uid {uid}) names process {pid} of uid {owner}")
     if uid not in (0, os.geteuid()) and os.geteuid() != 0:
         raise PermissionProblem(f"the npusim daemon on {sock} belongs to uid {uid}")
     try:
