@@ -329,3 +329,19 @@ def test_root_cli_refuses_a_socket_the_target_names_in_an_untrusted_directory(sc
         target.wait()
         if target.stdout is not None:
             target.stdout.close()
+
+
+def test_device_start_with_group_serves_members(scratch) -> None:
+    sock = str(scratch / "dev" / "daemon.sock")
+    try:
+        r = npusnap("device", "start", "--socket", sock, "--devices", "1", "--memory", "16M",
+                    "--group", "npusim-users")
+        assert r.returncode == 0, r.stderr
+        assert as_user(device_user(), _round_trip, sock) is True
+        assert as_user(other_user(), _init_code, sock) == NO_PERMISSION
+        log = scratch / "dev" / "daemon.log"
+        assert log.stat().st_mode & 0o777 == 0o600 and not log.is_symlink()
+    finally:
+        stop = npusnap("device", "stop", "--socket", sock)
+        assert stop.returncode == 0, stop.stderr
+    assert not os.path.exists(sock)
