@@ -18,7 +18,7 @@ subcommands), a root option (`verbose`), or a global key (`criu`, which sets
       lock_timeout: 120
       device: sim
     device:
-      start: {devices: 4, memory: 8G}
+      start: {devices: 4, memory: 8G, group: HwHiAiUser}
 
 Every value is checked with the option's own click type, so a config file
 accepts exactly what the command line accepts. Unknown keys and bad values are

@@ -1,6 +1,7 @@
 """The direct path for device memory (npusim only): the device daemon itself writes a locked
 process's device memory into DIR/device/ and reads it back, so the data never passes through the
 process (no doubled host memory, written once, zero chunks elided, checksummed while streaming).
+The files are opened here, with our rights, and handed to the daemon as descriptors.
 
 Checkpoint, in the pipeline's order (each with its undo):
 
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from .errors import DeviceFailed, ImageInvalid, NpusnapError, StorageProblem, WrongState
+from .errors import DeviceFailed, ImageInvalid, NpusnapError, PermissionProblem, StorageProblem, WrongState
 from .image import DEVICE_DIR, FileEntry
 
 ACL_ERROR_INVALID_FILE = 100003  # the daemon's code for a corrupt or altered image
@@ -42,16 +44,27 @@ class TransferResult:
 
 def daemon_socket(pid: int, explicit: Optional[str] = None) -> str:
     """The npusim daemon that process pid uses: its NPUSIM_SOCKET as it started, else ours,
-    else the default (the runtime reads the variable once at aclInit)."""
+    else the default (the runtime reads the variable once at aclInit). A socket named by the
+    target's environment must lie in a directory owned by root or the target's user and writable
+    by nobody else; the daemon behind it must be root's or the target user's (the native client
+    checks SO_PEERCRED)."""
     if explicit:
         return explicit
     try:
+        owner = os.stat(f"/proc/{pid}").st_uid
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        for item in env:
-            if item.startswith(b"NPUSIM_SOCKET=") and len(item) > len(b"NPUSIM_SOCKET="):
-                return item.split(b"=", 1)[1].decode()
     except OSError:
-        pass
+        env, owner = [], -1
+    for item in env:
+        if item.startswith(b"NPUSIM_SOCKET=") and len(item) > len(b"NPUSIM_SOCKET="):
+            sock = os.fsdecode(item.split(b"=", 1)[1])
+            from .simdevice import dir_problem
+
+            problem = dir_problem(os.path.dirname(os.path.abspath(sock)), owner)
+            if problem is not None:
+                raise PermissionProblem(f"process {pid} names an npusim socket that cannot be trusted: {problem}",
+                                        "pass the daemon's socket explicitly")
+            return sock
     from .simdevice import socket_path
 
     return socket_path()
@@ -75,8 +88,14 @@ def supports_direct(pid: int) -> bool:
 
 
 def _entries(result: dict[str, Any]) -> list[FileEntry]:
-    return [FileEntry(f"{DEVICE_DIR}/{f['path']}", int(f["size"]), str(f["checksum"]))
-            for f in result.get("files", [])]
+    # The native client opened these files itself under these names; any other name is a lie.
+    out = []
+    for f in result.get("files", []):
+        name = str(f["path"])
+        if re.fullmatch(r"dev[0-9]{1,3}\.img", name) is None:
+            raise DeviceFailed(f"the npusim daemon reported an unexpected file name: {name!r}")
+        out.append(FileEntry(f"{DEVICE_DIR}/{name}", int(f["size"]), str(f["checksum"])))
+    return out
 
 
 def _result(data: dict[str, Any], key: str) -> TransferResult:
@@ -94,7 +113,7 @@ def _error(e: BaseException, doing: str) -> NpusnapError:
                                   "free space in the checkpoint's file system or choose another directory")
         if e.errno in (errno_mod.EACCES, errno_mod.EPERM, errno_mod.EROFS):
             return StorageProblem(f"{doing} failed: {e.strerror}",
-                                  "the device daemon writes the images itself: it needs write access to the directory")
+                                  "npusnap opens the device images with your rights: check the directory's permissions")
         return StorageProblem(f"{doing} failed: {e.strerror or e}")
     code = getattr(e, "code", None)
     if code == ACL_ERROR_INVALID_FILE:
@@ -115,9 +134,7 @@ def export_device(pid: int, device_dir: Path, socket: Optional[str] = None) -> T
         data = npusim.export_client(daemon_socket(pid, socket), pid, os.fspath(device_dir))
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device export of process {pid}") from e
-    for entry in _entries(data):
-        os.chmod(Path(device_dir).parent / entry.path, 0o600)
-    return _result(data, "written_bytes")
+    return _result(data, "written_bytes")  # the client created the files 0600, O_EXCL
 
 
 def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],

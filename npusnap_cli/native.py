@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -27,7 +28,21 @@ INJECTOR = NATIVE_DIR / "bin" / "npusnap-inject"
 AGENT_LIB = NATIVE_DIR / "lib" / "libnpusnap_agent.so"
 RUNTIME_LIB = TOOLKIT_HOME / "lib64" / "libascendcl.so"
 
-DEFAULT_NPUSIM_SOCKET = "/tmp/npusim/daemon.sock"
+
+
+def default_npusim_socket() -> str:
+    """The npusim socket when NPUSIM_SOCKET is unset, by the rule the runtime and npusimd use
+    (native/npusim/trust.h): root's under /run, a user's under $XDG_RUNTIME_DIR, else a
+    per-uid directory in /tmp that is refused unless it is the user's own."""
+    if os.geteuid() == 0:
+        return "/run/npusim/daemon.sock"
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg.startswith("/"):
+        return f"{xdg}/npusim/daemon.sock"
+    return f"/tmp/npusim-{os.geteuid()}/daemon.sock"
+
+
+DEFAULT_NPUSIM_SOCKET = default_npusim_socket()
 
 
 def agent_socket_name(pid: int) -> str:

@@ -28,6 +28,7 @@ class NpuSimDaemon:
     socket: str
     devices: int = 2
     memory: int = 1 << 30
+    group: Optional[str] = None  # --group: also serve this group's members
     env: dict = field(default_factory=dict)
     proc: Optional[subprocess.Popen] = None
     npusimd: Path = field(default_factory=lambda: native.NPUSIMD)
@@ -39,7 +40,7 @@ class NpuSimDaemon:
                         "`pip install --no-build-isolation .`")
         self.proc = subprocess.Popen(
             [str(self.npusimd), "--socket", self.socket, "--devices", str(self.devices),
-             "--memory", str(self.memory), "--foreground"],
+             "--memory", str(self.memory), "--foreground", *(["--group", self.group] if self.group else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], _READY_TIMEOUT_S)
         line = self.proc.stdout.readline().strip() if ready else ""

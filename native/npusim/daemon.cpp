@@ -1,11 +1,17 @@
 // npusimd: the software NPU's device daemon.
 //
-//   npusimd --socket PATH --devices N --memory BYTES_PER_DEVICE [--foreground]
+//   npusimd [--socket PATH] --devices N --memory BYTES_PER_DEVICE [--group NAME] [--foreground]
+//
+// Serves its own uid, root and the members of --group NAME (like a device node owned by
+// HwHiAiUser); the socket is 0660 owner:group (0600 without a group), in a directory that must
+// belong to root or the daemon's user and be writable by nobody else (default: trust.h).
 //
 // Prints "ready <pid>" on stdout once it accepts connections. Without --foreground it detaches
-// (the pid printed is the daemon's). Exits 3 if a live daemon already answers on PATH; a stale
-// socket file is replaced. SIGTERM/SIGINT or an admin Shutdown request remove the socket and exit.
+// (the pid printed is the daemon's). Exits 3 if a live daemon already answers on PATH, 4 if the
+// socket's directory is not trusted; a stale socket file is replaced. SIGTERM/SIGINT or an admin
+// Shutdown request remove the socket and exit.
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,7 +26,9 @@
 #include <string>
 #include <thread>
 
+#include "access.h"
 #include "device_state.h"
+#include "trust.h"
 #include "va.h"
 #include "wire.h"
 
@@ -39,7 +47,8 @@ void on_signal(int) {
 }
 
 struct Options {
-  std::string socket = "/tmp/npusim/daemon.sock";
+  std::string socket = npusim::trust::default_socket();
+  std::string group;
   uint32_t devices = 1;
   uint64_t memory = 1ULL << 30;
   bool foreground = false;
@@ -73,34 +82,51 @@ Options parse(int argc, char **argv) {
     if (a == "--socket") o.socket = value();
     else if (a == "--devices") o.devices = static_cast<uint32_t>(std::strtoul(value(), nullptr, 10));
     else if (a == "--memory") o.memory = parse_bytes(value());
+    else if (a == "--group") o.group = value();
     else if (a == "--foreground") o.foreground = true;
-    else die(2, "usage: npusimd --socket PATH --devices N --memory BYTES [--foreground]");
+    else die(2, "usage: npusimd [--socket PATH] --devices N --memory BYTES [--group NAME] [--foreground]");
   }
   if (o.devices == 0 || o.devices > npusim::va::kMaxDevices) die(2, "--devices must be 1..256");
   if (o.memory == 0 || o.memory > npusim::va::kWindowSize) die(2, "--memory must be 1 byte..1 TiB");
   return o;
 }
 
-void make_parent_dirs(const std::string &path) {
-  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1))
-    ::mkdir(path.substr(0, pos).c_str(), 0755);
+// Creates the socket's directory if missing (0755: group members must reach the socket), then
+// refuses it unless nobody else can plant or swap a socket or a log in it.
+void prepare_dir(const std::string &path) {
+  const std::string dir = npusim::trust::dir_of(path);
+  for (size_t pos = dir.find('/', 1); pos != std::string::npos; pos = dir.find('/', pos + 1))
+    ::mkdir(dir.substr(0, pos).c_str(), 0755);
+  ::mkdir(dir.c_str(), 0755);
+  std::string why;
+  if (!npusim::trust::dir_trusted(dir, ::geteuid(), &why)) die(4, "refusing the socket directory: " + why);
 }
 
-int listen_on(const std::string &path) {
+int listen_on(const std::string &path, const Options &opt, gid_t gid) {
+  prepare_dir(path);
   int probe = npusim::wire::connect_unix(path);
   if (probe >= 0) {
     ::close(probe);
     die(3, "a daemon already answers on " + path);
   }
   if (probe == -ECONNREFUSED) ::unlink(path.c_str());  // stale socket left by a dead daemon
-  make_parent_dirs(path);
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) die(2, "socket path too long: " + path);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0)
+  const mode_t old_mask = ::umask(077);  // nobody else may connect before the chmod below
+  const bool bound = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+  ::umask(old_mask);
+  if (!bound || ::listen(fd, 128) != 0)
     die(1, "cannot listen on " + path + ": " + std::strerror(errno));
+  // The kernel checks write permission on the socket at connect(); the daemon checks every peer too.
+  if ((!opt.group.empty() && ::chown(path.c_str(), ::geteuid(), gid) != 0) ||
+      ::chmod(path.c_str(), opt.group.empty() ? 0600 : 0660) != 0) {
+    const int err = errno;
+    ::unlink(path.c_str());
+    die(1, "cannot set the permissions of " + path + ": " + std::strerror(err));
+  }
   return fd;
 }
 
@@ -131,7 +157,14 @@ int main(int argc, char **argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
 
-  const int listen_fd = listen_on(opt.socket);
+  gid_t gid = 0;
+  if (!opt.group.empty()) {
+    const group *g = ::getgrnam(opt.group.c_str());
+    if (g == nullptr) die(2, "no such group: " + opt.group);
+    gid = g->gr_gid;
+    npusim::access::set_group(gid, opt.group);
+  }
+  const int listen_fd = listen_on(opt.socket, opt, gid);
   if (opt.foreground) {
     std::printf("ready %d\n", ::getpid());
     std::fflush(stdout);

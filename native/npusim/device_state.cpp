@@ -251,7 +251,7 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
   return ACL_SUCCESS;
 }
 
-std::string DeviceState::status_json() {
+std::string DeviceState::status_json(bool clients) {
   std::lock_guard<std::mutex> g(mu_);
   std::ostringstream o;
   o << "{\"pid\": " << ::getpid() << ", \"socket\": " << json_string(socket_path_) << ", \"devices\": [";
@@ -259,7 +259,9 @@ std::string DeviceState::status_json() {
     o << (d ? ", " : "") << "{\"id\": " << d << ", \"total\": " << memory_ << ", \"used\": " << used_[d]
       << ", \"free\": " << memory_ - used_[d] << "}";
   }
-  o << "], \"clients\": [";
+  o << "]";
+  if (!clients) return o.str() + "}";  // other users' pids and sizes are for the owner and root
+  o << ", \"clients\": [";
   bool first = true;
   for (auto &[pid, s] : sessions_) {
     uint64_t bytes = 0;

@@ -99,7 +99,7 @@ class DeviceState {
   // Resolves the task's device addresses against the session's allocations.
   int32_t resolve(Session &s, const proto::Task &task, uint32_t stream_device, bool on_stream, Work &w);
 
-  std::string status_json();
+  std::string status_json(bool clients);  // clients: include the per-client list (admins only)
 
   // The direct path (export.cpp): the session of a client pid (null if none), and its allocations
   // in address order.

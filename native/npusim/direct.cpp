@@ -1,12 +1,22 @@
 // The direct path, client side (npusim.h): the data-path switch of Backup/Restore and the tool
-// calls that ask the daemon to export or import a locked client's device memory (export.h).
+// calls that ask the daemon to export or import a locked client's device memory (export.h). The
+// tool opens the files with its own rights and passes them as descriptors: the daemon opens no path.
 #include "direct.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "acl/npusim.h"
 #include "runtime.h"
@@ -31,41 +41,197 @@ char *dup_string(const std::string &s) {
   return p;
 }
 
-std::string error_json(const std::string &msg) {
+std::string error_json(const std::string &msg, int err = 0) {
   std::string out = "{\"error\": \"";
-  for (char c : msg) {
+  for (unsigned char c : msg) {
     if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    if (c < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", c);
+      out += esc;
+      continue;
+    }
+    out += static_cast<char>(c);
   }
-  return out + "\", \"errno\": 0}";
+  return out + "\", \"errno\": " + std::to_string(err) + "}";
 }
 
-aclError transfer(proto::Op op, const char *socketPath, int pid, const std::string &body, char **resultJson) {
+struct Failed {
+  aclError code;
+  std::string json;
+};
+
+// The real uid of process pid, or -1.
+long uid_of(int pid) {
+  struct stat st {};
+  const std::string proc = "/proc/" + std::to_string(pid);
+  return ::stat(proc.c_str(), &st) == 0 ? static_cast<long>(st.st_uid) : -1;
+}
+
+// One connection to the daemon for a transfer about client pid. The daemon must be run by root, by
+// us, or by the client's owner: anyone else's daemon could hand us files or lie about the device.
+class Tool {
+ public:
+  Tool(const char *socketPath, int pid) : socket_(socketPath), pid_(pid) {
+    fd_ = wire::connect_unix(socketPath);
+    if (fd_ < 0)
+      throw Failed{ACL_ERROR_RT_DRV_INTERNAL_ERROR,
+                   error_json(std::string("no npusim daemon answers on ") + socketPath + ": " + std::strerror(-fd_))};
+    uid_t uid = 0;
+    if (!wire::peer_cred(fd_, nullptr, &uid, nullptr) ||
+        (uid != 0 && uid != ::geteuid() && static_cast<long>(uid) != uid_of(pid)))
+      throw Failed{ACL_ERROR_RT_NO_PERMISSION,
+                   error_json(std::string("the daemon on ") + socketPath + " runs as uid " + std::to_string(uid) +
+                              ", neither root nor the owner of process " + std::to_string(pid) + ": not trusted")};
+  }
+  ~Tool() { ::close(fd_); }
+  // Sends op with body and fds; returns the reply's code and payload.
+  aclError call(proto::Op op, const std::string &body, const std::vector<int> &fds, std::string *payload) {
+    proto::Request rq = wire::request(op);
+    rq.value[0] = static_cast<uint64_t>(pid_);
+    rq.size = body.size();
+    proto::Reply rp{};
+    const bool ok = wire::send_all(fd_, &rq, sizeof(rq)) &&
+                    (body.empty() || wire::send_with_fds(fd_, body.data(), body.size(), fds)) &&
+                    wire::recv_all(fd_, &rp, sizeof(rp)) &&
+                    (payload->resize(rp.payload_len),
+                     rp.payload_len == 0 || wire::recv_all(fd_, payload->data(), payload->size()));
+    if (!ok)
+      throw Failed{ACL_ERROR_RT_SOCKET_CLOSE, error_json("the npusim daemon on " + socket_ +
+                                                         " closed the connection (did it exit, or refuse us?)")};
+    return rp.code;
+  }
+
+ private:
+  std::string socket_;
+  int pid_;
+  int fd_ = -1;
+};
+
+// Descriptors we opened, closed on every path.
+struct Opened {
+  std::vector<int> fds;
+  ~Opened() {
+    for (int fd : fds) ::close(fd);
+  }
+};
+
+int open_dir(const char *dir) {
+  int fd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Failed{ACL_ERROR_INVALID_PARAM, error_json(std::string("cannot open ") + dir + ": " + std::strerror(errno), errno)};
+  return fd;
+}
+
+// Export: ask which devices the client uses, create one fresh file per device (O_EXCL, no links
+// followed: we never write into a file someone planted), and let the daemon fill them.
+aclError do_export(const char *socketPath, int pid, const char *dir, std::string *json) {
+  Tool tool(socketPath, pid);
+  std::string devices;
+  if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices); rc != ACL_SUCCESS) {
+    *json = devices;
+    return rc;
+  }
+  Opened d;
+  d.fds.push_back(open_dir(dir));
+  std::istringstream in(devices);
+  std::vector<std::string> names;
+  Opened files;
+  unsigned device = 0;
+  auto undo = [&] {
+    for (auto &n : names) ::unlinkat(d.fds[0], n.c_str(), 0);
+  };
+  while (in >> device) {
+    std::string name = "dev" + std::to_string(device) + ".img";
+    int fd = ::openat(d.fds[0], name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      const int err = errno;
+      undo();
+      throw Failed{ACL_ERROR_SNAPSHOT_BACKUP_FAILED,
+                   error_json("cannot create " + std::string(dir) + "/" + name + ": " + std::strerror(err), err)};
+    }
+    names.push_back(name);
+    files.fds.push_back(fd);
+  }
+  if (files.fds.size() > wire::kMaxFds) {
+    undo();
+    throw Failed{ACL_ERROR_SNAPSHOT_BACKUP_FAILED, error_json("the client uses more devices than one export carries")};
+  }
+  aclError rc;
+  try {
+    rc = tool.call(proto::Op::Export, devices, files.fds, json);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  if (rc != ACL_SUCCESS) {
+    undo();  // the daemon emptied them; never leave a partial image behind
+    return rc;
+  }
+  if (::fsync(d.fds[0]) != 0) {
+    const int err = errno;
+    undo();
+    throw Failed{ACL_ERROR_SNAPSHOT_BACKUP_FAILED,
+                 error_json(std::string("flushing ") + dir + ": " + std::strerror(err), err)};
+  }
+  return rc;
+}
+
+// Import: open the expected files (or every devN.img) ourselves, without following links, and send
+// them: the daemon reads only what we could read.
+aclError do_import(const char *socketPath, int pid, const char *dir, const char *expected, std::string *json) {
+  Tool tool(socketPath, pid);
+  Opened d;
+  d.fds.push_back(open_dir(dir));
+  std::vector<std::string> lines;
+  if (expected != nullptr) {
+    std::istringstream in(expected);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) lines.push_back(line);
+  } else {
+    DIR *dp = ::fdopendir(::dup(d.fds[0]));
+    if (dp == nullptr) throw Failed{ACL_ERROR_SNAPSHOT_RESTORE_FAILED, error_json(std::string("cannot list ") + dir, errno)};
+    while (dirent *e = ::readdir(dp)) {
+      std::string n = e->d_name;
+      if (n.rfind("dev", 0) == 0 && n.size() > 7 && n.compare(n.size() - 4, 4, ".img") == 0) lines.push_back(n);
+    }
+    ::closedir(dp);
+    std::sort(lines.begin(), lines.end());
+  }
+  if (lines.size() > wire::kMaxFds)
+    throw Failed{ACL_ERROR_SNAPSHOT_RESTORE_FAILED, error_json("more device images than one import carries")};
+  Opened files;
+  std::string body;
+  for (auto &line : lines) {
+    const std::string name = line.substr(0, line.find(' '));
+    if (name.empty() || name.find('/') != std::string::npos)
+      throw Failed{ACL_ERROR_INVALID_PARAM, error_json("malformed expected-file line: " + line, EINVAL)};
+    int fd = ::openat(d.fds[0], name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      const int err = errno;
+      throw Failed{ACL_ERROR_SNAPSHOT_RESTORE_FAILED,
+                   error_json("cannot open " + std::string(dir) + "/" + name + ": " + std::strerror(err), err)};
+    }
+    files.fds.push_back(fd);
+    body += line + "\n";
+  }
+  return tool.call(proto::Op::Import, body, files.fds, json);
+}
+
+aclError transfer(char **resultJson, const std::function<aclError(std::string *)> &fn) {
   if (resultJson == nullptr) return ACL_ERROR_INVALID_PARAM;
   *resultJson = nullptr;
-  if (socketPath == nullptr || pid <= 0) return ACL_ERROR_INVALID_PARAM;
-  int fd = wire::connect_unix(socketPath);
-  if (fd < 0) {
-    *resultJson = dup_string(error_json(std::string("no npusim daemon answers on ") + socketPath + ": " +
-                                        std::strerror(-fd)));
-    return ACL_ERROR_RT_DRV_INTERNAL_ERROR;
+  std::string json;
+  aclError rc;
+  try {
+    rc = fn(&json);
+  } catch (const Failed &f) {
+    rc = f.code;
+    json = f.json;
+  } catch (const std::bad_alloc &) {
+    return ACL_ERROR_BAD_ALLOC;
   }
-  proto::Request rq = wire::request(op);
-  rq.value[0] = static_cast<uint64_t>(pid);
-  rq.size = body.size();
-  proto::Reply rp{};
-  std::string payload;
-  const bool ok = wire::send_all(fd, &rq, sizeof(rq)) && wire::send_all(fd, body.data(), body.size()) &&
-                  wire::recv_all(fd, &rp, sizeof(rp)) &&
-                  (payload.resize(rp.payload_len), rp.payload_len == 0 || wire::recv_all(fd, payload.data(), payload.size()));
-  ::close(fd);
-  if (!ok) {
-    *resultJson = dup_string(error_json(std::string("the npusim daemon on ") + socketPath +
-                                        " closed the connection (did it exit?)"));
-    return ACL_ERROR_RT_SOCKET_CLOSE;
-  }
-  *resultJson = dup_string(payload);
-  return rp.code;
+  *resultJson = dup_string(json);
+  return rc;
 }
 
 }  // namespace
@@ -87,14 +253,15 @@ int npusimSnapshotGetDataPath(void) {
 }
 
 aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson) {
-  if (dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(proto::Op::Export, socketPath, pid, dir, resultJson);
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, json); });
 }
 
 aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected, char **resultJson) {
-  if (dir == nullptr || std::strchr(dir, '\n') != nullptr) return ACL_ERROR_INVALID_PARAM;
-  std::string body = std::string(dir) + "\n" + (expected != nullptr ? expected : "");
-  return transfer(proto::Op::Import, socketPath, pid, body, resultJson);
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) { return do_import(socketPath, pid, dir, expected, json); });
 }
 
 }  // extern "C"

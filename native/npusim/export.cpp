@@ -20,7 +20,6 @@
 
 #include "export.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -247,11 +246,9 @@ void pread_all(int fd, char *p, size_t n, uint64_t off, const std::string &name)
 
 // The peer must be root or own the client (its memory is about to be written out or replaced).
 void check_peer(int fd, pid_t pid) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
-    fail(ACL_ERROR_INVALID_PARAM, EPERM, "cannot identify the caller");
-  if (cred.uid == 0) return;
+  uid_t uid = 0;
+  if (!wire::peer_cred(fd, nullptr, &uid, nullptr)) fail(ACL_ERROR_INVALID_PARAM, EPERM, "cannot identify the caller");
+  if (uid == 0) return;
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(status, line)) {
@@ -259,7 +256,7 @@ void check_peer(int fd, pid_t pid) {
       std::istringstream in(line.substr(4));
       unsigned real = 0;
       in >> real;
-      if (real == cred.uid) return;
+      if (real == uid) return;
       break;
     }
   }
@@ -311,15 +308,13 @@ struct FileResult {
   std::string checksum;
 };
 
-int open_dir(const std::string &dir, bool import) {
-  if (dir.empty() || dir[0] != '/')
-    fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the directory must be an absolute path: " + dir);
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    fail(import ? ACL_ERROR_SNAPSHOT_RESTORE_FAILED : ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno,
-         "cannot open " + dir + ": " + std::strerror(errno));
-  return fd;
-}
+// The descriptors a tool sent with its request: the files it opened with its own rights.
+struct Fds {
+  std::vector<int> fds;
+  ~Fds() {
+    for (int fd : fds) ::close(fd);
+  }
+};
 
 // The one-line JSON a transfer returns: its files (name, size, xxh3_128) and totals.
 std::string transfer_json(const std::vector<FileResult> &files, const Totals &tot, const char *bytes_key,
@@ -335,23 +330,15 @@ std::string transfer_json(const std::vector<FileResult> &files, const Totals &to
   return o.str();
 }
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 // ------------------------------------------------------------------------------------ export
 
-FileResult export_device(int dirfd, const std::string &dir, uint32_t device,
-                         const std::vector<std::shared_ptr<Buffer>> &bufs, Totals &tot) {
+// Writes into fd, a fresh empty file the tool created (O_EXCL) and sent.
+FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_ptr<Buffer>> &bufs, Totals &tot) {
   const std::string name = "dev" + std::to_string(device) + ".img";
-  const std::string path = dir + "/" + name;
-  Fd f;
-  f.fd = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (f.fd < 0) fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "cannot create " + path + ": " + std::strerror(errno));
-  const int fd = f.fd;
+  const std::string &path = name;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0)
+    fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the file sent for " + name + " is not a fresh empty regular file");
   try {
     std::vector<AllocRec> allocs;
     std::vector<ChunkRec> chunks;
@@ -439,28 +426,40 @@ FileResult export_device(int dirfd, const std::string &dir, uint32_t device,
     tot.file_bytes += ft.file_size;
     return {name, ft.file_size, h.hex()};
   } catch (...) {
-    ::unlinkat(dirfd, name.c_str(), 0);  // never leave a partial image behind
+    [[maybe_unused]] int rc = ::ftruncate(fd, 0);  // nothing half-written stays readable; the tool unlinks
     throw;
   }
 }
 
-std::string do_export(DeviceState &state, pid_t pid, const std::string &dir) {
+// The devices a client holds memory on, in order (what a tool creates files for).
+std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> by_device(DeviceState &state, Session &s) {
+  std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> out;
+  for (auto &b : state.buffers(s)) out[b->device].push_back(b);  // address order
+  return out;
+}
+
+std::string device_list(const std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> &devs) {
+  std::string out;
+  for (auto &[device, bufs] : devs) out += (out.empty() ? "" : " ") + std::to_string(device);
+  return out;
+}
+
+std::string do_export_devices(DeviceState &state, pid_t pid) {
+  Transfer tr(state, pid, false);
+  return device_list(by_device(state, tr.session()));
+}
+
+std::string do_export(DeviceState &state, pid_t pid, const std::string &body, const std::vector<int> &fds) {
   const auto t0 = std::chrono::steady_clock::now();
   Transfer tr(state, pid, false);
-  Fd d;
-  d.fd = open_dir(dir, false);
-  std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> by_device;
-  for (auto &b : state.buffers(tr.session())) by_device[b->device].push_back(b);  // address order
+  auto devs = by_device(state, tr.session());
+  if (body != device_list(devs) || fds.size() != devs.size())
+    fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL,
+         "the files sent do not match the client's devices (" + device_list(devs) + "): ask again (ExportDevices)");
   Totals tot;
   std::vector<FileResult> files;
-  try {
-    for (auto &[device, bufs] : by_device) files.push_back(export_device(d.fd, dir, device, bufs, tot));
-    if (::fsync(d.fd) != 0)
-      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "flushing " + dir + ": " + std::strerror(errno));
-  } catch (...) {
-    for (auto &f : files) ::unlinkat(d.fd, f.name.c_str(), 0);
-    throw;
-  }
+  size_t i = 0;
+  for (auto &[device, bufs] : devs) files.push_back(export_device(fds[i++], device, bufs, tot));
   return transfer_json(files, tot, "written_bytes", t0);
 }
 
@@ -629,15 +628,12 @@ class Importer {
   std::atomic<uint64_t> ra_next_;  // readahead requested up to here
 };
 
-FileResult import_file(int dirfd, const std::string &dir, const std::string &name, const Expected *want,
+// Reads fd, a file the tool opened with its own rights and sent, under the name it gave.
+FileResult import_file(int fd, const std::string &name, const Expected *want,
                        const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
                        std::map<uint64_t, bool> &covered, Totals &tot) {
-  const std::string path = dir + "/" + name;
+  const std::string &path = name;
   const int32_t bad = ACL_ERROR_INVALID_FILE;
-  Fd f;
-  f.fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (f.fd < 0) fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, errno, "cannot open " + path + ": " + std::strerror(errno));
-  const int fd = f.fd;
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(bad, 0, path + " is not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -727,51 +723,40 @@ FileResult import_file(int dirfd, const std::string &dir, const std::string &nam
   return {name, size, digest};
 }
 
-std::string do_import(DeviceState &state, pid_t pid, const std::string &request) {
+std::string do_import(DeviceState &state, pid_t pid, const std::string &request, const std::vector<int> &fds) {
   const auto t0 = std::chrono::steady_clock::now();
-  // "DIR\n" then optional "NAME SIZE CHECKSUM" lines: exactly these files, with these checksums.
+  // "NAME [SIZE CHECKSUM]" lines, one per file sent: exactly these files, with these checksums.
   std::istringstream in(request);
-  std::string dir, line;
-  std::getline(in, dir);
-  std::map<std::string, Expected> want;
+  std::string line;
+  std::vector<std::pair<std::string, std::optional<Expected>>> names;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     std::istringstream ls(line);
     std::string name;
     Expected e{};
-    if (!(ls >> name >> e.size >> e.checksum) || name.find('/') != std::string::npos)
-      fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed expected-file line: " + line);
-    want[name] = e;
+    ls >> name;
+    const bool sized = static_cast<bool>(ls >> e.size >> e.checksum);
+    if (name.empty() || name.find('/') != std::string::npos)
+      fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed expected-file line");
+    names.emplace_back(name, sized ? std::optional<Expected>(e) : std::nullopt);
   }
+  if (names.size() != fds.size())
+    fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the request names " + std::to_string(names.size()) + " files but sent " +
+                                              std::to_string(fds.size()));
   Transfer tr(state, pid, true);
-  Fd d;
-  d.fd = open_dir(dir, true);
-  std::vector<std::string> names;
-  if (!want.empty()) {
-    for (auto &[n, e] : want) names.push_back(n);
-  } else {
-    DIR *dp = ::fdopendir(::dup(d.fd));
-    if (dp == nullptr) fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, errno, "cannot list " + dir);
-    while (dirent *e = ::readdir(dp)) {
-      std::string n = e->d_name;
-      if (n.rfind("dev", 0) == 0 && n.size() > 7 && n.compare(n.size() - 4, 4, ".img") == 0) names.push_back(n);
-    }
-    ::closedir(dp);
-    std::sort(names.begin(), names.end());
-  }
   std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
   for (auto &b : state.buffers(tr.session())) allocs[b->va] = b;
   std::map<uint64_t, bool> covered;
   Totals tot;
   std::vector<FileResult> files;
-  for (auto &n : names) {
-    auto it = want.find(n);
-    files.push_back(import_file(d.fd, dir, n, it == want.end() ? nullptr : &it->second, allocs, covered, tot));
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto &[n, want] = names[i];
+    files.push_back(import_file(fds[i], n, want ? &*want : nullptr, allocs, covered, tot));
   }
   for (auto &[va, b] : allocs)
     if (!covered.count(va))
       fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0,
-           "no device image in " + dir + " holds the client's allocation at " + hex(va) + " (device " +
+           "no device image sent holds the client's allocation at " + hex(va) + " (device " +
                std::to_string(b->device) + "): the images do not belong to this process");
   tr.imported();
   return transfer_json(files, tot, "read_bytes", t0);
@@ -783,12 +768,15 @@ bool serve(DeviceState &state, int fd, pid_t /*peer*/, const proto::Request &rq,
            std::string *payload) {
   if (rq.size > kMaxRequest) return false;
   std::string body(rq.size, '\0');
-  if (rq.size > 0 && !wire::recv_all(fd, body.data(), body.size())) return false;
+  Fds sent;
+  if (rq.size > 0 && !wire::recv_with_fds(fd, body.data(), body.size(), sent.fds, wire::kMaxFds)) return false;
   const pid_t pid = static_cast<pid_t>(rq.value[0]);
   try {
     if (pid <= 0) fail(ACL_ERROR_INVALID_PARAM, EINVAL, "invalid client pid");
     check_peer(fd, pid);
-    *payload = rq.op == proto::Op::Export ? do_export(state, pid, body) : do_import(state, pid, body);
+    if (rq.op == proto::Op::ExportDevices) *payload = do_export_devices(state, pid);
+    else if (rq.op == proto::Op::Export) *payload = do_export(state, pid, body, sent.fds);
+    else *payload = do_import(state, pid, body, sent.fds);
     rp.code = ACL_SUCCESS;
   } catch (const Failure &e) {
     rp.code = e.code;

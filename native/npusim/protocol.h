@@ -4,14 +4,15 @@
 // request (a synchronize) blocks only its own connection, so the runtime keeps a pool of
 // connections. The daemon ties every connection that sent Hello to one session per client pid
 // (SO_PEERCRED); the session's allocations, streams and events live until its last connection
-// closes. Status and Shutdown need no Hello (tools use them).
+// closes. Status and Shutdown need no Hello (tools use them); Shutdown and the client list in Status
+// are for the daemon's owner and root only.
 #pragma once
 
 #include <cstdint>
 
 namespace npusim::proto {
 
-constexpr uint32_t kMagic = 0x4e505331;  // "NPS1": bump when a struct below changes
+constexpr uint32_t kMagic = 0x4e505332;  // "NPS2": bump when a struct below changes
 
 enum class Op : uint32_t {
   Hello = 1,      // join/create the caller's session; reply: value[0]=daemon pid, [1]=devices, [2]=memory
@@ -33,12 +34,17 @@ enum class Op : uint32_t {
   EventDestroy,   // event
   EventQuery,     // event -> value[0]=completed count, value[1]=timestamp of the last completion (ns)
   EventSync,      // event, target: wait until completed >= target
-  // The direct path (export.h). Export and Import need no Hello: a tool names the client by pid in
-  // value[0]; the request is followed by `size` bytes (Export: the directory; Import: the directory,
-  // a newline, then "NAME SIZE CHECKSUM" lines of expected files). Reply payload: JSON.
+  // The direct path (export.h). Export, ExportDevices and Import need no Hello: a tool names the
+  // client by pid in value[0] and must be root or the client's owner. The daemon never opens a
+  // path: the tool opens the files with its own rights and sends them as descriptors (SCM_RIGHTS)
+  // with the `size` bytes that follow the request. ExportDevices: reply payload "N N ...", the
+  // devices the client holds memory on. Export: body "N N ..." (those devices), one fresh empty
+  // file per device attached in that order. Import: body "NAME [SIZE CHECKSUM]" lines, one
+  // opened file per line attached in that order. Reply payload: JSON.
   Export,
   Import,
   Quiesce,        // flags: 1 locked (restored), 2 locked awaiting an import, 0 unlocking
+  ExportDevices,
 };
 
 enum class TaskKind : uint32_t {

@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
+#include "trust.h"
 #include "va.h"
 #include "wire.h"
 
@@ -14,7 +16,6 @@ namespace npusim::rt {
 
 namespace {
 thread_local int32_t t_device = -1;
-constexpr const char *kDefaultSocket = "/tmp/npusim/daemon.sock";
 }  // namespace
 
 Runtime &runtime() {
@@ -131,12 +132,23 @@ aclError aclInit(const char *configPath) {
   }
   std::lock_guard<std::mutex> g(r.mu);
   if (r.initialized) return ACL_ERROR_REPEAT_INITIALIZE;
-  const char *env = std::getenv("NPUSIM_SOCKET");
-  r.socket_path = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
-  if (r.pool.open(r.socket_path) != ACL_SUCCESS) {
+  r.socket_path = trust::socket_from_env();
+  std::string why;
+  struct stat dst {};
+  if (::lstat(trust::dir_of(r.socket_path).c_str(), &dst) != 0 && errno == ENOENT) {
     std::fprintf(stderr, "npusim: no device daemon answers on %s (start npusimd or set NPUSIM_SOCKET)\n",
                  r.socket_path.c_str());
     return ACL_ERROR_RT_DRV_INTERNAL_ERROR;
+  }
+  if (!trust::dir_trusted(trust::dir_of(r.socket_path), ::geteuid(), &why)) {
+    std::fprintf(stderr, "npusim: refusing the socket %s: %s\n", r.socket_path.c_str(), why.c_str());
+    return ACL_ERROR_RT_NO_PERMISSION;
+  }
+  if (int32_t rc = r.pool.open(r.socket_path); rc != ACL_SUCCESS) {
+    if (rc == ACL_ERROR_RT_DRV_INTERNAL_ERROR)
+      std::fprintf(stderr, "npusim: no device daemon answers on %s (start npusimd or set NPUSIM_SOCKET)\n",
+                   r.socket_path.c_str());
+    return rc;
   }
   r.initialized = true;
   start_ctl();  // by-pid checkpoint requests (ctl.cpp)

@@ -33,7 +33,8 @@ class ConnPool {
   uint64_t memory = 0;
 
  private:
-  int connect_one(proto::Reply *hello);
+  // fd, or -1 with *code (if given) saying why: a refusal by the daemon, or a daemon not trusted.
+  int connect_one(proto::Reply *hello, int32_t *code = nullptr);
 
   std::mutex mu_;
   std::string path_;

@@ -2,7 +2,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "acl/acl_base.h"
+#include "access.h"
 #include "device_state.h"
 #include "export.h"
 #include "wire.h"
@@ -13,9 +16,8 @@ namespace {
 using proto::Op;
 
 pid_t peer_pid(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
+  pid_t pid = 0;
+  return wire::peer_cred(fd, &pid, nullptr, nullptr) ? pid : 0;
 }
 
 // Handles one request of a joined session.
@@ -72,11 +74,25 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
 bool serve_connection(DeviceState &state, int fd) {
   std::shared_ptr<Session> session;
   bool shutdown = false;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string why;
+  const bool known = wire::peer_cred(fd, &pid, &uid, &gid);
+  const bool allowed = known && access::may_connect(pid, uid, gid, &why);
+  if (!allowed) std::fprintf(stderr, "npusimd: %s\n", known ? why.c_str() : "refused a peer without credentials");
+  const bool admin = allowed && access::is_admin(uid);
   proto::Request rq{};
   while (!shutdown && wire::recv_all(fd, &rq, sizeof(rq))) {
     proto::Reply rp{};
     std::string payload;
-    if (rq.magic != proto::kMagic) {
+    if (!allowed) {
+      // Every request, Hello included: aclInit fails with a CANN code; the trailing bytes of a
+      // transfer request are never read, so the connection ends here.
+      rp.code = ACL_ERROR_RT_NO_PERMISSION;
+      wire::send_all(fd, &rp, sizeof(rp));
+      break;
+    } else if (rq.magic != proto::kMagic) {
       rp.code = ACL_ERROR_RT_DRV_INTERNAL_ERROR;  // a runtime from another npusim version
     } else if (rq.op == Op::Hello) {
       if (!session) session = state.join(peer_pid(fd));
@@ -84,11 +100,13 @@ bool serve_connection(DeviceState &state, int fd) {
       rp.value[1] = state.device_count();
       rp.value[2] = state.memory();
     } else if (rq.op == Op::Status) {
-      payload = state.status_json();
+      payload = state.status_json(admin);
+    } else if (rq.op == Op::Shutdown && !admin) {
+      rp.code = ACL_ERROR_RT_NO_PERMISSION;
     } else if (rq.op == Op::Shutdown) {
       ::unlink(state.socket_path().c_str());  // gone before the ack: the caller may start a new daemon
       shutdown = true;
-    } else if (rq.op == Op::Export || rq.op == Op::Import) {
+    } else if (rq.op == Op::Export || rq.op == Op::Import || rq.op == Op::ExportDevices) {
       if (!xfer::serve(state, fd, peer_pid(fd), rq, rp, &payload)) break;  // reads its own trailing bytes
     } else if (!session) {
       rp.code = ACL_ERROR_UNINITIALIZE;

@@ -10,7 +10,8 @@ from ..output import Terminal, human_bytes
 from . import json_option
 
 socket_option = click.option("--socket", "sock", metavar="PATH", envvar="NPUSIM_SOCKET",
-                             help="The daemon's socket (default $NPUSIM_SOCKET or /tmp/npusim/daemon.sock).")
+                             help="The daemon's socket (default $NPUSIM_SOCKET, else /run/npusim/daemon.sock for root, "
+                                  "$XDG_RUNTIME_DIR/npusim/daemon.sock for a user).")
 
 
 @click.group()
@@ -22,9 +23,11 @@ def device() -> None:
 @socket_option
 @click.option("--devices", type=Count(1, 64), default=2, show_default=True, help="Number of devices.")
 @click.option("--memory", type=Size(), default="4G", show_default=True, help="Memory per device (e.g. 4G, 512M).")
+@click.option("--group", metavar="NAME", default=None,
+              help="Also serve the members of this group (like CANN's HwHiAiUser); default: only you and root.")
 @json_option
 @click.pass_obj
-def start(term: Terminal, sock: Optional[str], devices: int, memory: str) -> None:
+def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group: Optional[str]) -> None:
     """Start the daemon (does nothing if one already runs on the socket)."""
     from .. import simdevice
 
@@ -33,7 +36,14 @@ def start(term: Terminal, sock: Optional[str], devices: int, memory: str) -> Non
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--memory") from None
     path = simdevice.socket_path(sock)
-    pid, started = simdevice.start(path, devices, size)
+    if group is not None:
+        import grp
+
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise click.BadParameter(f"no such group: {group}", param_hint="--group") from None
+    pid, started = simdevice.start(path, devices, size, group=group)
     if term.json_mode:
         term.data("device-start", {"socket": path, "pid": pid, "started": started})
     elif started:
