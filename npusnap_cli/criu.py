@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .criuopts import CriuOptions
 from .errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
@@ -135,7 +135,7 @@ class Swrk:
         self.binary = binary
 
     def request(self, req: Any, timeout: Optional[float] = None, pass_fds: tuple[int, ...] = (),
-                terminal: Optional[int] = None) -> Any:
+                terminal: Optional[int] = None, started: Optional[Callable[[int], None]] = None) -> Any:
         """One request. With a terminal fd, CRIU runs in our session with that terminal
         as stdin, as a shell-job restore needs (it hands the terminal to the restored
         job, which joins our session and process group, as under bare `criu restore`)."""
@@ -158,6 +158,8 @@ class Swrk:
             raise CriuFailed(f"cannot run {self.binary}: {e}", INSTALL_HINT) from e
         theirs.close()
         try:
+            if started is not None:
+                started(proc.pid)
             try:
                 ours.send(req.SerializeToString())
             except OSError:
@@ -332,7 +334,8 @@ class Criu:
             raise _failure(resp, "dump", o.log_dir / "dump.log")
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
-                tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None) -> int:
+                tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None,
+                started: Optional[Callable[[int], None]] = None) -> int:
         """Restore the tree; returns the root pid. The restored root becomes our
         child once `criu swrk` exits, because main() made us a child subreaper."""
         rpc = _rpc()
@@ -347,7 +350,8 @@ class Criu:
             opts.images_dir_fd = images_fd
             opts.work_dir_fd = log_fd
             resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
-                                                  pass_fds=(images_fd, log_fd, *fds), terminal=tty)
+                                                  pass_fds=(images_fd, log_fd, *fds), terminal=tty,
+                                                  started=started)
         if not resp.success:
             error = _failure(resp, "restore", log_dir / "restore.log")
             if shell_job and tty is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 _SCRIPT = r"""
-import os, shutil, signal, subprocess, sys
+import os, shutil, signal, subprocess, sys, time
 staging, python = sys.argv[1], sys.argv[2]
 data = b""
 while True:
@@ -46,9 +46,20 @@ def tree(roots):
             todo.extend(c for c, pp in parent.items() if pp == p)
     return out
 
+def running(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
 if words[-1:] != ["done"]:
     pids = [int(w) for w in words if w.isdigit()]
     sig = signal.SIGKILL if "kill" in words else signal.SIGCONT
+    # A restore that CRIU is still running: its tree is whole only once CRIU is done.
+    for criu in [int(w[5:]) for w in words if w.startswith("criu:") and w[5:].isdigit()]:
+        while running(criu):
+            time.sleep(0.05)
     for pid in tree(pids):
         try:
             os.kill(pid, sig)
@@ -86,6 +97,11 @@ class Guardian:
         """Restore: if we die before release(), kill these and their descendants
         (a half-restored tree must not run on, and it holds the checkpoint's pids)."""
         self._say(" ".join(map(str, pids)) + " kill")
+
+    def wait_for_criu(self, pid: int) -> None:
+        """Restore: CRIU (pid) is restoring the tree; if we die, kill the tree only once CRIU
+        is done, or a tree it finishes after our death would run on half-restored."""
+        self._say(f"criu:{pid}")
 
     def recover_from(self, device_dir: Path) -> None:
         """The device data is about to exist only in device_dir: if we die, put it back

@@ -479,7 +479,8 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
                     pid = criu.restore(view.enter(root / CRIU_DIR, report), log_dir,
                                        shell_job=bool(manifest.options.get("shell_job")),
                                        tcp_established=bool(manifest.options.get("tcp_established")),
-                                       extra=_restore_options(manifest, opts))
+                                       extra=_restore_options(manifest, opts),
+                                       started=guardian.wait_for_criu)
                 if manifest.device.backend != "none" and not opts.criu_only:
                     _finish_device(pid, manifest, root, opts, phase, signals, report)
                 else:

@@ -163,6 +163,54 @@ def test_restore_interrupted_before_unlock(how, data_path, npusim_daemon, refere
         w.stop()
 
 
+def _child_named(parent: int, comm: str) -> "int | None":
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat.rpartition(")")[2].split()
+            if name == comm and int(rest[1]) == parent:
+                return int(d.name)
+    return None
+
+
+@pytest.mark.parametrize("data_path", ["direct", "in-process"])
+def test_cli_killed_while_criu_restores(data_path, npusim_daemon, reference, tmp_path):
+    """SIGKILL of the CLI while `criu swrk` is still restoring: the guardian waits for CRIU to
+    finish, then takes the half-restored tree away, so the checkpoint restores again."""
+    env = npusim_daemon.env
+    w = start_train(tmp_path, env, ballast_mb=256)  # a restore that takes CRIU a moment
+    target = tmp_path / "ckpt"
+    cli = None
+    try:
+        r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
+        assert r.returncode == 0, r.stderr
+        _wait_gone(w.pid)
+        cli = subprocess.Popen([*npusnap_cmd(), "restore", "-d", str(target)], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        criu = None
+        while criu is None and cli.poll() is None and time.monotonic() < deadline:
+            criu = _child_named(cli.pid, "criu")
+            time.sleep(0.002)
+        assert criu is not None, "never saw CRIU restoring"
+        cli.kill()
+        cli.wait()
+        _wait_gone(w.pid, bound=60)  # CRIU finished, then the guardian killed what it restored
+        assert npusnap("verify", target, env=env).returncode == 0
+        rewind_to_checkpoint(target, w.out)
+        r = npusnap("restore", "-d", target, env=env)
+        assert r.returncode == 0, r.stderr
+        assert_running_intact(w, reference, env)
+    finally:
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        w.stop()
+
+
 @pytest.mark.parametrize("state", ["BACKED_UP", "failed-import"])
 def test_recover_direct_path_states(state, npusim_daemon, reference, tmp_path):
     """`recover --device-images` brings a direct-path restore back from BACKED_UP and from
