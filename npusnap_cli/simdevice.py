@@ -76,9 +76,23 @@ def daemon_peer(sock: str) -> Optional[tuple[int, int]]:
 
 
 def status(sock: str) -> Optional[dict[str, Any]]:
-    """The daemon's status, or None when no daemon answers on sock."""
+    """The daemon's status, or None when no daemon answers on sock. Only a daemon we trust
+    is asked: run by root or by us, or (when we are root) by the owner of its socket's
+    directory, which check_dir vouches for. Anyone else's could report whatever it likes."""
     if not os.path.exists(sock):
         return None
+    peer = daemon_peer(sock)
+    if peer is None:
+        return None
+    trusted = {0, os.geteuid()}
+    if os.geteuid() == 0:
+        try:
+            trusted.add(os.stat(os.path.dirname(os.path.abspath(sock))).st_uid)
+        except OSError:
+            pass
+    if peer[1] not in trusted:
+        raise PermissionProblem(f"the npusim daemon on {sock} runs as uid {peer[1]}, neither root nor you: "
+                                "not asked", "use a daemon run by root or by yourself")
     import npusim
 
     try:

@@ -314,6 +314,14 @@ def test_fake_daemon_refused_by_the_root_cli(fake_daemon, scratch) -> None:
     assert list(out.iterdir()) == []
 
 
+def test_fake_daemon_is_not_asked_for_status_by_the_root_cli(fake_daemon) -> None:
+    """A daemon run by another user in a root-owned directory could report any devices and free
+    memory (device status, restore's pre-check): the CLI asks only a daemon it trusts."""
+    r = npusnap("device", "status", "--socket", fake_daemon, "--json", timeout=60)
+    assert r.returncode == 5, (r.returncode, r.stdout, r.stderr)
+    assert "not asked" in r.stderr and r.stdout.strip() == ""
+
+
 def test_root_cli_refuses_a_socket_the_target_names_in_an_untrusted_directory(scratch) -> None:
     tmp = _shared(scratch, "tmp")
     planted = tmp / "npusim"
