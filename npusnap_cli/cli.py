@@ -110,8 +110,9 @@ def main(argv: Optional[list[str]] = None) -> Any:
     death by SIGINT; once the outcome is out, further signals wait for our exit."""
     import signal
 
+    _interrupted[0] = False
     previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is handled below
+    signal.signal(signal.SIGINT, _on_sigint)  # from here on, Ctrl-C is handled below
     try:
         _main(argv)
     except KeyboardInterrupt:
@@ -120,6 +121,14 @@ def main(argv: Optional[list[str]] = None) -> Any:
     finally:
         # The process's own CLI (argv from sys.argv) exits next; a caller in-process gets its handler back.
         signal.signal(signal.SIGINT, signal.SIG_IGN if argv is None else previous)
+
+
+_interrupted = [False]  # a Ctrl-C arrived: what it broke (a native module's import, say) reports as one
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _interrupted[0] = True
+    raise KeyboardInterrupt
 
 
 def _main(argv: Optional[list[str]]) -> Any:
@@ -142,6 +151,8 @@ def _main(argv: Optional[list[str]]) -> Any:
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # a bug: one line unless asked for more
+        if _interrupted[0] or isinstance(e.__context__, KeyboardInterrupt):
+            _fail(Interrupted())  # e.g. an extension module whose init the Ctrl-C cut short
         if _debug_env():
             raise
         from .output import shown

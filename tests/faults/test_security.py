@@ -31,12 +31,16 @@ def as_nobody(argv: list[str]) -> tuple[int, str]:
     process cannot start it). Returns (exit code, stderr)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to nobody")
-    import npusnap_cli.backends  # noqa: F401  (everything the commands import lazily, loaded now)
+    import importlib
+    import pkgutil
+
+    import npusnap_cli
     import npusnap_cli.cli as cli
-    import npusnap_cli.commands.checkpoint  # noqa: F401
-    import npusnap_cli.commands.phases  # noqa: F401
-    import npusnap_cli.pipeline  # noqa: F401
-    import npusnap_cli.target  # noqa: F401
+
+    # Everything the commands import lazily, loaded now: the checkout may be unreadable to nobody.
+    for mod in pkgutil.walk_packages(npusnap_cli.__path__, "npusnap_cli."):
+        if not mod.name.endswith("__main__"):
+            importlib.import_module(mod.name)
 
     r, w = os.pipe()
     child = os.fork()
