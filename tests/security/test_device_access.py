@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -329,7 +330,10 @@ def test_root_cli_refuses_a_socket_the_target_names_in_an_untrusted_directory(sc
     target = subprocess.Popen(["/bin/sh", "-c", "echo ready; exec sleep 60"], stdout=subprocess.PIPE, text=True,
                               env={"NPUSIM_SOCKET": str(planted / "daemon.sock")})
     try:
-        assert target.stdout is not None and target.stdout.readline() == "ready\n"  # exec'd: its own environment
+        assert target.stdout is not None and target.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 10  # read its environment once the exec is over, not mid-way
+        while Path(f"/proc/{target.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
         with pytest.raises(PermissionProblem, match="cannot be trusted"):
             devicefiles.daemon_socket(target.pid)
     finally:
