@@ -1,7 +1,7 @@
 """npusnap: checkpoint/restore for Linux processes that hold accelerator state."""
 
+import _signal  # type: ignore[import-not-found]  # builtin: `signal` imports enum, a window a Ctrl-C hits
 import os as _os
-import signal as _signal
 import sys as _sys
 
 __version__ = "0.1.0"
