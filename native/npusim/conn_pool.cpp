@@ -71,7 +71,7 @@ bool ConnPool::connected() {
   return open_;
 }
 
-int32_t ConnPool::call(const proto::Request &rq, proto::Reply *out) {
+int32_t ConnPool::call(const proto::Request &rq, proto::Reply *out, const std::string *body) {
   int fd = -1;
   uint64_t gen;
   {
@@ -85,7 +85,7 @@ int32_t ConnPool::call(const proto::Request &rq, proto::Reply *out) {
   }
   if (fd < 0 && (fd = connect_one(nullptr)) < 0) return ACL_ERROR_RT_SOCKET_CLOSE;
   proto::Reply rp{};
-  if (!wire::call(fd, rq, rp)) {
+  if (!wire::call(fd, rq, rp, nullptr, body)) {
     ::close(fd);
     return ACL_ERROR_RT_SOCKET_CLOSE;
   }

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <sstream>
 
 #include "acl/acl_base.h"
+#include "kernel_host.h"
 #include "va.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -16,23 +18,39 @@
 
 namespace npusim {
 
-Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size_t mapped_)
-    : va(va_), size(size_), device(device_), base(base_), mapped(mapped_) {}
+namespace {
+std::atomic<uint64_t> g_serial{1};
+}
 
-Buffer::~Buffer() { ::munmap(base, mapped); }
+Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size_t mapped_, int fd_)
+    : va(va_), size(size_), device(device_), base(base_), mapped(mapped_), fd(fd_), serial(g_serial++) {}
+
+Buffer::~Buffer() {
+  ::munmap(base, mapped);
+  ::close(fd);
+}
 
 namespace {
 
 // Device memory is committed when allocated, as on real hardware, so that copies into it run at
-// memory speed instead of taking page faults.
-char *map_device_memory(uint64_t size, size_t *mapped) {
+// memory speed instead of taking page faults. It is a memfd, so that the session's kernel runner
+// (kernel_host.cpp) can map the same pages: kernels run in another process, with the client's rights.
+char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   *mapped = (size + page - 1) / page * page;
-  void *p = ::mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);
+  *fd = ::memfd_create("npusim-device", MFD_CLOEXEC);
+  if (*fd < 0) return nullptr;
+  void *p = MAP_FAILED;
+  if (::ftruncate(*fd, static_cast<off_t>(*mapped)) == 0)
+    p = ::mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(*fd);
+    return nullptr;
+  }
+  if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);  // shmem THP where the system allows it
   if (::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
     ::munmap(p, *mapped);  // out of memory: the device is full
+    ::close(*fd);
     return nullptr;
   }
   return static_cast<char *>(p);
@@ -63,6 +81,7 @@ std::shared_ptr<Session> DeviceState::join(pid_t pid) {
   if (!s) {
     s = std::make_shared<Session>();
     s->pid = pid;
+    s->kernels = std::make_shared<kernels::SessionKernels>();
   }
   ++s->connections;
   return s;
@@ -76,6 +95,7 @@ void DeviceState::leave(const std::shared_ptr<Session> &s) {
     sessions_.erase(s->pid);
   }
   streams::stop_all(*s);
+  kernels::release(*s);
 }
 
 void DeviceState::release(Session &s) {
@@ -84,6 +104,7 @@ void DeviceState::release(Session &s) {
     release_locked(s);
   }
   streams::stop_all(s);
+  kernels::release(s);
 }
 
 void DeviceState::release_locked(Session &s) {
@@ -119,9 +140,10 @@ int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
 int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size) {
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   size_t mapped = 0;
-  char *base = map_device_memory(size, &mapped);
+  int fd = -1;
+  char *base = map_device_memory(size, &mapped, &fd);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
-  s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped);
+  s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);
   used_[device] += size;
   return ACL_SUCCESS;
 }

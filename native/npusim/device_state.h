@@ -17,9 +17,13 @@
 
 namespace npusim {
 
-// One device allocation: anonymous memory in the daemon, known to clients only by its address.
+namespace kernels {
+struct SessionKernels;
+}
+
+// One device allocation: shared memory (a memfd) in the daemon, known to clients only by its address.
 struct Buffer {
-  Buffer(uint64_t va, uint64_t size, uint32_t device, char *base, size_t mapped);
+  Buffer(uint64_t va, uint64_t size, uint32_t device, char *base, size_t mapped, int fd);
   ~Buffer();
   Buffer(const Buffer &) = delete;
   Buffer &operator=(const Buffer &) = delete;
@@ -29,6 +33,8 @@ struct Buffer {
   const uint32_t device;
   char *const base;
   const size_t mapped;
+  const int fd;           // the memfd behind base: a kernel runner maps it (kernel_host.cpp)
+  const uint64_t serial;  // unique per allocation for the daemon's lifetime
 };
 
 // A task with its device addresses resolved. It holds its buffers, so freeing an allocation while
@@ -40,6 +46,8 @@ struct Work {
   const char *src = nullptr;
   const char *src2 = nullptr;
   std::vector<std::shared_ptr<Buffer>> hold;
+  std::string body;                                   // a kernel's argument bytes
+  std::shared_ptr<kernels::SessionKernels> kernels;  // a kernel's runner
 };
 
 struct Stream {
@@ -71,6 +79,7 @@ struct Session {
   std::map<uint32_t, std::shared_ptr<Stream>> streams;
   std::map<uint32_t, Event> events;
   uint32_t next_id = 1;
+  std::shared_ptr<kernels::SessionKernels> kernels;  // binaries, functions, the kernel runner (kernel_host.h)
 
   // The direct path (export.cpp), guarded by mu: locked after a successful Drain or a Quiesce,
   // until the Quiesce of Unlock; export and import need it.

@@ -45,6 +45,11 @@ enum class Op : uint32_t {
   Import,
   Quiesce,        // flags: 1 locked (restored), 2 locked awaiting an import, 0 unlocking
   ExportDevices,
+  // Device binaries and kernels (kernel_host.h; cann-kernels). Each reads `size` trailing bytes.
+  BinaryLoad,      // trailing: the ELF bytes -> value[0]=binary id (the session's runner dlopens it)
+  BinaryUnload,    // value[0]: binary id
+  FunctionLookup,  // value[0]: binary id; trailing: kernel name -> value[0]=function id
+  LaunchKernel,    // stream, task (Kernel); trailing: the argument bytes
 };
 
 enum class TaskKind : uint32_t {
@@ -58,6 +63,8 @@ enum class TaskKind : uint32_t {
   RecordEvent,       // event
   WaitEvent,         // event, target
   HostMemset,        // dst host (client memory), size bytes of (uint8_t)value: aclrtMemsetAsync on host memory
+  // cann-kernels
+  Kernel,            // src2: function id, m: numBlocks; arguments travel with LaunchKernel
 };
 
 struct Task {

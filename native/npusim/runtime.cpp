@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "capture.h"
 #include "trust.h"
 #include "va.h"
 #include "wire.h"
@@ -80,6 +81,8 @@ bool peer_ok(int32_t a, int32_t b) {
 }
 
 int32_t submit(const proto::Task &task, StreamObj *stream) {
+  int32_t captured = ACL_SUCCESS;
+  if (capture_task(task, {}, stream, &captured)) return captured;  // recorded into a model (model_ri.cpp)
   proto::Request rq = wire::request(stream ? proto::Op::Enqueue : proto::Op::Exec);
   rq.task = task;
   if (stream != nullptr) rq.stream = stream->id;

@@ -26,7 +26,8 @@ class ConnPool {
   int32_t open(const std::string &path);  // connects, says Hello, learns the daemon's shape
   void close_all();                       // every connection, idle or not yet returned
   bool connected();
-  int32_t call(const proto::Request &rq, proto::Reply *rp = nullptr);
+  // body: trailing bytes sent after the request (rq.size of them, for the ops that take some).
+  int32_t call(const proto::Request &rq, proto::Reply *rp = nullptr, const std::string *body = nullptr);
 
   pid_t daemon_pid = 0;
   uint32_t device_count = 0;

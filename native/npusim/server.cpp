@@ -8,6 +8,7 @@
 #include "access.h"
 #include "device_state.h"
 #include "export.h"
+#include "kernel_host.h"
 #include "wire.h"
 
 namespace npusim {
@@ -110,6 +111,9 @@ bool serve_connection(DeviceState &state, int fd) {
       if (!xfer::serve(state, fd, peer_pid(fd), rq, rp, &payload)) break;  // reads its own trailing bytes
     } else if (!session) {
       rp.code = ACL_ERROR_UNINITIALIZE;
+    } else if (rq.op == Op::BinaryLoad || rq.op == Op::BinaryUnload || rq.op == Op::FunctionLookup ||
+               rq.op == Op::LaunchKernel) {
+      if (!kernels::serve(state, *session, fd, uid, rq, rp)) break;  // reads its own trailing bytes
     } else {
       rp.code = handle(state, *session, rq, rp);
     }

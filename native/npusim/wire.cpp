@@ -48,8 +48,10 @@ bool recv_all(int fd, void *buf, size_t len) {
   return true;
 }
 
-bool call(int fd, const proto::Request &req, proto::Reply &rep, std::string *payload) {
-  if (!send_all(fd, &req, sizeof(req)) || !recv_all(fd, &rep, sizeof(rep))) return false;
+bool call(int fd, const proto::Request &req, proto::Reply &rep, std::string *payload, const std::string *trailing) {
+  if (!send_all(fd, &req, sizeof(req))) return false;
+  if (trailing != nullptr && !send_all(fd, trailing->data(), trailing->size())) return false;
+  if (!recv_all(fd, &rep, sizeof(rep))) return false;
   std::string body(rep.payload_len, '\0');
   if (rep.payload_len > 0 && !recv_all(fd, body.data(), body.size())) return false;
   if (payload != nullptr) *payload = std::move(body);

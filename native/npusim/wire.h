@@ -15,8 +15,10 @@ int connect_unix(const std::string &path);
 // Full-length blocking I/O, retrying on EINTR; false on EOF or error.
 bool send_all(int fd, const void *buf, size_t len);
 bool recv_all(int fd, void *buf, size_t len);
-// One request/reply round trip; payload (if not null) receives the reply's trailing bytes.
-bool call(int fd, const proto::Request &req, proto::Reply &rep, std::string *payload = nullptr);
+// One request/reply round trip; payload (if not null) receives the reply's trailing bytes; trailing
+// (if not null) is sent right after the request (its trailing bytes).
+bool call(int fd, const proto::Request &req, proto::Reply &rep, std::string *payload = nullptr,
+          const std::string *trailing = nullptr);
 proto::Request request(proto::Op op);
 constexpr size_t kMaxFds = 64;  // descriptors in one message (the files of one transfer)
 

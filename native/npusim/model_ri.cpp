@@ -1,0 +1,307 @@
+// Model run instances (aclmdlRI*). Work queued on a capturing stream (aclmdlRICaptureBegin, or a
+// stream bound to a model being built) is recorded into the model instead of running;
+// aclmdlRIExecuteAsync queues the recorded work on a stream, in the order it was recorded.
+// Models live in this process; Restore renews the daemon ids their tasks name (functions, events).
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "capture.h"
+#include "kernel_objects.h"
+#include "resources.h"
+#include "wire.h"
+
+using namespace npusim;
+using namespace npusim::rt;
+
+namespace {
+
+struct Recorded {
+  proto::Task task;
+  std::string body;                // a kernel's argument bytes
+  FunctionObj *function = nullptr;  // set by Backup: the daemon ids in task are renewed by Restore
+  EventObj *event = nullptr;
+};
+
+struct ModelObj {
+  std::vector<Recorded> tasks;
+  std::set<StreamObj *> streams;  // capturing into this model
+  bool built = false;             // capture ended / build ended: executable
+};
+
+struct Capture {
+  ModelObj *model;
+  aclmdlRICaptureMode mode;
+  std::thread::id thread;
+  bool bound;  // aclmdlRIBindStream rather than aclmdlRICaptureBegin
+};
+
+// Guards everything below; never held while calling the daemon, and taken inside runtime().mu
+// (aclrtRecordEvent submits with it held), never the other way round.
+std::mutex g_mu;
+std::set<ModelObj *> g_models;
+std::map<StreamObj *, Capture> g_capturing;
+thread_local aclmdlRICaptureMode t_mode = ACL_MODEL_RI_CAPTURE_MODE_GLOBAL;
+
+ModelObj *model_of(aclmdlRI modelRI) {
+  auto *m = static_cast<ModelObj *>(modelRI);
+  return m != nullptr && g_models.count(m) ? m : nullptr;
+}
+
+bool is_kernel(const proto::Task &t) { return t.kind == proto::TaskKind::Kernel; }
+
+}  // namespace
+
+namespace npusim::rt {
+
+bool capture_task(const proto::Task &task, const std::string &body, StreamObj *stream, int32_t *rc) {
+  if (stream == nullptr) return false;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(stream);
+  if (it == g_capturing.end()) return false;
+  it->second.model->tasks.push_back(Recorded{task, body, nullptr, nullptr});
+  *rc = ACL_SUCCESS;
+  return true;
+}
+
+}  // namespace npusim::rt
+
+namespace {
+
+// Queues one recorded task on s (recorded into another model if s captures itself).
+int32_t replay(const Recorded &r, StreamObj *s) {
+  proto::Task t = r.task;
+  if (is_kernel(t)) {
+    int32_t rc = ACL_SUCCESS;
+    return capture_task(t, r.body, s, &rc) ? rc : send_kernel(t, r.body, s);
+  }
+  if (t.kind != proto::TaskKind::RecordEvent && t.kind != proto::TaskKind::WaitEvent) return submit(t, s);
+  // Events: a record counts as one more record of the event, a wait waits for the latest.
+  std::lock_guard<std::mutex> g(runtime().mu);
+  EventObj *e = nullptr;
+  for (EventObj *x : runtime().events)
+    if (x->id == t.event) e = x;
+  if (e == nullptr) return ACL_ERROR_INVALID_PARAM;  // destroyed since the capture
+  if (t.kind == proto::TaskKind::WaitEvent) t.target = std::max<uint64_t>(1, e->records);
+  int32_t rc = submit(t, s);
+  if (rc == ACL_SUCCESS && t.kind == proto::TaskKind::RecordEvent) ++e->records;
+  return rc;
+}
+
+aclError begin(StreamObj *s, ModelObj *m, aclmdlRICaptureMode mode, bool bound) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_capturing.count(s)) return ACL_ERROR_RT_STREAM_CAPTURED;
+  g_capturing[s] = Capture{m, mode, std::this_thread::get_id(), bound};
+  m->streams.insert(s);
+  return ACL_SUCCESS;
+}
+
+int32_t user_stream(aclrtStream stream, StreamObj **s) {
+  if (int32_t rc = resolve_stream(stream, s); rc != ACL_SUCCESS) return rc;
+  return ACL_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode) {
+  if (mode < ACL_MODEL_RI_CAPTURE_MODE_GLOBAL || mode > ACL_MODEL_RI_CAPTURE_MODE_RELAXED) return ACL_ERROR_INVALID_PARAM;
+  CallScope scope;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  auto *m = new ModelObj;
+  if (aclError rc = begin(s, m, mode, false); rc != ACL_SUCCESS) {
+    delete m;
+    return rc;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  g_models.insert(m);
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICaptureGetInfo(aclrtStream stream, aclmdlRICaptureStatus *status, aclmdlRI *modelRI) {
+  if (status == nullptr || modelRI == nullptr) return ACL_ERROR_INVALID_PARAM;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(s);
+  *status = it == g_capturing.end() ? ACL_MODEL_RI_CAPTURE_STATUS_NONE : ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE;
+  *modelRI = it == g_capturing.end() ? nullptr : it->second.model;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI) {
+  if (modelRI == nullptr) return ACL_ERROR_INVALID_PARAM;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(s);
+  if (it == g_capturing.end() || it->second.bound) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  if (it->second.mode != ACL_MODEL_RI_CAPTURE_MODE_RELAXED && it->second.thread != std::this_thread::get_id())
+    return ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD;
+  ModelObj *m = it->second.model;
+  g_capturing.erase(it);
+  m->streams.erase(s);
+  m->built = true;
+  *modelRI = m;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode) {
+  if (mode == nullptr || *mode < ACL_MODEL_RI_CAPTURE_MODE_GLOBAL || *mode > ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+    return ACL_ERROR_INVALID_PARAM;
+  std::swap(*mode, t_mode);
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIBuildBegin(aclmdlRI *modelRI, uint32_t flag) {
+  if (modelRI == nullptr || flag != 0) return ACL_ERROR_INVALID_PARAM;
+  auto *m = new ModelObj;
+  std::lock_guard<std::mutex> g(g_mu);
+  g_models.insert(m);
+  *modelRI = m;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIBindStream(aclmdlRI modelRI, aclrtStream stream, uint32_t flag) {
+  (void)flag;  // head or default stream: replay order is record order either way
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  ModelObj *m;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if ((m = model_of(modelRI)) == nullptr || m->built) return ACL_ERROR_INVALID_PARAM;
+  }
+  return begin(s, m, ACL_MODEL_RI_CAPTURE_MODE_RELAXED, true);
+}
+
+aclError aclmdlRIUnbindStream(aclmdlRI modelRI, aclrtStream stream) {
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  auto it = g_capturing.find(s);
+  if (it != g_capturing.end() && it->second.model == m) g_capturing.erase(it);
+  return m->streams.erase(s) ? ACL_SUCCESS : ACL_ERROR_RT_STREAM_MODEL;
+}
+
+aclError aclmdlRIEndTask(aclmdlRI modelRI, aclrtStream stream) {
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  return m != nullptr && m->streams.count(s) ? ACL_SUCCESS : ACL_ERROR_RT_STREAM_MODEL;
+}
+
+aclError aclmdlRIBuildEnd(aclmdlRI modelRI, void *reserve) {
+  if (reserve != nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  // Bound streams stop recording; they stay bound until aclmdlRIUnbindStream.
+  for (auto it = g_capturing.begin(); it != g_capturing.end();)
+    it = it->second.model == m ? g_capturing.erase(it) : std::next(it);
+  m->built = true;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::vector<Recorded> tasks;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    ModelObj *m = model_of(modelRI);
+    if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+    if (!m->built) return ACL_ERROR_RT_MODEL_CAPTURED;
+    tasks = m->tasks;
+  }
+  for (const Recorded &r : tasks)
+    if (int32_t rc = replay(r, s); rc != ACL_SUCCESS) return rc;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIExecute(aclmdlRI modelRI, int32_t timeout) {
+  (void)timeout;  // -1: wait for ever; npusim's work always finishes
+  if (aclError rc = aclmdlRIExecuteAsync(modelRI, nullptr); rc != ACL_SUCCESS) return rc;
+  return aclrtSynchronizeStream(nullptr);
+}
+
+aclError aclmdlRIDestroy(aclmdlRI modelRI) {
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  for (auto it = g_capturing.begin(); it != g_capturing.end();)
+    it = it->second.model == m ? g_capturing.erase(it) : std::next(it);
+  g_models.erase(m);
+  delete m;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIDebugPrint(aclmdlRI modelRI) {
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::fprintf(stderr, "npusim: model %p: %zu tasks\n", static_cast<void *>(m), m->tasks.size());
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIDebugJsonPrint(aclmdlRI modelRI, const char *path, uint32_t flags) {
+  if (path == nullptr) return ACL_ERROR_INVALID_PARAM;
+  (void)flags;
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::ofstream out(path);
+  if (!out) return ACL_ERROR_INVALID_FILE;
+  out << "{\"tasks\": [";
+  for (size_t i = 0; i < m->tasks.size(); ++i)
+    out << (i ? ", " : "") << "{\"kind\": " << static_cast<uint32_t>(m->tasks[i].task.kind) << "}";
+  out << "]}\n";
+  return out ? ACL_SUCCESS : ACL_ERROR_INVALID_FILE;
+}
+
+}  // extern "C"
+
+// Snapshot: a model's tasks name functions and events by daemon id; Backup ties each to its
+// handle, Restore (after functions and events are re-created) writes the new ids back.
+namespace {
+
+int32_t backup_models(const SnapshotPass &) {
+  std::lock_guard<std::mutex> rg(runtime().mu);
+  std::lock_guard<std::mutex> g(g_mu);
+  for (ModelObj *m : g_models)
+    for (Recorded &r : m->tasks) {
+      if (is_kernel(r.task))
+        for (FunctionObj *f : kernel_objects().functions)
+          if (f->id == r.task.src2) r.function = f;
+      if (r.task.kind == proto::TaskKind::RecordEvent || r.task.kind == proto::TaskKind::WaitEvent)
+        for (EventObj *e : runtime().events)
+          if (e->id == r.task.event) r.event = e;
+    }
+  return ACL_SUCCESS;
+}
+
+int32_t restore_models(const SnapshotPass &) {
+  std::lock_guard<std::mutex> rg(runtime().mu);
+  std::lock_guard<std::mutex> g(g_mu);
+  for (ModelObj *m : g_models)
+    for (Recorded &r : m->tasks) {
+      if (r.function != nullptr && kernel_objects().functions.count(r.function)) r.task.src2 = r.function->id;
+      if (r.event != nullptr && runtime().events.count(r.event)) r.task.event = r.event->id;
+    }
+  return ACL_SUCCESS;
+}
+
+size_t count_models() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_models.size();
+}
+
+const ResourceKind kModels{"model run instances", 60, nullptr, backup_models, restore_models, nullptr, count_models};
+NPUSIM_RESOURCE_KIND(kModels);
+
+}  // namespace
