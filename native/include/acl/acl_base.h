@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "acl_base_rt.h"
 #include "error_codes/rt_error_codes.h"
 
 #ifdef __cplusplus
