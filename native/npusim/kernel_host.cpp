@@ -243,7 +243,7 @@ int32_t run(Work &w) {
     live.insert(b->va);
     auto m = k.mapped.find(b->va);
     if (m != k.mapped.end() && m->second == b->serial) continue;
-    if (int32_t rc = ask(k, runner::Op::Map, b->va, b->mapped, 0, {}, b->fd); rc != ACL_SUCCESS) return rc;
+    if (int32_t rc = ask(k, runner::Op::Map, b->va, b->mapped, b->size, {}, b->fd); rc != ACL_SUCCESS) return rc;
     k.mapped[b->va] = b->serial;
   }
   for (auto it = k.mapped.begin(); it != k.mapped.end();) {

@@ -7,6 +7,7 @@
 // client's device memory as memfds (mapped shared, so kernels write the daemon's memory in
 // place) and the binaries' bytes as memfds, dlopen'ed through /proc/self/fd.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -40,11 +41,16 @@ using npusim::runner::Op;
 
 struct Mapping {
   char *base;
-  uint64_t size;
+  uint64_t mapped;  // page-rounded length of the mapping
+  uint64_t size;    // the allocation's size: the range kernels may touch
 };
 
 std::map<uint64_t, Mapping> g_memory;  // device address -> shared mapping (read-only during a launch)
-std::map<uint64_t, void *> g_binaries;  // binary id -> dlopen handle
+struct Binary {
+  void *handle;
+  int fd;  // kept open while loaded: glibc matches dlopen by path, and each loaded path must differ
+};
+std::map<uint64_t, Binary> g_binaries;  // binary id -> its dlopen handle
 
 using Kernel = void (*)(npusimKernelCtx *, const void *, size_t);
 
@@ -59,20 +65,23 @@ bool drop_to(uid_t uid, gid_t gid, const std::vector<gid_t> &groups) {
 
 int32_t load(uint64_t id, int fd) {
   if (fd < 0 || g_binaries.count(id)) return ACL_ERROR_INVALID_PARAM;
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const int keep = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (keep < 0) return ACL_ERROR_RT_INTERNAL_ERROR;
+  const std::string path = "/proc/self/fd/" + std::to_string(keep);
   void *h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     std::fprintf(stderr, "npusim-kernel-runner: %s\n", ::dlerror());
+    ::close(keep);
     return ACL_ERROR_INVALID_FILE;
   }
-  g_binaries[id] = h;
+  g_binaries[id] = Binary{h, keep};
   return ACL_SUCCESS;
 }
 
 Kernel find(uint64_t id, const std::string &name) {
   auto it = g_binaries.find(id);
   if (it == g_binaries.end() || name.empty()) return nullptr;
-  return reinterpret_cast<Kernel>(::dlsym(it->second, name.c_str()));
+  return reinterpret_cast<Kernel>(::dlsym(it->second.handle, name.c_str()));
 }
 
 // Blocks in parallel: one thread per core (at most numBlocks), each taking the next block.
@@ -97,24 +106,25 @@ int32_t handle(const Msg &m, const std::string &body, int fd) {
     case Op::Unload: {
       auto it = g_binaries.find(m.id);
       if (it == g_binaries.end()) return ACL_ERROR_INVALID_PARAM;
-      ::dlclose(it->second);
+      ::dlclose(it->second.handle);
+      ::close(it->second.fd);
       g_binaries.erase(it);
       return ACL_SUCCESS;
     }
     case Op::Lookup: return find(m.id, body) ? ACL_SUCCESS : ACL_ERROR_RT_SYMBOL_NOT_FOUND;
     case Op::Map: {
-      if (fd < 0 || m.a == 0) return ACL_ERROR_INVALID_PARAM;
+      if (fd < 0 || m.a == 0 || m.b == 0 || m.b > m.a) return ACL_ERROR_INVALID_PARAM;
       void *p = ::mmap(nullptr, m.a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p == MAP_FAILED) return ACL_ERROR_RT_MEMORY_ALLOCATION;
       auto old = g_memory.find(m.id);
-      if (old != g_memory.end()) ::munmap(old->second.base, old->second.size);
-      g_memory[m.id] = Mapping{static_cast<char *>(p), m.a};
+      if (old != g_memory.end()) ::munmap(old->second.base, old->second.mapped);
+      g_memory[m.id] = Mapping{static_cast<char *>(p), m.a, m.b};
       return ACL_SUCCESS;
     }
     case Op::Unmap: {
       auto it = g_memory.find(m.id);
       if (it == g_memory.end()) return ACL_ERROR_INVALID_PARAM;
-      ::munmap(it->second.base, it->second.size);
+      ::munmap(it->second.base, it->second.mapped);
       g_memory.erase(it);
       return ACL_SUCCESS;
     }

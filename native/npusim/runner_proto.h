@@ -11,7 +11,7 @@ enum class Op : uint32_t {
   Load = 1,  // id: binary id; one fd: a memfd holding the ELF bytes
   Unload,    // id: binary id
   Lookup,    // id: binary id; trailing: kernel name
-  Map,       // id: device address, a: size; one fd: the allocation's memfd
+  Map,       // id: device address, a: mapping length, b: allocation size; one fd: its memfd
   Unmap,     // id: device address
   Launch,    // id: binary id, a: numBlocks, b: name length; trailing: name, then the args bytes
 };

@@ -4,35 +4,6 @@
 
 #include "tensor.h"
 
-namespace npusim::aclnn {
-
-size_t element_size(aclDataType t) {
-  switch (t) {
-    case ACL_FLOAT: case ACL_INT32: case ACL_UINT32: return 4;
-    case ACL_FLOAT16: case ACL_BF16: case ACL_INT16: case ACL_UINT16: return 2;
-    case ACL_INT8: case ACL_UINT8: case ACL_BOOL: return 1;
-    case ACL_INT64: case ACL_UINT64: case ACL_DOUBLE: return 8;
-    default: return 0;
-  }
-}
-
-int64_t element_count(const aclTensor &t) {
-  int64_t n = 1;
-  for (int64_t d : t.view)
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
-  return n;
-}
-
-bool contiguous(const aclTensor &t) {
-  int64_t want = 1;
-  for (size_t i = t.view.size(); i-- > 0;) {
-    if (t.view[i] != 1 && t.strides[i] != want) return false;
-    want *= t.view[i];
-  }
-  return true;
-}
-
-}  // namespace npusim::aclnn
 
 namespace {
 
