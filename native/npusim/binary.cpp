@@ -36,6 +36,7 @@ int32_t launch_kernel(FunctionObj *function, uint32_t blocks, const std::string 
   proto::Task t{};
   t.kind = proto::TaskKind::Kernel;
   t.m = blocks;
+  t.n = effective_cores(stream);  // blocks run at once, at most
   t.size = args.size();
   {
     std::lock_guard<std::mutex> g(runtime().mu);

@@ -11,5 +11,7 @@ namespace npusim::rt {
 // If stream is capturing: records task (with its trailing bytes, for a kernel), sets *rc and
 // returns true. Otherwise returns false and the caller sends the task.
 bool capture_task(const proto::Task &task, const std::string &body, StreamObj *stream, int32_t *rc);
+// Whether work queued on stream is being recorded into a model now.
+bool capturing(StreamObj *stream);
 
 }  // namespace npusim::rt

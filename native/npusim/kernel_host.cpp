@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -255,7 +256,9 @@ int32_t run(Work &w) {
     it = k.mapped.erase(it);
   }
   const std::string body = f->second.name + w.body;
-  return ask(k, runner::Op::Launch, f->second.binary, w.task.m, f->second.name.size(), body);
+  const uint64_t parallel = std::max<uint64_t>(1, w.task.n);
+  return ask(k, runner::Op::Launch, f->second.binary, w.task.m | (std::min<uint64_t>(parallel, 0xffffffffu) << 32),
+             f->second.name.size(), body);
 }
 
 void release(Session &s) {

@@ -85,8 +85,8 @@ Kernel find(uint64_t id, const std::string &name) {
 }
 
 // Blocks in parallel: one thread per core (at most numBlocks), each taking the next block.
-void launch(Kernel k, uint32_t blocks, const std::string &args) {
-  const uint32_t threads = std::max(1u, std::min(blocks, std::thread::hardware_concurrency()));
+void launch(Kernel k, uint32_t blocks, uint32_t parallel, const std::string &args) {
+  const uint32_t threads = std::max(1u, std::min({blocks, parallel, std::thread::hardware_concurrency()}));
   std::atomic<uint32_t> next{0};
   auto run = [&] {
     for (uint32_t b; (b = next.fetch_add(1)) < blocks;) {
@@ -129,10 +129,11 @@ int32_t handle(const Msg &m, const std::string &body, int fd) {
       return ACL_SUCCESS;
     }
     case Op::Launch: {
-      if (m.b > body.size() || m.a == 0) return ACL_ERROR_INVALID_PARAM;
+      const auto blocks = static_cast<uint32_t>(m.a), parallel = static_cast<uint32_t>(m.a >> 32);
+      if (m.b > body.size() || blocks == 0) return ACL_ERROR_INVALID_PARAM;
       Kernel k = find(m.id, body.substr(0, m.b));
       if (k == nullptr) return ACL_ERROR_RT_SYMBOL_NOT_FOUND;
-      launch(k, static_cast<uint32_t>(m.a), body.substr(m.b));
+      launch(k, blocks, std::max(1u, parallel), body.substr(m.b));
       return ACL_SUCCESS;
     }
   }

@@ -64,6 +64,11 @@ bool capture_task(const proto::Task &task, const std::string &body, StreamObj *s
   return true;
 }
 
+bool capturing(StreamObj *stream) {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_capturing.count(stream) > 0;
+}
+
 }  // namespace npusim::rt
 
 namespace {

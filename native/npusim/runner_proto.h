@@ -13,7 +13,7 @@ enum class Op : uint32_t {
   Lookup,    // id: binary id; trailing: kernel name
   Map,       // id: device address, a: mapping length, b: allocation size; one fd: its memfd
   Unmap,     // id: device address
-  Launch,    // id: binary id, a: numBlocks, b: name length; trailing: name, then the args bytes
+  Launch,    // id: binary id, a: numBlocks | most blocks at once << 32, b: name length; trailing: name, args
 };
 
 struct Msg {

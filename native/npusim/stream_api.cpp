@@ -2,6 +2,7 @@
 // Restore gives them new ids without changing the handles.
 #include <algorithm>
 
+#include "capture.h"
 #include "resources.h"
 #include "runtime.h"
 #include "wire.h"
@@ -149,7 +150,7 @@ aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
   t.event = e->id;
   std::lock_guard<std::mutex> g(runtime().mu);  // keeps records in queue order across threads
   int32_t rc = submit(t, s);
-  if (rc == ACL_SUCCESS) ++e->records;
+  if (rc == ACL_SUCCESS && !capturing(s)) ++e->records;  // a captured record counts when the model runs
   return rc;
 }
 

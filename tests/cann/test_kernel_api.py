@@ -32,3 +32,11 @@ def test_runner_ends_with_the_session(npusim_daemon, cann_program, kernels_so) -
     while children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert children() == []
+
+
+def test_model_run_instances(npusim_daemon, cann_program, kernels_so) -> None:
+    exe = cann_program("model_ri.c", "-lascendcl", "-lnnopbase", "-lopapi")
+    r = subprocess.run([str(exe), str(kernels_so)], env=npusim_daemon.env, capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["ok capture", "ok execute", "ok kernel in a model", "ok built model", "done"]
