@@ -15,7 +15,6 @@ from typing import Iterator
 
 import pytest
 
-from tests.security.conftest import group_daemon  # noqa: F401  (a root daemon serving the device group)
 from tests.users import device_user, run_as
 
 
