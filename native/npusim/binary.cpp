@@ -24,6 +24,19 @@ KernelObjects &kernel_objects() {
   return *k;
 }
 
+void forget_kernel_objects() {
+  std::lock_guard<std::mutex> g(runtime().mu);
+  KernelObjects &k = kernel_objects();
+  for (BinaryObj *b : k.binaries) delete b;
+  for (FunctionObj *f : k.functions) delete f;
+  for (ArgsObj *a : k.args)
+    if (a->user_memory)
+      a->~ArgsObj();  // the caller owns the memory
+    else
+      delete a;
+  k = KernelObjects{};
+}
+
 int32_t send_kernel(const proto::Task &task, const std::string &args, StreamObj *stream) {
   proto::Request rq = wire::request(proto::Op::LaunchKernel);
   rq.stream = stream->id;

@@ -50,6 +50,8 @@ struct KernelObjects {
 
 // The process's kernel objects (runtime().mu guards them).
 KernelObjects &kernel_objects();
+// aclFinalize: every binary, function and argument handle is gone with the device session.
+void forget_kernel_objects();
 // Queues function on stream with these argument bytes (captured instead while stream captures).
 int32_t launch_kernel(FunctionObj *function, uint32_t blocks, const std::string &args, StreamObj *stream);
 // The most blocks of one launch on stream that run at once (res_limit.cpp: the vector-core limit).

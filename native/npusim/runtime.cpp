@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "capture.h"
+#include "kernel_objects.h"
 #include "trust.h"
 #include "va.h"
 #include "wire.h"
@@ -176,6 +177,7 @@ aclError aclFinalize() {
   r.pool.call(wire::request(proto::Op::Release));
   r.pool.close_all();
   drop_backups();
+  forget_kernel_objects();  // binary.cpp: the daemon's binaries went with the session
   std::lock_guard<std::mutex> g(r.mu);
   for (StreamObj *s : r.streams) delete s;
   for (EventObj *e : r.events) delete e;

@@ -79,3 +79,12 @@ void whoami(npusimKernelCtx *ctx, const void *raw, size_t size) {
         close(fd);
     }
 }
+
+/* Writes to the host address in its arguments (0 from the test): the runner dies, the daemon
+ * and the client must not. */
+void crash(npusimKernelCtx *ctx, const void *raw, size_t size) {
+    (void)ctx;
+    uint64_t addr = 0;
+    if (size >= sizeof addr) memcpy(&addr, raw, sizeof addr);
+    *(volatile int *)(uintptr_t)addr = 1;
+}
