@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <random>
 #include <sstream>
@@ -27,33 +28,61 @@ Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size
 
 Buffer::~Buffer() {
   ::munmap(base, mapped);
-  ::close(fd);
+  if (fd >= 0) ::close(fd);
+}
+
+std::shared_mutex &memory_swap() {
+  static std::shared_mutex mu;
+  return mu;
 }
 
 namespace {
 
 // Device memory is committed when allocated, as on real hardware, so that copies into it run at
-// memory speed instead of taking page faults. It is a memfd, so that the session's kernel runner
-// (kernel_host.cpp) can map the same pages: kernels run in another process, with the client's rights.
+// memory speed instead of taking page faults. It is anonymous memory (huge pages where possible)
+// until its client uses kernels; then it is a memfd (fd set), which the client's kernel runner maps
+// (kernel_host.cpp). Shared memory gets huge pages only where the system's shmem THP setting
+// allows, so only clients that need it pay for it.
 char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   *mapped = (size + page - 1) / page * page;
-  *fd = ::memfd_create("npusim-device", MFD_CLOEXEC);
-  if (*fd < 0) return nullptr;
   void *p = MAP_FAILED;
-  if (::ftruncate(*fd, static_cast<off_t>(*mapped)) == 0)
-    p = ::mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-  if (p == MAP_FAILED) {
-    ::close(*fd);
-    return nullptr;
+  if (fd == nullptr) {
+    p = ::mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  } else {
+    *fd = ::memfd_create("npusim-device", MFD_CLOEXEC);
+    if (*fd < 0) return nullptr;
+    if (::ftruncate(*fd, static_cast<off_t>(*mapped)) == 0)
+      p = ::mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
   }
-  if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);  // shmem THP where the system allows it
+  auto fail = [&] {
+    if (fd != nullptr) ::close(*fd);
+    return nullptr;
+  };
+  if (p == MAP_FAILED) return fail();
+  if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);
   if (::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
     ::munmap(p, *mapped);  // out of memory: the device is full
-    ::close(*fd);
-    return nullptr;
+    return fail();
   }
   return static_cast<char *>(p);
+}
+
+// Moves b's data into a fresh memfd mapped at the same address (memory_swap held exclusively).
+bool move_to_memfd(Buffer &b) {
+  size_t mapped = 0;
+  int fd = -1;
+  char *tmp = map_device_memory(b.mapped, &mapped, &fd);
+  if (tmp == nullptr) return false;
+  std::memcpy(tmp, b.base, b.mapped);
+  ::munmap(tmp, mapped);
+  // MAP_FIXED replaces the anonymous pages in one step: every pointer into base stays valid.
+  if (::mmap(b.base, b.mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    ::close(fd);
+    return false;
+  }
+  b.fd = fd;
+  return true;
 }
 
 bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
@@ -141,7 +170,7 @@ int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t si
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   size_t mapped = 0;
   int fd = -1;
-  char *base = map_device_memory(size, &mapped, &fd);
+  char *base = map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);
   used_[device] += size;
@@ -183,6 +212,25 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
   return place(s, device, va, size);
+}
+
+int32_t DeviceState::share_memory(Session &s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (s.shared_memory) return ACL_SUCCESS;  // the session's first binary did it
+  }
+  std::unique_lock<std::shared_mutex> quiet(memory_swap());  // no task touches device memory now
+  std::vector<std::shared_ptr<Buffer>> anonymous;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (s.shared_memory) return ACL_SUCCESS;
+    s.shared_memory = true;  // allocations from now on are memfds
+    for (auto &[va, b] : s.allocs)
+      if (b->fd < 0) anonymous.push_back(b);
+  }
+  for (auto &b : anonymous)
+    if (!move_to_memfd(*b)) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  return ACL_SUCCESS;
 }
 
 int32_t DeviceState::free(Session &s, uint64_t va) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,7 +22,8 @@ namespace kernels {
 struct SessionKernels;
 }
 
-// One device allocation: shared memory (a memfd) in the daemon, known to clients only by its address.
+// One device allocation: memory of the daemon (anonymous, or a memfd once its client uses kernels),
+// known to clients only by its address.
 struct Buffer {
   Buffer(uint64_t va, uint64_t size, uint32_t device, char *base, size_t mapped, int fd);
   ~Buffer();
@@ -33,7 +35,7 @@ struct Buffer {
   const uint32_t device;
   char *const base;
   const size_t mapped;
-  const int fd;           // the memfd behind base: a kernel runner maps it (kernel_host.cpp)
+  int fd;                 // the memfd behind base, or -1 (anonymous): a kernel runner maps it (kernel_host.cpp)
   const uint64_t serial;  // unique per allocation for the daemon's lifetime
 };
 
@@ -80,6 +82,7 @@ struct Session {
   std::map<uint32_t, Event> events;
   uint32_t next_id = 1;
   std::shared_ptr<kernels::SessionKernels> kernels;  // binaries, functions, the kernel runner (kernel_host.h)
+  bool shared_memory = false;  // allocations are memfds, for the kernel runner (the daemon's mutex guards it)
 
   // The direct path (export.cpp), guarded by mu: locked after a successful Drain or a Quiesce,
   // until the Quiesce of Unlock; export and import need it.
@@ -110,6 +113,10 @@ class DeviceState {
 
   std::string status_json(bool clients);  // clients: include the per-client list (admins only)
 
+  // Kernels (kernel_host.cpp): from now on the session's device memory is memfds a kernel runner can
+  // map; what it holds already moves into memfds at the same addresses.
+  int32_t share_memory(Session &s);
+
   // The direct path (export.cpp): the session of a client pid (null if none), and its allocations
   // in address order.
   std::shared_ptr<Session> find(pid_t pid);
@@ -131,6 +138,9 @@ class DeviceState {
 
 // Executes one resolved task; returns an aclError.
 int32_t run_work(Work &w);
+// Held shared by every task touching device memory, exclusively while DeviceState::share_memory
+// moves memory into memfds: no copy or kernel runs on memory being moved.
+std::shared_mutex &memory_swap();
 
 // Serves one client connection until it closes (server.cpp). Returns true if the client asked the
 // daemon to shut down.

@@ -83,6 +83,7 @@ int32_t client_memset(pid_t pid, uint64_t remote, uint64_t size, int32_t value) 
 }  // namespace
 
 int32_t run_work(Work &w) {
+  std::shared_lock<std::shared_mutex> use(memory_swap());  // DeviceState::share_memory waits for us
   const proto::Task &t = w.task;
   using proto::TaskKind;
   switch (t.kind) {

@@ -141,7 +141,7 @@ bool write_all(int fd, const std::string &bytes) {
   return true;
 }
 
-int32_t load(Session &s, uid_t peer_uid, const std::string &bytes, uint64_t *id) {
+int32_t load(DeviceState &state, Session &s, uid_t peer_uid, const std::string &bytes, uint64_t *id) {
   Creds c;
   if (!client_creds(s.pid, &c) || c.uid != peer_uid) return ACL_ERROR_RT_NO_PERMISSION;
   // Kernels must run with the client's rights; a daemon not run by root can take no one else's.
@@ -150,6 +150,9 @@ int32_t load(Session &s, uid_t peer_uid, const std::string &bytes, uint64_t *id)
                  static_cast<unsigned>(c.uid), static_cast<unsigned>(::geteuid()));
     return ACL_ERROR_RT_NO_PERMISSION;
   }
+  // The runner maps the session's memory: it must be memfds from now on (memory_swap excludes
+  // every running task meanwhile, so take it before k->mu, as run() does).
+  if (int32_t rc = state.share_memory(s); rc != ACL_SUCCESS) return rc;
   auto k = of(s);
   std::lock_guard<std::mutex> g(k->mu);
   if (k->runner == 0 && !k->dead)
@@ -198,7 +201,7 @@ bool serve(DeviceState &state, Session &s, int fd, uid_t peer_uid, const proto::
   switch (rq.op) {
     case proto::Op::BinaryLoad:
       if (!read_body(fd, rq.size, kMaxBinary, &body)) return false;
-      rp.code = body.empty() ? ACL_ERROR_INVALID_PARAM : load(s, peer_uid, body, &rp.value[0]);
+      rp.code = body.empty() ? ACL_ERROR_INVALID_PARAM : load(state, s, peer_uid, body, &rp.value[0]);
       return true;
     case proto::Op::BinaryUnload: rp.code = unload(s, rq.value[0]); return true;
     case proto::Op::FunctionLookup:
@@ -244,6 +247,7 @@ int32_t run(Work &w) {
     live.insert(b->va);
     auto m = k.mapped.find(b->va);
     if (m != k.mapped.end() && m->second == b->serial) continue;
+    if (b->fd < 0) return ACL_ERROR_RT_INTERNAL_ERROR;  // share_memory ran before any binary was loaded
     if (int32_t rc = ask(k, runner::Op::Map, b->va, b->mapped, b->size, {}, b->fd); rc != ACL_SUCCESS) return rc;
     k.mapped[b->va] = b->serial;
   }
