@@ -3,7 +3,10 @@
 // aclmdlRIExecuteAsync queues the recorded work on a stream, in the order it was recorded.
 // Models live in this process; Restore renews the daemon ids their tasks name (functions, events).
 #include <fstream>
+#include <climits>
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "capture.h"
@@ -23,8 +26,13 @@ struct Recorded {
   EventObj *event = nullptr;
 };
 
+struct TaskGroup {
+  size_t begin, end;  // the model's tasks [begin, end)
+};
+
 struct ModelObj {
   std::vector<Recorded> tasks;
+  std::vector<std::unique_ptr<TaskGroup>> groups;
   std::set<StreamObj *> streams;  // capturing into this model
   bool built = false;             // capture ended / build ended: executable
 };
@@ -34,6 +42,9 @@ struct Capture {
   aclmdlRICaptureMode mode;
   std::thread::id thread;
   bool bound;  // aclmdlRIBindStream rather than aclmdlRICaptureBegin
+  size_t group_begin = SIZE_MAX;  // in a task group since this task (aclmdlRICaptureTaskGrpBegin)
+  TaskGroup *update = nullptr;    // recording a replacement for this group (aclmdlRICaptureTaskUpdateBegin)
+  std::vector<Recorded> replacement;
 };
 
 // Guards everything below; never held while calling the daemon, and taken inside runtime().mu
@@ -59,7 +70,8 @@ bool capture_task(const proto::Task &task, const std::string &body, StreamObj *s
   std::lock_guard<std::mutex> g(g_mu);
   auto it = g_capturing.find(stream);
   if (it == g_capturing.end()) return false;
-  it->second.model->tasks.push_back(Recorded{task, body, nullptr, nullptr});
+  Capture &c = it->second;
+  (c.update != nullptr ? c.replacement : c.model->tasks).push_back(Recorded{task, body, nullptr, nullptr});
   *rc = ACL_SUCCESS;
   return true;
 }
@@ -96,7 +108,7 @@ int32_t replay(const Recorded &r, StreamObj *s) {
 aclError begin(StreamObj *s, ModelObj *m, aclmdlRICaptureMode mode, bool bound) {
   std::lock_guard<std::mutex> g(g_mu);
   if (g_capturing.count(s)) return ACL_ERROR_RT_STREAM_CAPTURED;
-  g_capturing[s] = Capture{m, mode, std::this_thread::get_id(), bound};
+  g_capturing[s] = Capture{m, mode, std::this_thread::get_id(), bound, SIZE_MAX, nullptr, {}};
   m->streams.insert(s);
   return ACL_SUCCESS;
 }
@@ -142,7 +154,7 @@ aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI) {
   if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(g_mu);
   auto it = g_capturing.find(s);
-  if (it == g_capturing.end() || it->second.bound) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  if (it == g_capturing.end() || it->second.bound || it->second.update != nullptr) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
   if (it->second.mode != ACL_MODEL_RI_CAPTURE_MODE_RELAXED && it->second.thread != std::this_thread::get_id())
     return ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD;
   ModelObj *m = it->second.model;
@@ -226,6 +238,65 @@ aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream) {
   }
   for (const Recorded &r : tasks)
     if (int32_t rc = replay(r, s); rc != ACL_SUCCESS) return rc;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICaptureTaskGrpBegin(aclrtStream stream) {
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(s);
+  if (it == g_capturing.end() || it->second.update != nullptr) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  if (it->second.group_begin != SIZE_MAX) return ACL_ERROR_INVALID_PARAM;  // groups do not nest
+  it->second.group_begin = it->second.model->tasks.size();
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICaptureTaskGrpEnd(aclrtStream stream, aclrtTaskGrp *handle) {
+  if (handle == nullptr) return ACL_ERROR_INVALID_PARAM;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(s);
+  if (it == g_capturing.end() || it->second.group_begin == SIZE_MAX) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  ModelObj *m = it->second.model;
+  m->groups.push_back(std::make_unique<TaskGroup>(TaskGroup{it->second.group_begin, m->tasks.size()}));
+  it->second.group_begin = SIZE_MAX;
+  *handle = m->groups.back().get();
+  return ACL_SUCCESS;
+}
+
+// Work queued on stream until aclmdlRICaptureTaskUpdateEnd replaces the group's tasks.
+aclError aclmdlRICaptureTaskUpdateBegin(aclrtStream stream, aclrtTaskGrp handle) {
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  for (ModelObj *m : g_models)
+    for (auto &grp : m->groups)
+      if (grp.get() == handle) {
+        if (!m->built) return ACL_ERROR_RT_MODEL_CAPTURED;
+        if (g_capturing.count(s)) return ACL_ERROR_RT_STREAM_CAPTURED;
+        Capture c{m, ACL_MODEL_RI_CAPTURE_MODE_RELAXED, std::this_thread::get_id(), false, SIZE_MAX, grp.get(), {}};
+        g_capturing[s] = std::move(c);
+        return ACL_SUCCESS;
+      }
+  return ACL_ERROR_INVALID_PARAM;
+}
+
+// The replacement must be as many tasks of the same kinds (CANN updates parameters, not shape).
+aclError aclmdlRICaptureTaskUpdateEnd(aclrtStream stream) {
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(s);
+  if (it == g_capturing.end() || it->second.update == nullptr) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  Capture c = std::move(it->second);
+  g_capturing.erase(it);
+  const TaskGroup &grp = *c.update;
+  if (c.replacement.size() != grp.end - grp.begin) return ACL_ERROR_RT_MODEL_UPDATE_FAILED;
+  for (size_t i = 0; i < c.replacement.size(); ++i)
+    if (c.replacement[i].task.kind != c.model->tasks[grp.begin + i].task.kind) return ACL_ERROR_RT_MODEL_UPDATE_FAILED;
+  std::move(c.replacement.begin(), c.replacement.end(), c.model->tasks.begin() + static_cast<long>(grp.begin));
   return ACL_SUCCESS;
 }
 

@@ -129,6 +129,38 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N; i++) ASSERT(got[i] == 4.0f);
     printf("ok built model\n");
 
+    /* A task group, updated after the capture: the same operator with another alpha. */
+    aclmdlRI grouped;
+    aclrtTaskGrp group;
+    aclrtStream update;
+    CHECK(aclrtCreateStream(&update));
+    aclOpExecutor *add1, *add2;
+    CHECK(aclnnAddGetWorkspaceSize(ta, tb, alpha, td, &ws, &add1));
+    CHECK(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_RELAXED));
+    CHECK(aclmdlRICaptureTaskGrpBegin(stream));
+    CHECK(aclnnAdd(NULL, 0, add1, stream));
+    CHECK(aclmdlRICaptureTaskGrpEnd(stream, &group));
+    CHECK(aclmdlRICaptureEnd(stream, &grouped));
+    CHECK(aclmdlRIExecuteAsync(grouped, exec));
+    CHECK(aclrtSynchronizeStream(exec));
+    read_back(got, d);
+    for (int i = 0; i < N; i++) ASSERT(got[i] == ha[i] + 2.0f + 1.5f * 2.0f);  /* a is ha + 2 since round 2 */
+    float minusOne = -1.0f;
+    aclScalar *alpha2 = aclCreateScalar(&minusOne, ACL_FLOAT);
+    CHECK(aclnnAddGetWorkspaceSize(ta, tb, alpha2, td, &ws, &add2));
+    CHECK(aclmdlRICaptureTaskUpdateBegin(update, group));
+    CHECK(aclnnAdd(NULL, 0, add2, update));
+    CHECK(aclmdlRICaptureTaskUpdateEnd(update));
+    CHECK(aclmdlRIExecuteAsync(grouped, exec));
+    CHECK(aclrtSynchronizeStream(exec));
+    read_back(got, d);
+    for (int i = 0; i < N; i++) ASSERT(got[i] == ha[i] + 2.0f - 2.0f);
+    EXPECT(aclmdlRICaptureTaskUpdateEnd(update), ACL_ERROR_RT_STREAM_NOT_CAPTURED);
+    CHECK(aclmdlRIDestroy(grouped));
+    CHECK(aclDestroyScalar(alpha2));
+    CHECK(aclrtDestroyStream(update));
+    printf("ok task group update\n");
+
     CHECK(aclmdlRIDestroy(built));
     CHECK(aclmdlRIDestroy(model2));
     CHECK(aclmdlRIDestroy(model));

@@ -39,7 +39,8 @@ def test_model_run_instances(npusim_daemon, cann_program, kernels_so) -> None:
     r = subprocess.run([str(exe), str(kernels_so)], env=npusim_daemon.env, capture_output=True, text=True,
                        timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.splitlines() == ["ok capture", "ok execute", "ok kernel in a model", "ok built model", "done"]
+    assert r.stdout.splitlines() == ["ok capture", "ok execute", "ok kernel in a model", "ok built model",
+                                     "ok task group update", "done"]
 
 
 def test_a_crashing_kernel_fails_its_launch_only(npusim_daemon, cann_program, kernels_so) -> None:

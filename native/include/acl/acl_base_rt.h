@@ -1,6 +1,6 @@
 /*
  * npusim: tensor data types and formats (CANN's acl_base_rt.h, the subset npusim uses: the
- * operator API's aclCreateTensor takes them). Values as in CANN.
+ * operator API's aclCreateTensor takes them) and the task-group handle. Values as in CANN.
  */
 #ifndef NPUSIM_ACL_ACL_BASE_RT_H_
 #define NPUSIM_ACL_ACL_BASE_RT_H_
@@ -8,6 +8,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef void *aclrtTaskGrp;  /* a group of captured tasks of a model run instance */
 
 typedef enum {
     ACL_DT_UNDEFINED = -1,
