@@ -3,6 +3,7 @@
 // aclmdlRIExecuteAsync queues the recorded work on a stream, in the order it was recorded.
 // Models live in this process; Restore renews the daemon ids their tasks name (functions, events).
 #include <fstream>
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -19,11 +20,26 @@ using namespace npusim::rt;
 
 namespace {
 
+struct ModelObj;
+
+// A condition variable of a model: 8 bytes of device memory (an ordinary allocation).
+struct CondHandle {
+  void *dev;
+};
+
+// IF / WHILE / SWITCH on a condition variable, over sub-models captured separately.
+struct CondTask {
+  aclmdlRICondTaskType type;
+  CondHandle *handle;
+  std::vector<ModelObj *> branches;
+};
+
 struct Recorded {
   proto::Task task;
   std::string body;                // a kernel's argument bytes
   FunctionObj *function = nullptr;  // set by Backup: the daemon ids in task are renewed by Restore
   EventObj *event = nullptr;
+  std::shared_ptr<CondTask> cond;  // a conditional task (task unused)
 };
 
 struct TaskGroup {
@@ -33,6 +49,8 @@ struct TaskGroup {
 struct ModelObj {
   std::vector<Recorded> tasks;
   std::vector<std::unique_ptr<TaskGroup>> groups;
+  std::vector<std::unique_ptr<CondHandle>> conds;
+  std::vector<ModelObj *> children;  // the branches of its conditional tasks, destroyed with it
   std::set<StreamObj *> streams;  // capturing into this model
   bool built = false;             // capture ended / build ended: executable
 };
@@ -71,7 +89,7 @@ bool capture_task(const proto::Task &task, const std::string &body, StreamObj *s
   auto it = g_capturing.find(stream);
   if (it == g_capturing.end()) return false;
   Capture &c = it->second;
-  (c.update != nullptr ? c.replacement : c.model->tasks).push_back(Recorded{task, body, nullptr, nullptr});
+  (c.update != nullptr ? c.replacement : c.model->tasks).push_back(Recorded{task, body, nullptr, nullptr, nullptr});
   *rc = ACL_SUCCESS;
   return true;
 }
@@ -103,6 +121,58 @@ int32_t replay(const Recorded &r, StreamObj *s) {
   int32_t rc = submit(t, s);
   if (rc == ACL_SUCCESS && t.kind == proto::TaskKind::RecordEvent) ++e->records;
   return rc;
+}
+
+int32_t replay_model(ModelObj *m, StreamObj *s);
+
+// A condition is read when the stream reaches it: the stream is synchronized, the 8 bytes read.
+// (So ExecuteAsync of a model with conditions returns once its last condition was decided.)
+int32_t read_condition(const CondHandle &h, StreamObj *s, uint64_t *value) {
+  proto::Request rq = wire::request(proto::Op::StreamSync);
+  rq.stream = s->id;
+  if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
+  proto::Task t{};
+  t.kind = proto::TaskKind::DeviceToHost;
+  t.dst = reinterpret_cast<uint64_t>(value);
+  t.src = reinterpret_cast<uint64_t>(h.dev);
+  t.size = sizeof(*value);
+  return submit(t, nullptr);
+}
+
+int32_t run_condition(const CondTask &c, StreamObj *s) {
+  uint64_t v = 0;
+  if (int32_t rc = read_condition(*c.handle, s, &v); rc != ACL_SUCCESS) return rc;
+  switch (c.type) {
+    case ACL_MODEL_RI_COND_TYPE_IF:
+      if (v != 0) return replay_model(c.branches[0], s);
+      return c.branches.size() > 1 ? replay_model(c.branches[1], s) : ACL_SUCCESS;
+    case ACL_MODEL_RI_COND_TYPE_WHILE:
+      for (; v != 0; ) {
+        if (int32_t rc = replay_model(c.branches[0], s); rc != ACL_SUCCESS) return rc;
+        if (int32_t rc = read_condition(*c.handle, s, &v); rc != ACL_SUCCESS) return rc;
+      }
+      return ACL_SUCCESS;
+    default:  // SWITCH: the branch of that index, none if out of range
+      return v < c.branches.size() ? replay_model(c.branches[v], s) : ACL_SUCCESS;
+  }
+}
+
+int32_t replay_model(ModelObj *m, StreamObj *s) {
+  std::vector<Recorded> tasks;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!g_models.count(m)) return ACL_ERROR_INVALID_PARAM;
+    tasks = m->tasks;
+  }
+  for (const Recorded &r : tasks)
+    if (int32_t rc = r.cond ? run_condition(*r.cond, s) : replay(r, s); rc != ACL_SUCCESS) return rc;
+  return ACL_SUCCESS;
+}
+
+// m and every model under it (conditional branches).
+void subtree(ModelObj *m, std::vector<ModelObj *> *out) {
+  out->push_back(m);
+  for (ModelObj *c : m->children) subtree(c, out);
 }
 
 aclError begin(StreamObj *s, ModelObj *m, aclmdlRICaptureMode mode, bool bound) {
@@ -228,16 +298,89 @@ aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream) {
   CallScope scope;
   StreamObj *s = nullptr;
   if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
-  std::vector<Recorded> tasks;
+  ModelObj *m;
   {
     std::lock_guard<std::mutex> g(g_mu);
-    ModelObj *m = model_of(modelRI);
+    m = model_of(modelRI);
     if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
     if (!m->built) return ACL_ERROR_RT_MODEL_CAPTURED;
-    tasks = m->tasks;
   }
-  for (const Recorded &r : tasks)
-    if (int32_t rc = replay(r, s); rc != ACL_SUCCESS) return rc;
+  return replay_model(m, s);
+}
+
+aclError aclmdlRICaptureToModelRIBegin(aclrtStream stream, aclmdlRI modelRI, aclmdlRICaptureMode mode) {
+  if (mode < ACL_MODEL_RI_CAPTURE_MODE_GLOBAL || mode > ACL_MODEL_RI_CAPTURE_MODE_RELAXED) return ACL_ERROR_INVALID_PARAM;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  ModelObj *m;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if ((m = model_of(modelRI)) == nullptr) return ACL_ERROR_INVALID_PARAM;
+  }
+  return begin(s, m, mode, false);  // appends to what the model holds
+}
+
+aclError aclmdlRICondHandleCreate(aclmdlRI modelRI, uint32_t defaultLaunchValue, aclmdlRICondHandleFlag flag,
+                                  aclmdlRICondHandle *handle) {
+  if (handle == nullptr || (flag != 0 && flag != ACL_MODEL_RI_COND_HANDLE_ASSIGN_DEFAULT)) return ACL_ERROR_INVALID_PARAM;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (model_of(modelRI) == nullptr) return ACL_ERROR_INVALID_PARAM;
+  }
+  // The condition starts at the default value (CANN's samples set it before each execution).
+  void *dev = nullptr;
+  if (aclError rc = aclrtMalloc(&dev, sizeof(uint64_t), ACL_MEM_MALLOC_HUGE_FIRST); rc != ACL_SUCCESS) return rc;
+  const uint64_t init = flag == ACL_MODEL_RI_COND_HANDLE_ASSIGN_DEFAULT ? defaultLaunchValue : 0;
+  if (aclError rc = aclrtMemcpy(dev, sizeof(init), &init, sizeof(init), ACL_MEMCPY_HOST_TO_DEVICE); rc != ACL_SUCCESS) {
+    aclrtFree(dev);
+    return rc;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;  // destroyed meanwhile (dev goes with the process)
+  m->conds.push_back(std::make_unique<CondHandle>(CondHandle{dev}));
+  *handle = m->conds.back().get();
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICondHandleGetCondPtr(aclmdlRICondHandle handle, uint64_t **ptr) {
+  if (handle == nullptr || ptr == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(g_mu);
+  for (ModelObj *m : g_models)
+    for (auto &c : m->conds)
+      if (c.get() == handle) {
+        *ptr = static_cast<uint64_t *>(c->dev);
+        return ACL_SUCCESS;
+      }
+  return ACL_ERROR_INVALID_PARAM;
+}
+
+aclError aclmdlRIAddCondTask(aclmdlRICondTaskParams params, aclrtStream stream, uint32_t flags) {
+  if (flags != 0 || params.modelRIArray == nullptr || params.size == 0) return ACL_ERROR_INVALID_PARAM;
+  if ((params.type == ACL_MODEL_RI_COND_TYPE_IF && params.size > 2) ||
+      (params.type == ACL_MODEL_RI_COND_TYPE_WHILE && params.size != 1) || params.type > ACL_MODEL_RI_COND_TYPE_SWITCH)
+    return ACL_ERROR_INVALID_PARAM;
+  StreamObj *s = nullptr;
+  if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(s);
+  if (it == g_capturing.end() || it->second.update != nullptr) return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  ModelObj *m = it->second.model;
+  CondHandle *h = nullptr;
+  for (auto &c : m->conds)
+    if (c.get() == params.handle) h = c.get();
+  if (h == nullptr) return ACL_ERROR_INVALID_PARAM;
+  auto cond = std::make_shared<CondTask>(CondTask{params.type, h, {}});
+  for (uint32_t i = 0; i < params.size; ++i) {
+    auto *branch = new ModelObj;  // captured with aclmdlRICaptureToModelRIBegin
+    g_models.insert(branch);
+    m->children.push_back(branch);
+    cond->branches.push_back(branch);
+    params.modelRIArray[i] = branch;
+  }
+  Recorded r{};
+  r.cond = cond;
+  m->tasks.push_back(std::move(r));
   return ACL_SUCCESS;
 }
 
@@ -307,13 +450,24 @@ aclError aclmdlRIExecute(aclmdlRI modelRI, int32_t timeout) {
 }
 
 aclError aclmdlRIDestroy(aclmdlRI modelRI) {
-  std::lock_guard<std::mutex> g(g_mu);
-  ModelObj *m = model_of(modelRI);
-  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
-  for (auto it = g_capturing.begin(); it != g_capturing.end();)
-    it = it->second.model == m ? g_capturing.erase(it) : std::next(it);
-  g_models.erase(m);
-  delete m;
+  std::vector<void *> conditions;  // freed once g_mu is released (aclrtFree takes runtime().mu)
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    ModelObj *root = model_of(modelRI);
+    if (root == nullptr) return ACL_ERROR_INVALID_PARAM;
+    std::vector<ModelObj *> all;
+    subtree(root, &all);
+    for (ModelObj *m : all) {
+      for (auto it = g_capturing.begin(); it != g_capturing.end();)
+        it = it->second.model == m ? g_capturing.erase(it) : std::next(it);
+      for (auto &c : m->conds) conditions.push_back(c->dev);
+      g_models.erase(m);
+    }
+    for (ModelObj *parent : g_models)  // a branch destroyed on its own leaves its parent
+      parent->children.erase(std::remove(parent->children.begin(), parent->children.end(), root), parent->children.end());
+    for (ModelObj *m : all) delete m;
+  }
+  for (void *dev : conditions) aclrtFree(dev);
   return ACL_SUCCESS;
 }
 

@@ -161,6 +161,66 @@ int main(int argc, char **argv) {
     CHECK(aclrtDestroyStream(update));
     printf("ok task group update\n");
 
+    /* Conditions: IF with two branches; WHILE whose body clears its condition (one iteration). */
+    aclrtStream sub;
+    CHECK(aclrtCreateStream(&sub));
+    aclmdlRI parent = NULL, branches[2] = {NULL, NULL}, loop = NULL, body[1] = {NULL};
+    aclmdlRICondHandle cond, cond2;
+    uint64_t *condDev, *condDev2;
+    CHECK(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_RELAXED));
+    CHECK(aclmdlRICaptureGetInfo(stream, &status, &parent));
+    CHECK(aclmdlRICondHandleCreate(parent, 0, ACL_MODEL_RI_COND_HANDLE_ASSIGN_DEFAULT, &cond));
+    CHECK(aclmdlRICondHandleGetCondPtr(cond, &condDev));
+    aclmdlRICondTaskParams ifParams = {cond, ACL_MODEL_RI_COND_TYPE_IF, 2, branches};
+    CHECK(aclmdlRIAddCondTask(ifParams, stream, 0));
+    ASSERT(branches[0] != NULL && branches[1] != NULL);
+    CHECK(aclmdlRICaptureToModelRIBegin(sub, branches[0], ACL_MODEL_RI_CAPTURE_MODE_RELAXED));
+    CHECK(aclrtMemsetAsync(d, N * 4, 0x11, N * 4, sub));
+    CHECK(aclmdlRICaptureEnd(sub, &branches[0]));
+    CHECK(aclmdlRICaptureToModelRIBegin(sub, branches[1], ACL_MODEL_RI_CAPTURE_MODE_RELAXED));
+    CHECK(aclrtMemsetAsync(d, N * 4, 0x22, N * 4, sub));
+    CHECK(aclmdlRICaptureEnd(sub, &branches[1]));
+    CHECK(aclmdlRICaptureEnd(stream, &parent));
+    const uint64_t one = 1, zero = 0;
+    unsigned char bytes[N * 4];
+    CHECK(aclrtMemcpy(condDev, 8, &one, 8, ACL_MEMCPY_HOST_TO_DEVICE));
+    CHECK(aclmdlRIExecuteAsync(parent, exec));
+    CHECK(aclrtSynchronizeStream(exec));
+    CHECK(aclrtMemcpy(bytes, sizeof bytes, d, sizeof bytes, ACL_MEMCPY_DEVICE_TO_HOST));
+    ASSERT(bytes[0] == 0x11 && bytes[N * 4 - 1] == 0x11);
+    CHECK(aclrtMemcpy(condDev, 8, &zero, 8, ACL_MEMCPY_HOST_TO_DEVICE));
+    CHECK(aclmdlRIExecuteAsync(parent, exec));
+    CHECK(aclrtSynchronizeStream(exec));
+    CHECK(aclrtMemcpy(bytes, sizeof bytes, d, sizeof bytes, ACL_MEMCPY_DEVICE_TO_HOST));
+    ASSERT(bytes[0] == 0x22 && bytes[N * 4 - 1] == 0x22);
+
+    void *zeroDev;
+    CHECK(aclrtMalloc(&zeroDev, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    CHECK(aclrtMemset(zeroDev, 64, 0, 64));
+    struct { uint64_t x, y, z, n; } acc = {(uint64_t)d, (uint64_t)b, (uint64_t)d, N};
+    CHECK(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_RELAXED));
+    CHECK(aclmdlRICaptureGetInfo(stream, &status, &loop));
+    CHECK(aclmdlRICondHandleCreate(loop, 0, 0, &cond2));
+    CHECK(aclmdlRICondHandleGetCondPtr(cond2, &condDev2));
+    aclmdlRICondTaskParams whileParams = {cond2, ACL_MODEL_RI_COND_TYPE_WHILE, 1, body};
+    CHECK(aclmdlRIAddCondTask(whileParams, stream, 0));
+    CHECK(aclmdlRICaptureToModelRIBegin(sub, body[0], ACL_MODEL_RI_CAPTURE_MODE_RELAXED));
+    CHECK(aclrtLaunchKernel(vadd, 2, &acc, sizeof acc, sub));  /* d += b */
+    CHECK(aclrtMemcpyAsync(condDev2, 8, zeroDev, 8, ACL_MEMCPY_DEVICE_TO_DEVICE, sub));
+    CHECK(aclmdlRICaptureEnd(sub, &body[0]));
+    CHECK(aclmdlRICaptureEnd(stream, &loop));
+    CHECK(aclrtMemset(d, N * 4, 0, N * 4));
+    CHECK(aclrtMemcpy(condDev2, 8, &one, 8, ACL_MEMCPY_HOST_TO_DEVICE));
+    CHECK(aclmdlRIExecuteAsync(loop, exec));
+    CHECK(aclrtSynchronizeStream(exec));
+    read_back(got, d);
+    for (int i = 0; i < N; i++) ASSERT(got[i] == 2.0f);
+    CHECK(aclmdlRIDestroy(parent));
+    CHECK(aclmdlRIDestroy(loop));
+    CHECK(aclrtFree(zeroDev));
+    CHECK(aclrtDestroyStream(sub));
+    printf("ok conditions\n");
+
     CHECK(aclmdlRIDestroy(built));
     CHECK(aclmdlRIDestroy(model2));
     CHECK(aclmdlRIDestroy(model));

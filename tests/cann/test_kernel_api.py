@@ -40,7 +40,7 @@ def test_model_run_instances(npusim_daemon, cann_program, kernels_so) -> None:
                        timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["ok capture", "ok execute", "ok kernel in a model", "ok built model",
-                                     "ok task group update", "done"]
+                                     "ok task group update", "ok conditions", "done"]
 
 
 def test_a_crashing_kernel_fails_its_launch_only(npusim_daemon, cann_program, kernels_so) -> None:
