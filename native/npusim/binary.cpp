@@ -119,6 +119,12 @@ aclError load(std::string bytes, aclrtBinHandle *binHandle) {
   return ACL_SUCCESS;
 }
 
+// b is a loaded binary of this process (runtime().mu held).
+int32_t check_binary(const BinaryObj *b) {
+  if (!runtime().initialized) return ACL_ERROR_UNINITIALIZE;
+  return b != nullptr && kernel_objects().binaries.count(const_cast<BinaryObj *>(b)) ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
 struct HostBinary {
   std::string bytes;
 };
@@ -203,8 +209,7 @@ aclError aclrtBinaryUnLoad(aclrtBinHandle binHandle) {
   auto *b = static_cast<BinaryObj *>(binHandle);
   {
     std::lock_guard<std::mutex> g(r.mu);
-    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
-    if (b == nullptr || kernel_objects().binaries.count(b) == 0) return ACL_ERROR_INVALID_PARAM;
+    if (int32_t rc = check_binary(b); rc != ACL_SUCCESS) return rc;
   }
   proto::Request rq = wire::request(proto::Op::BinaryUnload);
   rq.value[0] = b->id;
@@ -231,8 +236,7 @@ aclError aclrtBinaryGetFunction(const aclrtBinHandle binHandle, const char *kern
   auto *b = static_cast<BinaryObj *>(binHandle);
   {
     std::lock_guard<std::mutex> g(r.mu);
-    if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
-    if (b == nullptr || kernel_objects().binaries.count(b) == 0) return ACL_ERROR_INVALID_PARAM;
+    if (int32_t rc = check_binary(b); rc != ACL_SUCCESS) return rc;
     for (FunctionObj *f : kernel_objects().functions)
       if (f->binary == b && f->name == kernelName) {
         *funcHandle = f;  // one handle per kernel of a binary

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import npusnap
 from tests.pipeline.conftest import reference, reference_daemon  # noqa: F401  (shared fixtures)
-from tests.security.conftest import group_daemon  # noqa: F401  (a root daemon serving the device group)
+from tests.security.conftest import group_daemon, scratch  # noqa: F401  (a root daemon serving the group)
 
 HERE = Path(__file__).resolve().parent
 

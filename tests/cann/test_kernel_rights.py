@@ -9,24 +9,9 @@ import errno
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
-from typing import Iterator
-
-import pytest
 
 from tests.users import device_user, run_as
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A fresh root-owned directory the other users can traverse but not write."""
-    d = Path(tempfile.mkdtemp(prefix="npusnap-kern-"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _stage(scratch: Path, toolkit_home: Path, cann_program, kernels_so) -> tuple[Path, Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -29,3 +30,14 @@ def group_daemon(monkeypatch: pytest.MonkeyPatch) -> Iterator[NpuSimDaemon]:
     finally:
         daemon.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A fresh root-owned directory the other users can traverse but not write."""
+    d = Path(tempfile.mkdtemp(prefix="npusnap-sec-"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

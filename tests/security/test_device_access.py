@@ -16,10 +16,8 @@ import errno
 import json
 import os
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,17 +35,6 @@ from ..direct.support import Client
 
 NO_PERMISSION = 207006  # ACL_ERROR_RT_NO_PERMISSION
 MiB = 1 << 20
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A fresh root-owned directory the other users can traverse but not write."""
-    d = Path(tempfile.mkdtemp(prefix="npusnap-sec-"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _shared(parent: Path, name: str) -> Path:
