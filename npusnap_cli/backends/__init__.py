@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import WrongState
+from ..errors import ImageInvalid, WrongState
 from ..image.format import DeviceState
 from .base import Backend, BackendName, DataPath, DataPathChoice, State
 
@@ -82,7 +82,10 @@ def for_restore(pid: int, device: DeviceState, device_map: Optional[dict[str, st
         return CudaBackend.for_restore(pid, device, device_map)
     if device_map:
         raise WrongState(f"--device-map applies to cuda checkpoints; this one is {device.backend}")
-    name = BackendName(device.backend)
+    try:
+        name = BackendName(device.backend)
+    except ValueError:
+        raise ImageInvalid(f"the checkpoint names an unknown device backend {device.backend!r}") from None
     if device.method == DataPath.DIRECT:
         return DirectBackend(pid, name)
     return AgentBackend(pid, name)
