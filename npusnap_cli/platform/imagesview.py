@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .errors import CriuFailed
+from ..errors import CriuFailed
 
 AGENT_NAME = re.compile(rb"\0npusnap-agent-[0-9]+(-[0-9a-f]{16})?")
 SOCKET_IMAGES = ("files.img", "sk-unix.img")
@@ -60,16 +60,16 @@ class ImagesView:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def enter(self, images_dir: Path, report: Callable[[str, str], None]) -> Path:
+    def enter(self, images_dir: Path, warn: Callable[[str], None]) -> Path:
         taken = bound_abstract_names()
         for image in SOCKET_IMAGES:
             if (images_dir / image).is_file():
-                edited = self._rewrite(images_dir / image, taken, report)
+                edited = self._rewrite(images_dir / image, taken, warn)
                 if edited is not None:
                     return self._view(images_dir, image, edited)
         return images_dir
 
-    def _rewrite(self, path: Path, taken: set[bytes], report: Callable[[str, str], None]) -> Optional[Any]:
+    def _rewrite(self, path: Path, taken: set[bytes], warn: Callable[[str], None]) -> Optional[Any]:
         from pycriu import images
 
         if not taken:
@@ -92,8 +92,8 @@ class ImagesView:
             fresh = b"\0npusnap-agent-" + (pid.group(1) if pid else b"0") + b"-" + secrets.token_hex(8).encode()
             usk["name"] = quopri.encodestring(fresh).decode()
             changed = True
-            report("warn", f"another process holds the agent's socket name @{shown}; the restored agent "
-                           f"listens on @{fresh[1:].decode()} instead")
+            warn(f"another process holds the agent's socket name @{shown}; the restored agent "
+                 f"listens on @{fresh[1:].decode()} instead")
         return img if changed else None
 
     def _view(self, images_dir: Path, edited_name: str, img: Any) -> Path:

@@ -14,8 +14,8 @@ if the CLI stops renewing it (it died), the agent puts the process back to
 RUNNING by itself once the lease has run out in the process's own run time
 (time spent frozen by CRIU or stopped by SIGSTOP does not count).
 
-The exceptions are local for now; they all derive from :class:`AgentProblem`
-and carry a ``hint`` saying how to fix the problem.
+The client's exceptions derive from :class:`AgentProblem` and carry a ``hint`` saying how to
+fix the problem; agent_error() turns them into npusnap's error kinds.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .native import AGENT_LIB, INJECTOR, agent_socket_name
+from ..errors import DeviceFailed, LockTimeout, NpusnapError, PermissionProblem, TargetNotFound, WrongState
+from ..native import AGENT_LIB, INJECTOR, agent_socket_name
 
 # Codes in the reply besides the runtime's own aclError values.
 ACL_SUCCESS = 0
@@ -187,7 +188,7 @@ class AgentClient:
         return self.request(f"renew {max(1, int(lease_s * 1000))}", timeout=timeout)
 
     def backup(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
-        """external: npusim's direct path, metadata only (export the data first, devicefiles.py)."""
+        """external: npusim's direct path, metadata only (export the data first, simimages.py)."""
         return self.request("backup external" if external else "backup", timeout=timeout)
 
     def restore(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
@@ -433,3 +434,22 @@ def _wait_ready(pid: int, timeout: float) -> AgentReply:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.02)
+
+
+def agent_error(e: Exception, doing: str) -> NpusnapError:
+    """The one place where the agent client's errors become npusnap's error kinds."""
+    message = f"{doing} failed: {e}"
+    hint = getattr(e, "hint", None)
+    if isinstance(e, AgentNotFound):
+        return WrongState(message, hint)
+    if isinstance(e, AgentImpostor):
+        return PermissionProblem(message, hint)
+    if isinstance(e, InjectFailed):
+        kind = {INJECT_NO_PROCESS: TargetNotFound,
+                INJECT_PERMISSION: PermissionProblem}.get(e.exit_status, DeviceFailed)
+        return kind(message, hint)
+    if isinstance(e, AgentError):
+        kind = {LOCK_TIMEOUT: LockTimeout, E_STATE: WrongState, E_NO_RUNTIME: WrongState,
+                E_DENIED: PermissionProblem}.get(e.code, DeviceFailed)
+        return kind(message, hint)
+    return DeviceFailed(message, hint)
