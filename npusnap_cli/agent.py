@@ -31,23 +31,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from . import _protocol as P
 from .native import AGENT_LIB, INJECTOR, agent_socket_name
 
-# Codes in the reply besides the runtime's own aclError values.
-ACL_SUCCESS = 0
-LOCK_TIMEOUT = 507905  # the runtime's lock did not finish in the caller's time
-E_REQUEST = -1  # the agent did not understand the request
-E_NO_RUNTIME = -2  # no device runtime is loaded in the process
-E_STATE = -3  # wrong order for the current state (e.g. backup while RUNNING)
-E_BUSY = -4  # an abandoned lock is still inside the runtime
-E_DENIED = -5  # our uid may not control the process
-E_INTERNAL = -6  # resource failure inside the agent
-E_UNSUPPORTED = -7  # the runtime lacks the direct data path (`backup external` on CANN)
-E_LEASE_LOST = -8  # renew after the lease ran out: the agent took the process back (fencing)
+# Codes in the reply besides the runtime's own aclError values (native/include/npusnap/agent.h).
+ACL_SUCCESS = P.AGENT_OK
+LOCK_TIMEOUT = P.AGENT_LOCK_TIMEOUT  # the runtime's lock did not finish in the caller's time
+E_REQUEST = P.AGENT_E_REQUEST  # the agent did not understand the request
+E_NO_RUNTIME = P.AGENT_E_NO_RUNTIME  # no device runtime is loaded in the process
+E_STATE = P.AGENT_E_STATE  # wrong order for the current state (e.g. backup while RUNNING)
+E_BUSY = P.AGENT_E_BUSY  # an abandoned lock is still inside the runtime
+E_DENIED = P.AGENT_E_DENIED  # our uid may not control the process
+E_INTERNAL = P.AGENT_E_INTERNAL  # resource failure inside the agent
+E_UNSUPPORTED = P.AGENT_E_UNSUPPORTED  # the runtime lacks the direct data path (`backup external` on CANN)
+E_LEASE_LOST = P.AGENT_E_LEASE_LOST  # renew after the lease ran out: the agent took the process back (fencing)
 
-# npusnap-inject exit statuses (native/agent/inject.c).
-INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = 2, 3, 4
-INJECT_DLOPEN_FAILED, INJECT_FAILED, INJECT_DAMAGED = 5, 6, 7
+# npusnap-inject exit statuses (native/include/npusnap/inject.h).
+INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = P.INJECT_USAGE, P.INJECT_NO_PROCESS, P.INJECT_PERMISSION
+INJECT_DLOPEN_FAILED, INJECT_FAILED, INJECT_DAMAGED = P.INJECT_DLOPEN_FAILED, P.INJECT_FAILED, P.INJECT_DAMAGED
 
 CONNECT_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 10.0  # ping, status, unlock
@@ -138,19 +139,19 @@ class AgentReply:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentReply:
-        device = data.get("device")
+        device = data.get(P.AGENT_REPLY_DEVICE)
+        lease_ms_left = data.get(P.AGENT_REPLY_LEASE_MS_LEFT)
         return cls(
-            ok=bool(data["ok"]),
-            code=int(data["code"]),
-            state=data.get("state"),
-            error=data.get("error"),
-            elapsed_ms=float(data.get("elapsed_ms", 0.0)),
-            pid=int(data.get("pid", 0)),
-            runtime=data.get("runtime"),
+            ok=bool(data[P.AGENT_REPLY_OK]),
+            code=int(data[P.AGENT_REPLY_CODE]),
+            state=data.get(P.AGENT_REPLY_STATE),
+            error=data.get(P.AGENT_REPLY_ERROR),
+            elapsed_ms=float(data.get(P.AGENT_REPLY_ELAPSED_MS, 0.0)),
+            pid=int(data.get(P.AGENT_REPLY_PID, 0)),
+            runtime=data.get(P.AGENT_REPLY_RUNTIME),
             device=device if isinstance(device, dict) else None,
-            lease_ms_left=(float(data["lease_ms_left"])
-                           if isinstance(data.get("lease_ms_left"), (int, float)) else None),
-            lease_lost=data.get("lease_lost") is True,
+            lease_ms_left=float(lease_ms_left) if isinstance(lease_ms_left, (int, float)) else None,
+            lease_lost=data.get(P.AGENT_REPLY_LEASE_LOST) is True,
         )
 
 
@@ -163,17 +164,17 @@ class AgentClient:
 
     # -- commands -------------------------------------------------------------
     def ping(self) -> AgentReply:
-        return self.request("ping")
+        return self.request(P.AGENT_CMD_PING)
 
     def status(self) -> AgentReply:
-        return self.request("status")
+        return self.request(P.AGENT_CMD_STATUS)
 
     def lock(self, timeout_s: float, lease_s: Optional[float] = None) -> AgentReply:
         """Lock; with lease_s the lock is held on a lease: unless renewed (renew) within
         lease_s seconds of the process's run time, the agent undoes it by itself
         (unlocks, or restores the device and unlocks when backed up)."""
         ms = max(0, int(timeout_s * 1000))
-        line = f"lock {ms}"
+        line = f"{P.AGENT_CMD_LOCK} {ms}"
         if lease_s is not None:
             if lease_s <= 0:
                 raise ValueError("lease_s must be > 0")
@@ -184,18 +185,18 @@ class AgentClient:
         """Extend the lock's lease to lease_s seconds from now (ok=false, E_STATE when none)."""
         if lease_s <= 0:
             raise ValueError("lease_s must be > 0")
-        return self.request(f"renew {max(1, int(lease_s * 1000))}", timeout=timeout)
+        return self.request(f"{P.AGENT_CMD_RENEW} {max(1, int(lease_s * 1000))}", timeout=timeout)
 
     def backup(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
         """external: npusim's direct path, metadata only (export the data first, devicefiles.py)."""
-        return self.request("backup external" if external else "backup", timeout=timeout)
+        return self.request(_with_external(P.AGENT_CMD_BACKUP, external), timeout=timeout)
 
     def restore(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
         """external: re-create allocations without data; the process stays LOCKED until imported."""
-        return self.request("restore external" if external else "restore", timeout=timeout)
+        return self.request(_with_external(P.AGENT_CMD_RESTORE, external), timeout=timeout)
 
     def unlock(self, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
-        return self.request("unlock", timeout=timeout)
+        return self.request(P.AGENT_CMD_UNLOCK, timeout=timeout)
 
     # -- transport ------------------------------------------------------------
     def request(
@@ -290,12 +291,17 @@ class AgentClient:
         return message
 
 
+def _with_external(command: str, external: bool) -> str:
+    """backup/restore, on npusim's direct path when external."""
+    return f"{command} {P.AGENT_ARG_EXTERNAL}" if external else command
+
+
 _SO_ACCEPTCON = 0x10000  # /proc/net/unix Flags: a listening socket
 _SOCK_STREAM = "0001"
 
 
 def _agent_name_re(pid: int) -> re.Pattern[str]:
-    return re.compile(re.escape(agent_socket_name(pid)[1:]) + r"(-[0-9a-f]{16})?")
+    return re.compile(re.escape(agent_socket_name(pid)[1:]) + rf"(-[0-9a-f]{{{P.AGENT_SOCKET_SUFFIX_HEX}}})?")
 
 
 def _listening_names(inodes: Optional[set[str]], pid: int, netns_of: Optional[int] = None) -> list[str]:
@@ -366,7 +372,7 @@ def has_agent(pid: int, library_name: str = AGENT_LIB.name) -> bool:
     except OSError:
         pass
     try:
-        AgentClient(pid, connect_timeout=0.5).request("ping", timeout=2.0)
+        AgentClient(pid, connect_timeout=0.5).request(P.AGENT_CMD_PING, timeout=2.0)
     except AgentProblem:
         return False
     return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ._protocol import STATE_BACKED_UP, STATE_LOCKED, STATE_RUNNING
 from .errors import (
     DeviceFailed,
     LeaseLost,
@@ -32,7 +33,7 @@ class NoDevice:
     method = "none"
 
     def state(self) -> str:
-        return "RUNNING"
+        return STATE_RUNNING
 
     def describe(self) -> DeviceState:
         return DeviceState()
@@ -173,9 +174,9 @@ class AgentBackend(NoDevice):
 
     def back_to_running(self) -> None:
         state = self.state()
-        if state == "BACKED_UP":
+        if state == STATE_BACKED_UP:
             self.restore()
-        if state in ("LOCKED", "BACKED_UP"):
+        if state in (STATE_LOCKED, STATE_BACKED_UP):
             self.unlock()
         self.release()
 
@@ -251,14 +252,14 @@ class DirectBackend(AgentBackend):
         from . import devicefiles
 
         state = self.state()
-        if state == "BACKED_UP":
+        if state == STATE_BACKED_UP:
             self.restore()
-        if state in ("LOCKED", "BACKED_UP"):
+        if state in (STATE_LOCKED, STATE_BACKED_UP):
             try:
                 self.unlock()
             except NpusnapError:
                 # LOCKED after a failed import: the daemon refuses Unlock until the data is in.
-                if state != "LOCKED" or self._images is None:
+                if state != STATE_LOCKED or self._images is None:
                     raise
                 devicefiles.import_device(self.pid, self._images[0], self._images[1])
                 self.unlock()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from . import __version__, backends, devicecheck, netlock, signing
+from ._protocol import STATE_BACKED_UP, STATE_RUNNING
 from .criu import Criu, DumpOptions, become_subreaper, dumped_tree, find_criu
 from .criuopts import CriuOptions
 from .errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, UnsupportedTarget, WrongState
@@ -285,9 +286,9 @@ def checkpoint(pid: int, opts: CheckpointOptions, report: Report = _quiet,
     # The runbook's DUMP phase follows `npusnap backup`, which stages device memory in the process.
     backend = backends.select(pid, opts.device, target.maps(), opts.data_path if device_phases else "in-process")
     state = backend.state()
-    expected = "RUNNING" if device_phases or backend.name == "none" else "BACKED_UP"
+    expected = STATE_RUNNING if device_phases or backend.name == "none" else STATE_BACKED_UP
     if state != expected:
-        if expected == "BACKED_UP":
+        if expected == STATE_BACKED_UP:
             raise WrongState(f"process {pid} is {state}: its device state is not backed up yet",
                              f"run `npusnap lock {pid}` and `npusnap backup {pid}` first")
         raise WrongState(f"process {pid} is {state}, not RUNNING",
@@ -410,9 +411,9 @@ def _device_back_after_commit(backend: backends.NoDevice, device_dir: Path, file
     for attempt in (1, 2):
         state = backend.state()
         try:
-            if state == "BACKED_UP":
+            if state == STATE_BACKED_UP:
                 backend.restore(device_dir, files)
-            if state != "RUNNING":
+            if state != STATE_RUNNING:
                 backend.unlock()
             return
         except WrongState:
@@ -503,7 +504,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
         # The restored agent carries the dump's lease: renewed from now on. If it ran out before
         # we got here (we were stopped), the agent put the device back itself (in-process).
         backend.adopt_lease(RESTORE_LEASE_S)
-        if isinstance(backend, backends.AgentBackend) and backend.state() == "RUNNING":
+        if isinstance(backend, backends.AgentBackend) and backend.state() == STATE_RUNNING:
             report("warn", f"process {pid}'s agent finished the device restore by itself (npusnap was stopped)")
             signals.settled = True
             return

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ._protocol import STATE_BACKED_UP, STATE_LOCKED, STATE_RUNNING
 from .errors import NpusnapError, WrongState
 from .target import open_target, proc_stat, process_tree
 
@@ -48,7 +49,7 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
     from .backends import AgentBackend, DirectBackend, agent_error
 
     target = open_target(pid)
-    done = Recovered(target.pid, "RUNNING")
+    done = Recovered(target.pid, STATE_RUNNING)
     if resume_tree(target.pid):
         done.steps.append("resume")
     try:
@@ -58,13 +59,13 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
     except AgentProblem as e:
         raise agent_error(e, f"asking the agent of process {target.pid}") from e
     done.was = state = str(reply.state)
-    if state == "RUNNING":
+    if state == STATE_RUNNING:
         return done
     external = (reply.device or {}).get("data_path") == "external"
     direct = devicefiles.offers_direct(reply.device)  # an import may be awaited (after `restore external`)
     hint = f"its device data is in files: npusnap recover {target.pid} --device-images DIR/device"
     backend = DirectBackend(target.pid, "sim") if external else AgentBackend(target.pid, "sim" if direct else "auto")
-    if state == "BACKED_UP":
+    if state == STATE_BACKED_UP:
         if external and device_images is None:
             raise WrongState(f"process {target.pid} was backed up by the direct path", hint)
         backend.restore(device_images)
@@ -73,7 +74,7 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
         backend.unlock()
     except NpusnapError as e:
         # LOCKED after `restore external` whose import failed: the daemon refuses Unlock until it is in.
-        if not direct or state != "LOCKED":
+        if not direct or state != STATE_LOCKED:
             raise
         if device_images is None:
             raise type(e)(e.message, hint) from e

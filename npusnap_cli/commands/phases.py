@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import click
 
+from .._protocol import STATE_RUNNING
 from ..criuopts import CriuOptions
 from ..numbers import Seconds
 from ..output import Terminal
@@ -53,7 +54,7 @@ def status(term: Terminal, pid: str) -> None:
         doc: dict[str, Any] = {"pid": target.pid, "agent": True, "state": reply.state,
                                "runtime": reply.runtime, "device": reply.device}
     except AgentNotFound:
-        doc = {"pid": target.pid, "agent": False, "state": "RUNNING", "runtime": None, "device": None}
+        doc = {"pid": target.pid, "agent": False, "state": STATE_RUNNING, "runtime": None, "device": None}
     except AgentProblem as e:  # a squatter, or an agent that does not answer: one line, not exit 3
         raise agent_error(e, f"asking the agent of process {target.pid}") from e
     stat = Path(f"/proc/{target.pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -166,6 +167,6 @@ def recover(term: Terminal, pid: str, device_images: Optional[Path]) -> None:
 
     done = run_recover(parse_pid(pid), device_images)
     if term.json_mode:
-        term.data("recover", {"pid": done.pid, "was": done.was, "steps": done.steps, "state": "RUNNING"})
+        term.data("recover", {"pid": done.pid, "was": done.was, "steps": done.steps, "state": STATE_RUNNING})
     else:
         term.success(f"process {done.pid} is running (was {done.was}; did: {', '.join(done.steps) or 'nothing'})")
