@@ -14,8 +14,9 @@ if the CLI stops renewing it (it died), the agent puts the process back to
 RUNNING by itself once the lease has run out in the process's own run time
 (time spent frozen by CRIU or stopped by SIGSTOP does not count).
 
-The exceptions are local for now; they all derive from :class:`AgentProblem`
-and carry a ``hint`` saying how to fix the problem.
+The exceptions all derive from :class:`AgentProblem`, a DeviceFailed of npusnap's one error
+tree (errors.py), and carry a ``hint`` saying how to fix the problem; backends.agent_error turns
+them into the kind the CLI reports.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import _protocol as P
+from .errors import DeviceFailed
 from .native import AGENT_LIB, INJECTOR, agent_socket_name
 
 # Codes in the reply besides the runtime's own aclError values (native/include/npusnap/agent.h).
@@ -59,15 +61,8 @@ MAX_REPLY = 1 << 20
 _START_HINT = "start it with `npusnap run -- CMD` or inject with `npusnap attach PID`"
 
 
-class AgentProblem(Exception):
+class AgentProblem(DeviceFailed):
     """Base of the agent client's errors."""
-
-    default_hint: Optional[str] = None
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint if hint is not None else self.default_hint
 
 
 class AgentNotFound(AgentProblem):
