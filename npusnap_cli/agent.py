@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import _protocol as P
-from .errors import DeviceFailed
+from .errors import DeviceFailed, LockTimeout, NpusnapError, PermissionProblem, TargetNotFound, WrongState
 from .native import AGENT_LIB, INJECTOR, agent_socket_name
 
 # Codes in the reply besides the runtime's own aclError values (native/include/npusnap/agent.h).
@@ -62,13 +62,16 @@ _START_HINT = "start it with `npusnap run -- CMD` or inject with `npusnap attach
 
 
 class AgentProblem(DeviceFailed):
-    """Base of the agent client's errors."""
+    """Base of the agent client's errors. `kind`: the npusnap error it is reported as."""
+
+    kind: type[NpusnapError] = DeviceFailed
 
 
 class AgentNotFound(AgentProblem):
     """No agent listens for that pid (or the process does not exist)."""
 
     default_hint = _START_HINT
+    kind = WrongState
 
 
 class AgentImpostor(AgentProblem):
@@ -76,6 +79,7 @@ class AgentImpostor(AgentProblem):
 
     default_hint = ("another user's process has bound the agent's socket name; npusnap ignores it "
                     "(run as root, or as the target's owner, to find the agent through the target's descriptors)")
+    kind = PermissionProblem
 
 
 class AgentProtocolError(AgentProblem):
@@ -91,7 +95,7 @@ class AgentError(AgentProblem):
         self.reply = reply
         self.code = reply.code
         self.command = command
-        hint = _HINTS.get(reply.code)
+        self.kind, hint = AGENT_CODE_ERRORS.get(reply.code, (DeviceFailed, None))
         super().__init__(f"agent refused `{command}`: {reply.error} (code {reply.code})", hint)
 
 
@@ -103,18 +107,21 @@ class InjectFailed(AgentProblem):
     """npusnap-inject could not load the agent into the process."""
 
     def __init__(self, message: str, hint: Optional[str] = None, exit_status: int = 0) -> None:
-        super().__init__(message, hint)
+        self.kind, default_hint = INJECT_STATUS_ERRORS.get(exit_status, (DeviceFailed, None))
+        super().__init__(message, hint if hint is not None else default_hint)
         self.exit_status = exit_status
 
 
-_HINTS = {
-    LOCK_TIMEOUT: "device work did not drain in time; retry with a longer lock timeout",
-    E_STATE: "run `npusnap status PID` to see which phase the process is in",
-    E_BUSY: "an earlier lock timed out and is still pending in the runtime; retry in a moment",
-    E_NO_RUNTIME: "the process has not loaded a device runtime (libascendcl) yet",
-    E_DENIED: "run as root or as the process's owner",
-    E_UNSUPPORTED: "this runtime offers only the in-process path: use plain backup/restore",
-    E_LEASE_LOST: "npusnap was stopped longer than its lease; checkpoint again, or raise --lease",
+# The one translation of the agent's reply codes: the npusnap error each is reported as, and
+# what to do about it (any other code: DeviceFailed).
+AGENT_CODE_ERRORS: dict[int, tuple[type[NpusnapError], Optional[str]]] = {
+    LOCK_TIMEOUT: (LockTimeout, "device work did not drain in time; retry with a longer lock timeout"),
+    E_STATE: (WrongState, "run `npusnap status PID` to see which phase the process is in"),
+    E_BUSY: (DeviceFailed, "an earlier lock timed out and is still pending in the runtime; retry in a moment"),
+    E_NO_RUNTIME: (WrongState, "the process has not loaded a device runtime (libascendcl) yet"),
+    E_DENIED: (PermissionProblem, "run as root or as the process's owner"),
+    E_UNSUPPORTED: (DeviceFailed, "this runtime offers only the in-process path: use plain backup/restore"),
+    E_LEASE_LOST: (DeviceFailed, "npusnap was stopped longer than its lease; checkpoint again, or raise --lease"),
 }
 
 
@@ -373,13 +380,14 @@ def has_agent(pid: int, library_name: str = AGENT_LIB.name) -> bool:
     return True
 
 
-_INJECT_HINTS = {
-    INJECT_NO_PROCESS: "check the pid with `ps -p PID`",
-    INJECT_PERMISSION: "run as root (or with CAP_SYS_PTRACE), or as the process's owner with "
-    "kernel.yama.ptrace_scope=0",
-    INJECT_DLOPEN_FAILED: "the process could not load the agent library; is it readable there "
-    "(same filesystem view, not a container)?",
-    INJECT_DAMAGED: "the process may be in a bad state; check it and restart it if needed",
+# The one translation of npusnap-inject's exit statuses, as for the agent's codes.
+INJECT_STATUS_ERRORS: dict[int, tuple[type[NpusnapError], Optional[str]]] = {
+    INJECT_NO_PROCESS: (TargetNotFound, "check the pid with `ps -p PID`"),
+    INJECT_PERMISSION: (PermissionProblem, "run as root (or with CAP_SYS_PTRACE), or as the process's owner "
+                        "with kernel.yama.ptrace_scope=0"),
+    INJECT_DLOPEN_FAILED: (DeviceFailed, "the process could not load the agent library; is it readable there "
+                           "(same filesystem view, not a container)?"),
+    INJECT_DAMAGED: (DeviceFailed, "the process may be in a bad state; check it and restart it if needed"),
 }
 
 
@@ -416,11 +424,7 @@ def inject(
         line = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         if line.startswith("npusnap-inject: "):
             line = line[len("npusnap-inject: ") :]
-        raise InjectFailed(
-            f"could not inject the agent into process {pid}: {line}",
-            _INJECT_HINTS.get(proc.returncode),
-            proc.returncode,
-        )
+        raise InjectFailed(f"could not inject the agent into process {pid}: {line}", exit_status=proc.returncode)
     return _wait_ready(pid, ready_timeout)
 
 

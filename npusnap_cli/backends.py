@@ -15,10 +15,7 @@ from ._protocol import STATE_BACKED_UP, STATE_LOCKED, STATE_RUNNING
 from .errors import (
     DeviceFailed,
     LeaseLost,
-    LockTimeout,
     NpusnapError,
-    PermissionProblem,
-    TargetNotFound,
     WrongState,
 )
 from .image import DeviceState, FileEntry
@@ -273,23 +270,14 @@ def _sim_endpoint(pid: int) -> str:
 
 
 def agent_error(e: Exception, doing: str) -> NpusnapError:
-    """The one place where the agent client's errors become npusnap's error kinds."""
+    """The agent client's (and injector's) errors as the npusnap error kinds the CLI reports:
+    each says its kind (agent.AGENT_CODE_ERRORS, agent.INJECT_STATUS_ERRORS)."""
     from . import agent
 
     message = f"{doing} failed: {e}"
     hint = getattr(e, "hint", None)
-    if isinstance(e, agent.AgentNotFound):
-        return WrongState(message, hint)
-    if isinstance(e, agent.AgentImpostor):
-        return PermissionProblem(message, hint)
-    if isinstance(e, agent.InjectFailed):
-        kind = {agent.INJECT_NO_PROCESS: TargetNotFound,
-                agent.INJECT_PERMISSION: PermissionProblem}.get(e.exit_status, DeviceFailed)
-        return kind(message, hint)
-    if isinstance(e, agent.AgentError):
-        kind = {agent.LOCK_TIMEOUT: LockTimeout, agent.E_STATE: WrongState, agent.E_NO_RUNTIME: WrongState,
-                agent.E_DENIED: PermissionProblem}.get(e.code, DeviceFailed)
-        return kind(message, hint)
+    if isinstance(e, agent.AgentProblem):
+        return e.kind(message, hint)
     return DeviceFailed(message, hint)
 
 

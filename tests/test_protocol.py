@@ -125,3 +125,32 @@ def test_the_generator_refuses_what_it_cannot_carry(tmp_path: Path, line: str) -
     assert r.returncode == 1 and not out.exists()
     assert r.stderr.startswith("gen_protocol: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "bad.h:3" in r.stderr
+
+
+def test_each_agent_code_and_injector_status_has_one_translation() -> None:
+    from npusnap_cli import agent, errors
+    from npusnap_cli.backends import agent_error
+
+    def reported(e: Exception) -> int:
+        return agent_error(e, "x").exit_code
+
+    def refused(code: int) -> agent.AgentError:
+        return agent.AgentError(agent.AgentReply(False, code, "LOCKED", "no", 0.0, 1, None), "lock")
+
+    codes = {v for k, v in vars(_protocol).items() if k.startswith("AGENT_E_") or k == "AGENT_LOCK_TIMEOUT"}
+    expected = {_protocol.AGENT_LOCK_TIMEOUT: errors.LockTimeout.exit_code,
+                _protocol.AGENT_E_STATE: errors.WrongState.exit_code,
+                _protocol.AGENT_E_NO_RUNTIME: errors.WrongState.exit_code,
+                _protocol.AGENT_E_DENIED: errors.PermissionProblem.exit_code}
+    assert {code: reported(refused(code)) for code in codes} == {
+        code: expected.get(code, errors.DeviceFailed.exit_code) for code in codes}
+    assert all(refused(code).hint for code in set(agent.AGENT_CODE_ERRORS))
+
+    statuses = {v for k, v in vars(_protocol).items() if k.startswith("INJECT_") and k != "INJECT_OK"}
+    expected = {_protocol.INJECT_NO_PROCESS: errors.TargetNotFound.exit_code,
+                _protocol.INJECT_PERMISSION: errors.PermissionProblem.exit_code}
+    assert {s: reported(agent.InjectFailed("no", exit_status=s)) for s in statuses} == {
+        s: expected.get(s, errors.DeviceFailed.exit_code) for s in statuses}
+    assert reported(agent.AgentNotFound("gone")) == errors.WrongState.exit_code
+    assert reported(agent.AgentImpostor("squatter")) == errors.PermissionProblem.exit_code
+    assert reported(agent.AgentProtocolError("garbled")) == errors.DeviceFailed.exit_code
