@@ -15,6 +15,7 @@ import enum
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
 
+from .._protocol import STATE_BACKED_UP, STATE_LOCKED, STATE_RUNNING
 from ..errors import DeviceFailed
 from ..image.format import DeviceState, FileEntry
 
@@ -22,9 +23,9 @@ from ..image.format import DeviceState, FileEntry
 class State(str, enum.Enum):
     """A process's device phase, as the agent reports it (CUDA's CHECKPOINTED is BACKED_UP)."""
 
-    RUNNING = "RUNNING"
-    LOCKED = "LOCKED"
-    BACKED_UP = "BACKED_UP"
+    RUNNING = STATE_RUNNING  # native/include/npusnap/states.h
+    LOCKED = STATE_LOCKED
+    BACKED_UP = STATE_BACKED_UP
 
     @classmethod
     def parse(cls, text: Optional[str]) -> "State":

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from .._protocol import STATE_CHECKPOINTED, STATE_FAILED, STATE_LOCKED, STATE_RUNNING
 from ..errors import (
     DeviceFailed,
     EnvironmentProblem,
@@ -42,7 +43,7 @@ MIN_LOCK_TIMEOUT = 12080  # r570: CUcheckpointLockArgs.timeoutMs honoured
 
 # CUprocessState
 RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3
-STATE_NAMES = {RUNNING: "RUNNING", LOCKED: "LOCKED", CHECKPOINTED: "CHECKPOINTED", FAILED: "FAILED",
+STATE_NAMES = {RUNNING: STATE_RUNNING, LOCKED: STATE_LOCKED, CHECKPOINTED: STATE_CHECKPOINTED, FAILED: STATE_FAILED,
                4: "CHECKPOINTING", 5: "RESTORING"}
 
 # CUresult values npusnap distinguishes

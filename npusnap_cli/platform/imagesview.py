@@ -21,9 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .._protocol import AGENT_SOCKET_PREFIX, AGENT_SOCKET_SUFFIX_HEX
 from ..errors import CriuFailed
 
-AGENT_NAME = re.compile(rb"\0npusnap-agent-[0-9]+(-[0-9a-f]{16})?")
+_AGENT_PREFIX = b"\0" + AGENT_SOCKET_PREFIX.encode()
+AGENT_NAME = re.compile(re.escape(_AGENT_PREFIX) + rb"([0-9]+)(-[0-9a-f]{%d})?" % AGENT_SOCKET_SUFFIX_HEX)
 SOCKET_IMAGES = ("files.img", "sk-unix.img")
 
 
@@ -85,11 +87,12 @@ class ImagesView:
             if not name.startswith(b"\0") or name not in taken:
                 continue
             shown = name[1:].decode(errors="replace")
-            if not AGENT_NAME.fullmatch(name):
+            agent_name = AGENT_NAME.fullmatch(name)
+            if not agent_name:
                 raise CriuFailed(f"the checkpoint's socket @{shown} is bound by another process on this host",
                                  "stop the process that holds that name (see /proc/net/unix), then restore")
-            pid = re.match(rb"\0npusnap-agent-([0-9]+)", name)
-            fresh = b"\0npusnap-agent-" + (pid.group(1) if pid else b"0") + b"-" + secrets.token_hex(8).encode()
+            suffix = secrets.token_hex(AGENT_SOCKET_SUFFIX_HEX // 2).encode()
+            fresh = _AGENT_PREFIX + agent_name.group(1) + b"-" + suffix
             usk["name"] = quopri.encodestring(fresh).decode()
             changed = True
             warn(f"another process holds the agent's socket name @{shown}; the restored agent "
