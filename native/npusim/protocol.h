@@ -45,6 +45,9 @@ enum class Op : uint32_t {
   Import,
   Quiesce,        // flags: 1 locked (restored), 2 locked awaiting an import, 0 unlocking
   ExportDevices,
+  // cann-surface: stream failure mode and host callbacks.
+  StreamFailureMode,  // stream, flags: 1 = ACL_STOP_ON_FAILURE (a failed task drops the work queued behind it)
+  EventSignal,        // event: complete one record now (a host callback has run)
 };
 
 enum class TaskKind : uint32_t {

@@ -43,10 +43,17 @@ class ConnPool {
   uint64_t generation_ = 0;  // bumped by close_all: connections of an older generation are dropped
 };
 
+struct ContextObj;  // contexts.h
+
 struct StreamObj {
   uint32_t id;
   int32_t device;
   bool is_default;
+  ContextObj *ctx = nullptr;  // the context it belongs to (contexts.h)
+  uint32_t flags = 0;         // ACL_STREAM_* (aclrtCreateStreamWithConfig)
+  uint32_t priority = 0;
+  uint64_t failure_mode = 0;  // ACL_CONTINUE_ON_FAILURE / ACL_STOP_ON_FAILURE
+  int32_t public_id = -1;     // aclrtStreamGetId: stable across restores, unlike id
 };
 
 struct EventObj {
@@ -55,6 +62,8 @@ struct EventObj {
   uint64_t records;       // records queued so far; a wait targets the latest
   uint64_t completed;     // saved by Backup
   uint64_t timestamp_ns;  // saved by Backup
+  ContextObj *ctx = nullptr;  // the context it belongs to (contexts.h)
+  uint32_t flags = 0;         // ACL_EVENT_* (aclrtCreateEventWithFlag)
 };
 
 struct Alloc {
@@ -123,7 +132,11 @@ void drop_backups();
 int32_t snapshot_lock(int64_t timeout_ms);
 // Remembers why the calling thread's last call failed (aclGetRecentErrMsg reports it).
 void note_error(const std::string &message);
+// The same, and the code aclrtGetLastError / aclrtPeekAtLastError report; returns code.
+aclError note_error(aclError code, const std::string &message);
 const std::string &recent_error();
+// Tells the aclrtSetExceptionInfoCallback callback (if any) that a task on stream failed.
+void report_task_exception(int32_t device, uint32_t stream_id, aclError code);
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.
 void start_ctl();
 

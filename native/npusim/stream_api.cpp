@@ -2,6 +2,7 @@
 // Restore gives them new ids without changing the handles.
 #include <algorithm>
 
+#include "contexts.h"
 #include "resources.h"
 #include "runtime.h"
 #include "wire.h"
@@ -16,7 +17,7 @@ int32_t check_event(aclrtEvent event, EventObj **out) {
   std::lock_guard<std::mutex> g(r.mu);
   if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
   auto *e = static_cast<EventObj *>(event);
-  if (e == nullptr || r.events.count(e) == 0) return ACL_ERROR_INVALID_PARAM;
+  if (e == nullptr || r.events.count(e) == 0) return note_error(ACL_ERROR_INVALID_PARAM, "not a live event");
   *out = e;
   return ACL_SUCCESS;
 }
@@ -72,6 +73,7 @@ aclError aclrtCreateStream(aclrtStream *stream) {
   if (int32_t rc = r.pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
   auto *s = new StreamObj{static_cast<uint32_t>(rp.value[0]), d, false};
   std::lock_guard<std::mutex> g(r.mu);
+  s->ctx = owning_context(r);
   r.streams.insert(s);
   *stream = s;
   return ACL_SUCCESS;
@@ -119,6 +121,7 @@ aclError aclrtCreateEvent(aclrtEvent *event) {
   if (int32_t rc = r.pool.call(wire::request(proto::Op::EventCreate), &rp); rc != ACL_SUCCESS) return rc;
   auto *e = new EventObj{static_cast<uint32_t>(rp.value[0]), current_device(), 0, 0, 0};
   std::lock_guard<std::mutex> g(r.mu);
+  e->ctx = owning_context(r);
   r.events.insert(e);
   *event = e;
   return ACL_SUCCESS;
@@ -205,6 +208,12 @@ int32_t restore_streams(const SnapshotPass &) {
     proto::Reply rp{};
     if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     s->id = static_cast<uint32_t>(rp.value[0]);
+    if (s->failure_mode == ACL_STOP_ON_FAILURE) {  // the daemon's half of the stream's settings
+      proto::Request fm = wire::request(proto::Op::StreamFailureMode);
+      fm.stream = s->id;
+      fm.flags = 1;
+      if (runtime().pool.call(fm) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
   }
   return ACL_SUCCESS;
 }

@@ -42,6 +42,10 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
       w.hold.clear();
       l.lock();
       if (rc != ACL_SUCCESS && st->error == ACL_SUCCESS) st->error = rc;
+      if (rc != ACL_SUCCESS && st->stop_on_failure) {
+        st->done += st->queue.size();  // dropped work counts as run, so a synchronize returns the error
+        st->queue.clear();
+      }
     }
     ++st->done;
     s->cv.notify_all();
@@ -182,6 +186,24 @@ int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
     auto it = s.events.find(id);
     return it == s.events.end() || it->second.completed >= target;
   });
+  return ACL_SUCCESS;
+}
+
+int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  st->stop_on_failure = stop_on_failure;
+  return ACL_SUCCESS;
+}
+
+int32_t event_signal(Session &s, uint32_t id) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto it = s.events.find(id);
+  if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  ++it->second.completed;
+  it->second.timestamp_ns = now_ns();
+  s.cv.notify_all();
   return ACL_SUCCESS;
 }
 
