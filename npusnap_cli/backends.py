@@ -153,6 +153,7 @@ class AgentBackend(NoDevice):
             method=self.method,
             runtime=reply.runtime,
             endpoint=_sim_endpoint(self.pid) if self.name == "sim" else None,
+            resources={str(k): int(v) for k, v in (dev.get("resources") or {}).items()},
         )
 
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:

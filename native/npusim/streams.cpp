@@ -36,16 +36,14 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
         ++it->second.completed;
         it->second.timestamp_ns = now_ns();
       }
+    } else if (st->stop_on_failure && st->error != ACL_SUCCESS) {
+      // ACL_STOP_ON_FAILURE: nothing runs after a failed task until a synchronize reports it.
     } else if (w.task.kind != proto::TaskKind::WaitEvent) {
       l.unlock();
       int32_t rc = run_work(w);
       w.hold.clear();
       l.lock();
       if (rc != ACL_SUCCESS && st->error == ACL_SUCCESS) st->error = rc;
-      if (rc != ACL_SUCCESS && st->stop_on_failure) {
-        st->done += st->queue.size();  // dropped work counts as run, so a synchronize returns the error
-        st->queue.clear();
-      }
     }
     ++st->done;
     s->cv.notify_all();

@@ -42,11 +42,8 @@ aclError aclrtGetRunMode(aclrtRunMode *runMode) {
   return ACL_SUCCESS;
 }
 
-const char *aclrtGetSocName() {
-  Runtime &r = runtime();
-  std::lock_guard<std::mutex> g(r.mu);
-  return r.initialized ? kSocName : nullptr;
-}
+// Needs no aclInit (CANN's samples ask for it before initializing, to pick a build target).
+const char *aclrtGetSocName() { return kSocName; }
 
 aclError aclrtCheckArchCompatibility(const char *socVersion, int32_t *canCompatible) {
   if (socVersion == nullptr || canCompatible == nullptr)

@@ -160,7 +160,7 @@ ACL_FUNC_VISIBILITY float aclFloat16ToFloat(aclFloat16 value);
 ACL_FUNC_VISIBILITY aclFloat16 aclFloatToFloat16(float value);
 /* Bytes per element of dataType; 0 for ACL_DT_UNDEFINED and ACL_STRING. */
 ACL_FUNC_VISIBILITY size_t aclDataTypeSize(aclDataType dataType);
-/* The SoC name of the device (NULL before aclrtSetDevice). */
+/* The SoC name of the device; needs no aclInit. */
 ACL_FUNC_VISIBILITY const char *aclrtGetSocName();
 /* The attributes this CANN supports, and whether one is supported (value 1) or not (0). */
 ACL_FUNC_VISIBILITY aclError aclGetCannAttributeList(const aclCannAttr **cannAttrList, size_t *num);

@@ -1,0 +1,301 @@
+/*
+ * CANN's documented semantics of the runtime surface, checked one by one against npusim
+ * (tests/cann/test_cann_api.py): errors and system info, contexts, stream and event
+ * configuration, host callbacks, external allocators, aclrtMemset on host memory and the P2P
+ * sample's reset order. Needs a daemon with 2 devices.
+ *
+ *     cann_api        prints "ok NAME" or "FAIL NAME: why" per check, then "checks N failed F";
+ *                     exit 0 only if none failed
+ */
+#include <acl/acl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int checks, failed;
+
+#define EXPECT(name, cond) do { checks++; if (cond) printf("ok %s\n", name); \
+    else { failed++; printf("FAIL %s: %s (line %d)\n", name, #cond, __LINE__); } } while (0)
+#define MUST(x) do { aclError rc_ = (x); if (rc_ != ACL_SUCCESS) { \
+    printf("FAIL setup: %s = %d\n", #x, rc_); exit(3); } } while (0)
+
+static void errors_and_system(void) {
+    aclrtRunMode mode = ACL_DEVICE;
+    EXPECT("run mode is host", aclrtGetRunMode(&mode) == ACL_SUCCESS && mode == ACL_HOST);
+    aclError ret = aclrtGetRunMode(NULL);
+    EXPECT("bad argument fails", ret == ACL_ERROR_INVALID_PARAM);
+    EXPECT("peek keeps the last error", aclrtPeekAtLastError(ACL_RT_THREAD_LEVEL) == ACL_ERROR_INVALID_PARAM &&
+                                        aclrtPeekAtLastError(ACL_RT_THREAD_LEVEL) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("get returns the last error", aclrtGetLastError(ACL_RT_THREAD_LEVEL) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("get cleared it", aclrtGetLastError(ACL_RT_THREAD_LEVEL) == ACL_SUCCESS &&
+                             aclrtPeekAtLastError(ACL_RT_THREAD_LEVEL) == ACL_SUCCESS);
+    const char *msg = aclGetRecentErrMsg();
+    EXPECT("recent message names the call", msg != NULL && strstr(msg, "aclrtGetRunMode") != NULL);
+    EXPECT("recent message is read once", aclGetRecentErrMsg() == NULL);
+    aclrtErrorInfo info;
+    memset(&info, 0xff, sizeof(info));
+    EXPECT("verbose error info: none", aclrtGetErrorVerbose(0, &info) == ACL_SUCCESS && info.errorType == ACL_RT_NO_ERROR);
+
+    char pkg[] = "runtime", bad[] = "no-such-package", ver[128] = "";
+    int32_t num = 0;
+    EXPECT("version string", aclsysGetVersionStr(pkg, ver) == ACL_SUCCESS && strcmp(ver, "9.1.0") == 0);
+    EXPECT("version number", aclsysGetVersionNum(pkg, &num) == ACL_SUCCESS && num == 90100);
+    EXPECT("unknown package", aclsysGetVersionStr(bad, ver) == ACL_ERROR_INVALID_FILE);
+    const char *soc = aclrtGetSocName();
+    int32_t compatible = -1;
+    EXPECT("soc name", soc != NULL && strcmp(soc, "npusim") == 0);
+    EXPECT("own arch is compatible", aclrtCheckArchCompatibility(soc, &compatible) == ACL_SUCCESS && compatible == 1);
+    EXPECT("other arch is not", aclrtCheckArchCompatibility("Ascend910B1", &compatible) == ACL_SUCCESS && compatible == 0);
+    int32_t cap = -1;
+    EXPECT("device capability", aclrtGetDeviceCapability(0, ACL_FEATURE_TSCPU_TASK_UPDATE_SUPPORT_AIC_AIV, &cap) == ACL_SUCCESS &&
+                                cap == ACL_DEV_FEATURE_NOT_SUPPORT);
+    int64_t cores = 0, mem = 0;
+    EXPECT("device info", aclrtGetDeviceInfo(0, ACL_DEV_ATTR_AICORE_CORE_NUM, &cores) == ACL_SUCCESS && cores > 0 &&
+                          aclrtGetDeviceInfo(1, ACL_DEV_ATTR_TOTAL_GLOBAL_MEM_SIZE, &mem) == ACL_SUCCESS && mem > 0);
+    EXPECT("device info: bad device", aclrtGetDeviceInfo(7, ACL_DEV_ATTR_AICORE_CORE_NUM, &cores) == ACL_ERROR_RT_INVALID_DEVICEID);
+    const aclCannAttr *attrs = NULL;
+    size_t nattrs = 0;
+    int32_t v = -1;
+    EXPECT("cann attributes", aclGetCannAttributeList(&attrs, &nattrs) == ACL_SUCCESS && nattrs == 3 &&
+                              aclGetCannAttribute(attrs[0], &v) == ACL_SUCCESS && (v == 0 || v == 1));
+    EXPECT("data type sizes", aclDataTypeSize(ACL_FLOAT) == 4 && aclDataTypeSize(ACL_FLOAT16) == 2 &&
+                              aclDataTypeSize(ACL_INT64) == 8 && aclDataTypeSize(ACL_BOOL) == 1 &&
+                              aclDataTypeSize(ACL_DT_UNDEFINED) == 0);
+    EXPECT("fp16 known values", aclFloatToFloat16(1.0f) == 0x3c00 && aclFloatToFloat16(-2.0f) == 0xc000 &&
+                                aclFloatToFloat16(65504.0f) == 0x7bff && aclFloat16ToFloat(0x3555) > 0.333f &&
+                                aclFloat16ToFloat(0x3555) < 0.3334f && aclFloat16ToFloat(0x0001) > 5.9e-8f);
+    EXPECT("fp16 inf/nan as CANN documents", aclFloat16ToFloat(0x7c00) == 65536.0f &&
+                                              aclFloat16ToFloat(0xfc00) == -65536.0f && aclFloat16ToFloat(0x7e00) == 98304.0f);
+    int round_trip = 1;
+    for (uint32_t h = 0; h < 0x7c00; h++)
+        if (aclFloatToFloat16(aclFloat16ToFloat((aclFloat16)h)) != h) round_trip = 0;
+    EXPECT("fp16 round trip of every finite half", round_trip);
+    int32_t major = 0, minor = 0, patch = -1;
+    EXPECT("runtime version", aclrtGetVersion(&major, &minor, &patch) == ACL_SUCCESS && major == ACL_MAJOR_VERSION);
+}
+
+static aclrtContext thread_saw;
+static void *thread_context(void *arg) {
+    /* A thread that set no context uses the process's device: its default context. */
+    thread_saw = NULL;
+    aclrtGetCurrentContext(&thread_saw);
+    MUST(aclrtSetCurrentContext((aclrtContext)arg));
+    int32_t d = -1;
+    aclrtGetDevice(&d);
+    return (void *)(intptr_t)d;
+}
+
+static void contexts(void) {
+    aclrtContext def0 = NULL, cur = NULL, made = NULL;
+    MUST(aclrtSetDevice(0));
+    EXPECT("set device makes the default context current", aclrtGetCurrentContext(&def0) == ACL_SUCCESS && def0 != NULL);
+    EXPECT("the default context cannot be destroyed", aclrtDestroyContext(def0) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("create a context on device 1", aclrtCreateContext(&made, 1) == ACL_SUCCESS && made != NULL);
+    int32_t d = -1;
+    EXPECT("the created context is current", aclrtGetCurrentContext(&cur) == ACL_SUCCESS && cur == made);
+    EXPECT("get device follows the context", aclrtGetDevice(&d) == ACL_SUCCESS && d == 1);
+    aclrtStream def_made = NULL, s = NULL;
+    EXPECT("its default stream", aclrtCtxGetCurrentDefaultStream(&def_made) == ACL_SUCCESS && def_made != NULL);
+    EXPECT("a stream in it", aclrtCreateStream(&s) == ACL_SUCCESS);
+    void *p = NULL;
+    MUST(aclrtMalloc(&p, 4096, ACL_MEM_MALLOC_HUGE_FIRST));
+    EXPECT("work on the context's default stream", aclrtMemsetAsync(p, 4096, 7, 4096, NULL) == ACL_SUCCESS &&
+                                                    aclrtSynchronizeStream(NULL) == ACL_SUCCESS);
+    pthread_t t;
+    void *thread_device = NULL;
+    pthread_create(&t, NULL, thread_context, made);
+    pthread_join(t, &thread_device);
+    EXPECT("another thread can make it current", (intptr_t)thread_device == 1);
+    EXPECT("... and saw the process's default context before", thread_saw != NULL && thread_saw != made);
+    EXPECT("back to the default context", aclrtSetCurrentContext(def0) == ACL_SUCCESS &&
+                                          aclrtGetDevice(&d) == ACL_SUCCESS && d == 0);
+    aclrtStream def_0 = NULL;
+    EXPECT("each context has its own default stream",
+           aclrtCtxGetCurrentDefaultStream(&def_0) == ACL_SUCCESS && def_0 != def_made);
+    MUST(aclrtFree(p));
+    EXPECT("destroy the created context", aclrtDestroyContext(made) == ACL_SUCCESS);
+    EXPECT("its streams went with it", aclrtSynchronizeStream(s) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("a destroyed context cannot be made current", aclrtSetCurrentContext(made) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("destroying twice fails", aclrtDestroyContext(made) == ACL_ERROR_INVALID_PARAM);
+    uint32_t cube = 0;
+    EXPECT("thread resource limits", aclrtGetResInCurrentThread(ACL_RT_DEV_RES_CUBE_CORE, &cube) == ACL_SUCCESS && cube > 0);
+}
+
+static void streams_and_events(void) {
+    aclrtStream s = NULL, v2 = NULL;
+    EXPECT("priority out of range", aclrtCreateStreamWithConfig(&s, 8, 0) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("unknown stream flag", aclrtCreateStreamWithConfig(&s, 0, 0x80000000U) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("create with config", aclrtCreateStreamWithConfig(&s, 2, ACL_STREAM_FAST_SYNC) == ACL_SUCCESS);
+    uint32_t prio = 99, flags = 99;
+    EXPECT("priority and flags", aclrtStreamGetPriority(s, &prio) == ACL_SUCCESS && prio == 2 &&
+                                 aclrtStreamGetFlags(s, &flags) == ACL_SUCCESS && flags == ACL_STREAM_FAST_SYNC);
+    aclrtStreamConfigHandle *h = aclrtCreateStreamConfigHandle();
+    uint64_t f64 = ACL_STREAM_HUGE;
+    uint32_t p32 = 6, p_bad = 9;
+    EXPECT("config handle", h != NULL && aclrtSetStreamConfigOpt(h, ACL_RT_STREAM_FLAG, &f64, sizeof(f64)) == ACL_SUCCESS &&
+                            aclrtSetStreamConfigOpt(h, ACL_RT_STREAM_PRIORITY, &p32, sizeof(p32)) == ACL_SUCCESS &&
+                            aclrtSetStreamConfigOpt(h, ACL_RT_STREAM_PRIORITY, &p_bad, sizeof(p_bad)) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("create from config", aclrtCreateStreamV2(&v2, h) == ACL_SUCCESS && aclrtStreamGetPriority(v2, &prio) == ACL_SUCCESS &&
+                                 prio == 6 && aclrtStreamGetFlags(v2, &flags) == ACL_SUCCESS && flags == ACL_STREAM_HUGE);
+    MUST(aclrtDestroyStreamConfigHandle(h));
+    int32_t id1 = -1, id2 = -1, id1b = -1;
+    EXPECT("stream ids differ and stay", aclrtStreamGetId(s, &id1) == ACL_SUCCESS && aclrtStreamGetId(v2, &id2) == ACL_SUCCESS &&
+                                         aclrtStreamGetId(s, &id1b) == ACL_SUCCESS && id1 != id2 && id1 == id1b);
+    EXPECT("failure mode: not on the default stream", aclrtSetStreamFailureMode(NULL, ACL_STOP_ON_FAILURE) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("failure mode: unknown mode", aclrtSetStreamFailureMode(s, 5) == ACL_ERROR_INVALID_PARAM);
+
+    /* A device-to-host copy into unmapped host memory fails when the stream runs it. */
+    void *dev = NULL;
+    unsigned char host[64];
+    void *nowhere = (void *)(uintptr_t)0x10000;
+    MUST(aclrtMalloc(&dev, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    for (int stop = 0; stop <= 1; stop++) {
+        MUST(aclrtSetStreamFailureMode(v2, stop ? ACL_STOP_ON_FAILURE : ACL_CONTINUE_ON_FAILURE));
+        MUST(aclrtMemset(dev, 64, 1, 64));
+        MUST(aclrtMemcpyAsync(nowhere, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST, v2));
+        MUST(aclrtMemsetAsync(dev, 64, 2, 64, v2));
+        aclError sync = aclrtSynchronizeStream(v2);
+        MUST(aclrtMemcpy(host, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST));
+        EXPECT(stop ? "stop on failure drops the work behind the failed task" : "continue on failure runs it",
+               sync != ACL_SUCCESS && host[0] == (stop ? 1 : 2));
+    }
+    MUST(aclrtSynchronizeStream(v2));
+
+    aclrtEvent e = NULL, never = NULL;
+    EXPECT("event flag 0 is refused", aclrtCreateEventWithFlag(&e, 0) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("event with flags", aclrtCreateEventExWithFlag(&e, ACL_EVENT_TIME_LINE) == ACL_SUCCESS &&
+                               aclrtCreateEventWithFlag(&never, ACL_EVENT_SYNC) == ACL_SUCCESS);
+    aclrtEventRecordedStatus st = ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    aclrtEventStatus old = ACL_EVENT_STATUS_NOT_READY;
+    EXPECT("an event never recorded is complete", aclrtQueryEventStatus(never, &st) == ACL_SUCCESS &&
+                                                  st == ACL_EVENT_RECORDED_STATUS_COMPLETE);
+    uint64_t ts = 0;
+    EXPECT("no timestamp before a record ran", aclrtEventGetTimestamp(never, &ts) == ACL_ERROR_RT_EVENT_NOT_COMPLETE);
+    /* An event recorded behind a wait that has not fired is not ready. */
+    MUST(aclrtStreamWaitEvent(s, never));
+    MUST(aclrtRecordEvent(never, v2));
+    MUST(aclrtRecordEvent(e, s));
+    MUST(aclrtSynchronizeEvent(e));
+    EXPECT("recorded and run: complete", aclrtQueryEventStatus(e, &st) == ACL_SUCCESS && st == ACL_EVENT_RECORDED_STATUS_COMPLETE &&
+                                         aclrtQueryEvent(e, &old) == ACL_SUCCESS && old == ACL_EVENT_STATUS_COMPLETE);
+    EXPECT("timestamp of the record", aclrtEventGetTimestamp(e, &ts) == ACL_SUCCESS && ts > 0);
+    aclrtStreamStatus ss = ACL_STREAM_STATUS_NOT_READY;
+    EXPECT("an idle stream is complete", aclrtStreamQuery(s, &ss) == ACL_SUCCESS && ss == ACL_STREAM_STATUS_COMPLETE);
+    MUST(aclrtFree(dev));
+    MUST(aclrtDestroyEvent(e));
+    MUST(aclrtDestroyEvent(never));
+    MUST(aclrtDestroyStream(s));
+    MUST(aclrtDestroyStream(v2));
+}
+
+static int order[16], norder;
+static volatile int report_loop = 1;
+static void record(void *arg) { order[norder++] = (int)(intptr_t)arg; }
+static void *reporter(void *arg) {
+    (void)arg;
+    while (report_loop) aclrtProcessReport(10);
+    return NULL;
+}
+
+static void callbacks(void) {
+    aclrtStream s = NULL;
+    MUST(aclrtCreateStream(&s));
+    EXPECT("process report in an unsubscribed thread", aclrtProcessReport(0) == ACL_ERROR_THREAD_NOT_SUBSCRIBE);
+    EXPECT("launch callback on an unsubscribed stream", aclrtLaunchCallback(record, NULL, ACL_CALLBACK_BLOCK, s) == ACL_ERROR_RT_STREAM_SUBSCRIBE);
+    /* Host functions run in stream order, and the stream waits for each. */
+    void *dev = NULL;
+    unsigned char b = 0;
+    MUST(aclrtMalloc(&dev, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    for (int i = 0; i < 4; i++) MUST(aclrtLaunchHostFunc(s, record, (void *)(intptr_t)i));
+    MUST(aclrtMemsetAsync(dev, 64, 9, 64, s));
+    MUST(aclrtSynchronizeStream(s));
+    MUST(aclrtMemcpy(&b, 1, dev, 1, ACL_MEMCPY_DEVICE_TO_HOST));
+    EXPECT("host functions ran in order", norder == 4 && order[0] == 0 && order[3] == 3 && b == 9);
+    /* A subscribed thread runs report callbacks. */
+    pthread_t t;
+    pthread_create(&t, NULL, reporter, NULL);
+    EXPECT("subscribe", aclrtSubscribeReport((uint64_t)t, s) == ACL_SUCCESS);
+    EXPECT("subscribe twice", aclrtSubscribeReport((uint64_t)t, s) == ACL_ERROR_REPEAT_SUBSCRIBE);
+    norder = 0;
+    MUST(aclrtLaunchCallback(record, (void *)(intptr_t)10, ACL_CALLBACK_BLOCK, s));
+    MUST(aclrtLaunchCallback(record, (void *)(intptr_t)11, ACL_CALLBACK_NO_BLOCK, s));
+    MUST(aclrtLaunchCallback(record, (void *)(intptr_t)12, ACL_CALLBACK_BLOCK, s));
+    MUST(aclrtSynchronizeStream(s));
+    for (int i = 0; i < 200 && norder < 3; i++) usleep(5000);  /* the non-blocking one may trail */
+    EXPECT("report callbacks ran in order", norder == 3 && order[0] == 10 && order[1] == 11 && order[2] == 12);
+    report_loop = 0;
+    pthread_join(t, NULL);
+    EXPECT("unsubscribe another thread", aclrtUnSubscribeReport((uint64_t)pthread_self(), s) == ACL_ERROR_STREAM_NOT_SUBSCRIBE);
+    EXPECT("unsubscribe", aclrtUnSubscribeReport((uint64_t)t, s) == ACL_SUCCESS);
+    MUST(aclrtSubscribeReport((uint64_t)pthread_self(), s));
+    EXPECT("process report times out", aclrtProcessReport(10) == ACL_ERROR_WAIT_CALLBACK_TIMEOUT);
+    MUST(aclrtUnSubscribeReport((uint64_t)pthread_self(), s));
+    MUST(aclrtFree(dev));
+    MUST(aclrtDestroyStream(s));
+}
+
+static void *alloc_fn(aclrtAllocator a, size_t size) { (void)a; return malloc(size); }
+static void free_fn(aclrtAllocator a, aclrtAllocatorBlock b) { (void)a; free(b); }
+static void *addr_fn(aclrtAllocatorBlock b) { return b; }
+
+static void allocator(void) {
+    aclrtStream s = NULL;
+    MUST(aclrtCreateStream(&s));
+    aclrtAllocatorDesc d = aclrtAllocatorCreateDesc();
+    int obj = 0;
+    EXPECT("an incomplete descriptor is refused", aclrtAllocatorRegister(s, d) == ACL_ERROR_INVALID_PARAM);
+    MUST(aclrtAllocatorSetObjToDesc(d, &obj));
+    MUST(aclrtAllocatorSetAllocFuncToDesc(d, alloc_fn));
+    MUST(aclrtAllocatorSetFreeFuncToDesc(d, free_fn));
+    MUST(aclrtAllocatorSetGetAddrFromBlockFuncToDesc(d, addr_fn));
+    EXPECT("register", aclrtAllocatorRegister(s, d) == ACL_SUCCESS);
+    MUST(aclrtAllocatorDestroyDesc(d));
+    aclrtAllocator got = NULL;
+    aclrtAllocatorAllocFunc fa = NULL;
+    aclrtAllocatorGetAddrFromBlockFunc fg = NULL;
+    EXPECT("get by stream", aclrtAllocatorGetByStream(s, NULL, &got, &fa, NULL, NULL, &fg) == ACL_SUCCESS &&
+                            got == &obj && fa == alloc_fn && fg == addr_fn);
+    EXPECT("unregister", aclrtAllocatorUnregister(s) == ACL_SUCCESS &&
+                         aclrtAllocatorGetByStream(s, NULL, &got, NULL, NULL, NULL, NULL) == ACL_ERROR_INVALID_PARAM);
+    MUST(aclrtDestroyStream(s));
+}
+
+static void memset_and_peers(void) {
+    /* aclrtMemset decides host or device by the address. */
+    unsigned char stack[32];
+    void *pinned = NULL;
+    MUST(aclrtMallocHost(&pinned, 64));
+    memset(stack, 0, sizeof(stack));
+    EXPECT("memset on host memory", aclrtMemset(stack, sizeof(stack), 0x5a, 16) == ACL_SUCCESS &&
+                                    stack[15] == 0x5a && stack[16] == 0);
+    EXPECT("memset on pinned host memory", aclrtMemset(pinned, 64, 3, 64) == ACL_SUCCESS && ((unsigned char *)pinned)[63] == 3);
+    MUST(aclrtFreeHost(pinned));
+    /* The P2P sample's order: both directions enabled, 1->0 disabled, device 1 reset by force,
+     * then 0->1 disabled from device 0 (CANN keeps peer access in the driver across a reset). */
+    MUST(aclrtSetDevice(0));
+    MUST(aclrtDeviceEnablePeerAccess(1, 0));
+    MUST(aclrtSetDevice(1));
+    MUST(aclrtDeviceEnablePeerAccess(0, 0));
+    EXPECT("disable 1->0", aclrtDeviceDisablePeerAccess(0) == ACL_SUCCESS);
+    MUST(aclrtResetDeviceForce(1));
+    MUST(aclrtSetDevice(0));
+    EXPECT("disable 0->1 after device 1's forced reset", aclrtDeviceDisablePeerAccess(1) == ACL_SUCCESS);
+    EXPECT("disable 0->1 twice fails", aclrtDeviceDisablePeerAccess(1) == ACL_ERROR_INVALID_PARAM);
+}
+
+int main(void) {
+    MUST(aclInit(NULL));
+    errors_and_system();
+    contexts();
+    streams_and_events();
+    callbacks();
+    allocator();
+    memset_and_peers();
+    MUST(aclrtResetDeviceForce(0));
+    MUST(aclFinalize());
+    printf("checks %d failed %d\n", checks, failed);
+    return failed == 0 ? 0 : 1;
+}
