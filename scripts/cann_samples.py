@@ -109,8 +109,12 @@ def needs_kernel(sample: Path) -> bool:
 
 def tail(text: str, n: int = 1) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if re.search(r"error|FAIL|\bfailed\b", line, re.I)]
-    return " | ".join((errors or lines)[-n:])[:200]
+    # A compiler's or linker's own line says most; make's "Error 2" says nothing.
+    for pattern in (r"error:|undefined reference", r"\[(ERROR|FAILURE)\]|FAIL", r"error|\bfailed\b"):
+        found = [line for line in lines if re.search(pattern, line, re.I) and not line.startswith(("gmake", "make"))]
+        if found:
+            return " | ".join(found[:n])[:200]
+    return " | ".join(lines[-n:])[:200]
 
 
 def host_compiles(sample: Path, example: Path, toolkit: Path) -> bool:

@@ -54,6 +54,7 @@ struct StreamObj {
   uint32_t priority = 0;
   uint64_t failure_mode = 0;  // ACL_CONTINUE_ON_FAILURE / ACL_STOP_ON_FAILURE
   int32_t public_id = -1;     // aclrtStreamGetId: stable across restores, unlike id
+  uint32_t overflow_switch = 0;  // aclrtSetStreamOverflowSwitch
 };
 
 struct EventObj {

@@ -1,6 +1,7 @@
 // System and device queries: run mode, SoC name and architecture, package versions, device
 // attributes and capabilities, data type sizes and fp16 conversion.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -67,6 +68,18 @@ aclError aclsysGetVersionNum(char *pkgName, int32_t *versionNum) {
   if (!known_package(pkgName))
     return note_error(ACL_ERROR_INVALID_FILE, std::string("aclsysGetVersionNum: no package ") + pkgName);
   *versionNum = kMajor * 10000 + kMinor * 100 + kPatch;
+  return ACL_SUCCESS;
+}
+
+aclError aclsysGetCANNVersion(aclCANNPackageName name, aclCANNPackageVersion *version) {
+  if (version == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclsysGetCANNVersion: version is NULL");
+  if (name != ACL_PKG_NAME_CANN && name != ACL_PKG_NAME_RUNTIME && name != ACL_PKG_NAME_TOOLKIT)
+    return note_error(ACL_ERROR_INVALID_FILE, "aclsysGetCANNVersion: npusim has no such package");
+  std::memset(version, 0, sizeof(*version));
+  std::snprintf(version->version, sizeof(version->version), "%s", kVersionStr);
+  std::snprintf(version->majorVersion, sizeof(version->majorVersion), "%d", kMajor);
+  std::snprintf(version->minorVersion, sizeof(version->minorVersion), "%d", kMinor);
+  std::snprintf(version->patchVersion, sizeof(version->patchVersion), "%d", kPatch);
   return ACL_SUCCESS;
 }
 
