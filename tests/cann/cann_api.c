@@ -1,13 +1,18 @@
 /*
  * CANN's documented semantics of the runtime surface, checked one by one against npusim
  * (tests/cann/test_cann_api.py): errors and system info, contexts, stream and event
- * configuration, host callbacks, external allocators, aclrtMemset on host memory and the P2P
- * sample's reset order. Needs a daemon with 2 devices.
+ * configuration, host callbacks, external allocators, overflow controls, profiling, tdt channels
+ * and queues, aclrtMemset on host memory and the P2P sample's reset order. Needs a daemon with 2
+ * devices; profiling writes under the directory in $CANN_API_PROF_DIR.
  *
  *     cann_api        prints "ok NAME" or "FAIL NAME: why" per check, then "checks N failed F";
  *                     exit 0 only if none failed
  */
 #include <acl/acl.h>
+#include <acl/acl_prof.h>
+#include <acl/acl_tdt.h>
+#include <acl/acl_tdt_queue.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -286,6 +291,140 @@ static void memset_and_peers(void) {
     EXPECT("disable 0->1 twice fails", aclrtDeviceDisablePeerAccess(1) == ACL_ERROR_INVALID_PARAM);
 }
 
+static void overflow(void) {
+    aclrtFloatOverflowMode mode = ACL_RT_OVERFLOW_MODE_UNDEF;
+    EXPECT("saturation mode by default", aclrtGetDeviceSatMode(&mode) == ACL_SUCCESS && mode == ACL_RT_OVERFLOW_MODE_SATURATION);
+    EXPECT("set inf/nan mode", aclrtSetDeviceSatMode(ACL_RT_OVERFLOW_MODE_INFNAN) == ACL_SUCCESS &&
+                               aclrtGetDeviceSatMode(&mode) == ACL_SUCCESS && mode == ACL_RT_OVERFLOW_MODE_INFNAN);
+    MUST(aclrtSetDeviceSatMode(ACL_RT_OVERFLOW_MODE_SATURATION));
+    aclrtStream s = NULL;
+    MUST(aclrtCreateStream(&s));
+    uint32_t sw = 9;
+    EXPECT("overflow switch", aclrtSetStreamOverflowSwitch(s, 1) == ACL_SUCCESS &&
+                              aclrtGetStreamOverflowSwitch(s, &sw) == ACL_SUCCESS && sw == 1);
+    void *status = NULL;
+    uint64_t host = 0xffffffffffffffffULL;
+    MUST(aclrtMalloc(&status, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    MUST(aclrtMemset(status, 64, 0xff, 64));
+    EXPECT("overflow status reads 0", aclrtGetOverflowStatus(status, 64, s) == ACL_SUCCESS &&
+                                      aclrtSynchronizeStream(s) == ACL_SUCCESS &&
+                                      aclrtMemcpy(&host, 8, status, 8, ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS && host == 0 &&
+                                      aclrtResetOverflowStatus(s) == ACL_SUCCESS);
+    MUST(aclrtFree(status));
+    MUST(aclrtDestroyStream(s));
+}
+
+static void profiling(void) {
+    const char *dir = getenv("CANN_API_PROF_DIR");
+    if (dir == NULL) dir = "/tmp";
+    uint32_t devices[1] = {0};
+    EXPECT("prof start needs init", aclprofStart((aclprofConfig *)devices) == ACL_ERROR_UNINITIALIZE);
+    EXPECT("prof init", aclprofInit(dir, strlen(dir)) == ACL_SUCCESS);
+    aclprofConfig *cfg = aclprofCreateConfig(devices, 1, ACL_AICORE_NONE, NULL, ACL_PROF_ACL_API | ACL_PROF_MSPROFTX);
+    EXPECT("prof config", cfg != NULL && aclprofSetConfig(ACL_PROF_SYS_HARDWARE_MEM_FREQ, "50", 2) == ACL_SUCCESS);
+    EXPECT("prof start", aclprofStart(cfg) == ACL_SUCCESS && aclprofStart(cfg) == ACL_ERROR_PROF_ALREADY_RUN);
+    void *stamp = aclprofCreateStamp();
+    uint32_t range = 0;
+    EXPECT("msproftx", aclprofSetStampTraceMessage(stamp, "load", 4) == ACL_SUCCESS && aclprofMark(stamp) == ACL_SUCCESS &&
+                       aclprofPush(stamp) == ACL_SUCCESS && aclprofRangeStart(stamp, &range) == ACL_SUCCESS &&
+                       aclprofRangeStop(range) == ACL_SUCCESS && aclprofPop() == ACL_SUCCESS &&
+                       aclprofPop() == ACL_ERROR_INVALID_PARAM && aclprofRangeStop(range) == ACL_ERROR_INVALID_PARAM);
+    aclprofStepInfo *step = aclprofCreateStepInfo();
+    EXPECT("step timestamps", aclprofGetStepTimestamp(step, ACL_STEP_START, NULL) == ACL_SUCCESS &&
+                              aclprofGetStepTimestamp(step, ACL_STEP_END, NULL) == ACL_SUCCESS);
+    aclprofDestroyStepInfo(step);
+    aclprofDestroyStamp(stamp);
+    EXPECT("no models to subscribe", aclprofModelSubscribe(1, (const aclprofSubscribeConfig *)cfg) == ACL_ERROR_INVALID_MODEL_ID);
+    EXPECT("prof stop and finalize", aclprofStop(cfg) == ACL_SUCCESS && aclprofStop(cfg) == ACL_ERROR_PROF_NOT_RUN &&
+                                     aclprofDestroyConfig(cfg) == ACL_SUCCESS && aclprofFinalize() == ACL_SUCCESS);
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/npusim_prof_%d.jsonl", dir, getpid());
+    EXPECT("the profile was written", stat(path, &st) == 0 && st.st_size > 0);
+}
+
+static void tdt(void) {
+    acltdtChannelHandle *ch = acltdtCreateChannelWithCapacity(0, "cann_api", 2);
+    EXPECT("create channel", ch != NULL);
+    EXPECT("a second channel of the same name is refused", acltdtCreateChannel(0, "cann_api") == NULL);
+    float a[3] = {1, 2, 3};
+    int64_t dims[1] = {3};
+    acltdtDataItem *item = acltdtCreateDataItem(ACL_TENSOR_DATA_TENSOR, dims, 1, ACL_FLOAT, a, sizeof(a));
+    acltdtDataset *set = acltdtCreateDataset();
+    MUST(acltdtAddDataItem(set, item));
+    size_t n = 9;
+    EXPECT("send twice", acltdtSendTensor(ch, set, 100) == ACL_SUCCESS && acltdtSendTensor(ch, set, 0) == ACL_SUCCESS &&
+                         acltdtQueryChannelSize(ch, &n) == ACL_SUCCESS && n == 2);
+    EXPECT("a full channel refuses", acltdtSendTensor(ch, set, 0) == ACL_ERROR_RT_QUEUE_FULL);
+    a[0] = 42;  /* the channel holds copies */
+    acltdtDataset *got = acltdtCreateDataset();
+    EXPECT("receive", acltdtReceiveTensor(ch, got, 100) == ACL_SUCCESS && acltdtGetDatasetSize(got) == 1);
+    acltdtDataItem *gi = acltdtGetDataItem(got, 0);
+    int64_t gdims[1] = {0};
+    EXPECT("the item came through", acltdtGetDataSizeFromItem(gi) == sizeof(a) && acltdtGetDataTypeFromItem(gi) == ACL_FLOAT &&
+                                    acltdtGetDimNumFromItem(gi) == 1 && acltdtGetDimsFromItem(gi, gdims, 1) == ACL_SUCCESS &&
+                                    gdims[0] == 3 && ((float *)acltdtGetDataAddrFromItem(gi))[0] == 1.0f);
+    EXPECT("clean", acltdtCleanChannel(ch) == ACL_SUCCESS && acltdtQueryChannelSize(ch, &n) == ACL_SUCCESS && n == 0);
+    EXPECT("an empty channel times out", acltdtReceiveTensor(ch, got, 10) == ACL_ERROR_RT_QUEUE_EMPTY);
+    EXPECT("stop and destroy", acltdtStopChannel(ch) == ACL_SUCCESS && acltdtDestroyChannel(ch) == ACL_SUCCESS);
+    MUST(acltdtDestroyDataset(got));
+    MUST(acltdtDestroyDataItem(item));
+    MUST(acltdtDestroyDataset(set));
+
+    acltdtQueueAttr *attr = acltdtCreateQueueAttr();
+    uint32_t depth = 2, qa = 0, qb = 0, got_depth = 0;
+    size_t ret = 0;
+    EXPECT("queue attr", acltdtSetQueueAttr(attr, ACL_TDT_QUEUE_DEPTH_UINT32, sizeof(depth), &depth) == ACL_SUCCESS &&
+                         acltdtGetQueueAttr(attr, ACL_TDT_QUEUE_DEPTH_UINT32, sizeof(got_depth), &ret, &got_depth) == ACL_SUCCESS &&
+                         got_depth == 2 && ret == sizeof(uint32_t));
+    EXPECT("create queues", acltdtCreateQueue(attr, &qa) == ACL_SUCCESS && acltdtCreateQueue(attr, &qb) == ACL_SUCCESS && qa != qb);
+    MUST(acltdtDestroyQueueAttr(attr));
+    uint32_t word = 7, back = 0;
+    char user[8] = "user", uback[8] = "";
+    size_t len = 0;
+    EXPECT("enqueue and dequeue", acltdtEnqueueData(qa, &word, 4, user, 5, 100, 0) == ACL_SUCCESS &&
+                                  acltdtDequeueData(qa, &back, 4, &len, uback, 5, 100) == ACL_SUCCESS &&
+                                  back == 7 && len == 4 && strcmp(uback, "user") == 0);
+    EXPECT("an empty queue times out", acltdtDequeueData(qa, &back, 4, &len, NULL, 0, 0) == ACL_ERROR_RT_QUEUE_EMPTY);
+    acltdtQueueRoute *r = acltdtCreateQueueRoute(qa, qb);
+    acltdtQueueRouteList *list = acltdtCreateQueueRouteList();
+    MUST(acltdtAddQueueRoute(list, r));
+    EXPECT("bind a route", acltdtBindQueueRoutes(list) == ACL_SUCCESS);
+    word = 8;
+    EXPECT("a bound route forwards", acltdtEnqueueData(qa, &word, 4, NULL, 0, 100, 0) == ACL_SUCCESS &&
+                                     acltdtDequeueData(qb, &back, 4, &len, NULL, 0, 100) == ACL_SUCCESS && back == 8);
+    acltdtQueueRouteQueryInfo *q = acltdtCreateQueueRouteQueryInfo();
+    acltdtQueueRouteQueryMode mode = ACL_TDT_QUEUE_ROUTE_QUERY_SRC;
+    acltdtQueueRouteList *found = acltdtCreateQueueRouteList();
+    acltdtQueueRoute *view = acltdtCreateQueueRoute(0, 0);
+    int32_t status = -1;
+    uint32_t dst = 0;
+    EXPECT("query routes", acltdtSetQueueRouteQueryInfo(q, ACL_TDT_QUEUE_ROUTE_QUERY_MODE_ENUM, sizeof(mode), &mode) == ACL_SUCCESS &&
+                           acltdtSetQueueRouteQueryInfo(q, ACL_TDT_QUEUE_ROUTE_QUERY_SRC_ID_UINT32, sizeof(qa), &qa) == ACL_SUCCESS &&
+                           acltdtQueryQueueRoutes(q, found) == ACL_SUCCESS && acltdtGetQueueRouteNum(found) == 1 &&
+                           acltdtGetQueueRoute(found, 0, view) == ACL_SUCCESS &&
+                           acltdtGetQueueRouteParam(view, ACL_TDT_QUEUE_ROUTE_DST_UINT32, sizeof(dst), &ret, &dst) == ACL_SUCCESS &&
+                           dst == qb &&
+                           acltdtGetQueueRouteParam(view, ACL_TDT_QUEUE_ROUTE_STATUS_INT32, sizeof(status), &ret, &status) == ACL_SUCCESS &&
+                           status == ACL_TDT_QUEUE_ROUTE_BIND);
+    EXPECT("a queue with a bound route is not destroyed", acltdtDestroyQueue(qa) != ACL_SUCCESS);
+    EXPECT("unbind and destroy", acltdtUnbindQueueRoutes(list) == ACL_SUCCESS && acltdtDestroyQueue(qa) == ACL_SUCCESS &&
+                                 acltdtDestroyQueue(qb) == ACL_SUCCESS && acltdtDestroyQueue(qb) == ACL_ERROR_INVALID_QUEUE_ID);
+    acltdtBuf buf = NULL;
+    void *data = NULL;
+    size_t cap = 0;
+    uint32_t chain = 0;
+    EXPECT("buffers", acltdtAllocBuf(16, ACL_TDT_NORMAL_MEM, &buf) == ACL_SUCCESS &&
+                      acltdtGetBufData(buf, &data, &cap) == ACL_SUCCESS && cap == 16 &&
+                      acltdtSetBufDataLen(buf, 8) == ACL_SUCCESS && acltdtGetBufDataLen(buf, &len) == ACL_SUCCESS && len == 8 &&
+                      acltdtGetBufChainNum(buf, &chain) == ACL_SUCCESS && chain == 1 && acltdtFreeBuf(buf) == ACL_SUCCESS);
+    MUST(acltdtDestroyQueueRoute(r));
+    MUST(acltdtDestroyQueueRoute(view));
+    MUST(acltdtDestroyQueueRouteList(list));
+    MUST(acltdtDestroyQueueRouteList(found));
+    MUST(acltdtDestroyQueueRouteQueryInfo(q));
+}
+
 int main(void) {
     MUST(aclInit(NULL));
     errors_and_system();
@@ -293,6 +432,9 @@ int main(void) {
     streams_and_events();
     callbacks();
     allocator();
+    overflow();
+    profiling();
+    tdt();
     memset_and_peers();
     MUST(aclrtResetDeviceForce(0));
     MUST(aclFinalize());

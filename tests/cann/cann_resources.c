@@ -10,7 +10,9 @@
  *   stream config handle with priority 5;
  * events: made with flags (ACL_EVENT_TIME_LINE | ACL_EVENT_SYNC, ACL_EVENT_SYNC), recorded each step;
  * callbacks: a host function on sA and a blocking report callback on sB, run by the thread
- *   subscribed to sB; an external allocator registered on sA.
+ *   subscribed to sB; an external allocator registered on sA;
+ * tdt: a channel and a routed pair of queues, each holding the previous step's item while a step
+ *   sleeps.
  *
  * Each step queues work and callbacks on both streams, sleeps SLEEP_MS with them queued (where a
  * checkpoint lands), then synchronizes and prints one line of what it saw: handles, settings and
@@ -18,6 +20,8 @@
  * one. A failing call prints the call and its aclError and exits 3.
  */
 #include <acl/acl.h>
+#include <acl/acl_tdt.h>
+#include <acl/acl_tdt_queue.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -104,6 +108,20 @@ int main(int argc, char **argv) {
     unsigned char *host;
     CHECK(aclrtMallocHost((void **)&host, N));
 
+    acltdtChannelHandle *chan = acltdtCreateChannelWithCapacity(0, "cann_resources", 4);
+    if (chan == NULL) CHECK(aclrtGetLastError(ACL_RT_THREAD_LEVEL));
+    acltdtQueueAttr *qattr = acltdtCreateQueueAttr();
+    uint32_t depth = 4, q_src, q_dst;
+    CHECK(acltdtSetQueueAttr(qattr, ACL_TDT_QUEUE_DEPTH_UINT32, sizeof(depth), &depth));
+    CHECK(acltdtCreateQueue(qattr, &q_src));
+    CHECK(acltdtCreateQueue(qattr, &q_dst));
+    CHECK(acltdtDestroyQueueAttr(qattr));
+    acltdtQueueRoute *route = acltdtCreateQueueRoute(q_src, q_dst);
+    acltdtQueueRouteList *routes = acltdtCreateQueueRouteList();
+    CHECK(acltdtAddQueueRoute(routes, route));
+    CHECK(acltdtBindQueueRoutes(routes));
+    uint64_t tdt_digest = 1469598103934665603ULL;
+
     printf("ready pid %d\n", getpid());
     fflush(stdout);
     for (int i = 0; i < steps; i++) {
@@ -115,6 +133,16 @@ int main(int argc, char **argv) {
         CHECK(aclrtLaunchCallback(report_cb, &step_arg[i], ACL_CALLBACK_BLOCK, sB));
         CHECK(aclrtMemcpyAsync(host, N, dev, N, ACL_MEMCPY_DEVICE_TO_HOST, sB));
         CHECK(aclrtRecordEvent(evB, sB));
+        float sent[2] = {(float)i, (float)(i * 2)};
+        int64_t dims[1] = {2};
+        acltdtDataItem *item = acltdtCreateDataItem(ACL_TENSOR_DATA_TENSOR, dims, 1, ACL_FLOAT, sent, sizeof(sent));
+        acltdtDataset *out_set = acltdtCreateDataset();
+        CHECK(acltdtAddDataItem(out_set, item));
+        CHECK(acltdtSendTensor(chan, out_set, 1000));  /* copied into the channel */
+        CHECK(acltdtDestroyDataItem(item));
+        CHECK(acltdtDestroyDataset(out_set));
+        uint64_t word = 0x5151000000000000ULL + (uint64_t)i;
+        CHECK(acltdtEnqueueData(q_src, &word, sizeof(word), NULL, 0, 1000, 0));  /* routed to q_dst */
         usleep((useconds_t)sleep_ms * 1000);  /* work and callbacks queued: a checkpoint lands here */
         CHECK(aclrtSynchronizeStream(sA));
         CHECK(aclrtSynchronizeEvent(evB));
@@ -143,13 +171,34 @@ int main(int argc, char **argv) {
                       aclGetRecentErrMsg() != NULL;
         int device = -1;
         CHECK(aclrtGetDevice(&device));
+        if (i > 0) {  /* the previous step's item waited in the channel and the queue */
+            acltdtDataset *in_set = acltdtCreateDataset();
+            CHECK(acltdtReceiveTensor(chan, in_set, 1000));
+            float *got = (float *)acltdtGetDataAddrFromItem(acltdtGetDataItem(in_set, 0));
+            mix(&tdt_digest, (uint64_t)got[0] * 3 + (uint64_t)got[1]);
+            CHECK(acltdtDestroyDataset(in_set));
+            uint64_t back = 0;
+            size_t got_size = 0;
+            CHECK(acltdtDequeueData(q_dst, &back, sizeof(back), &got_size, NULL, 0, 1000));
+            mix(&tdt_digest, back ^ got_size);
+        }
+        size_t in_channel = 0;
+        CHECK(acltdtQueryChannelSize(chan, &in_channel));
         printf("step %d ctx=%d default_stream=%d prio=%u/%u flags=%u/%u ids=%d events=%d/%d allocator=%d "
-               "errors=%d device=%d data=%02x host=%016llx report=%016llx in_ctx=%d\n",
+               "errors=%d device=%d data=%02x host=%016llx report=%016llx in_ctx=%d tdt=%zu/%016llx\n",
                i, cur == ctx_default, def != NULL, pa, pb, fa, fb, ia == id_a && ib == id_b,
                st_a, st_b, obj == &allocator_obj, refused, device, host[N - 1],
-               (unsigned long long)host_digest, (unsigned long long)report_digest, report_in_made_ctx);
+               (unsigned long long)host_digest, (unsigned long long)report_digest, report_in_made_ctx,
+               in_channel, (unsigned long long)tdt_digest);
         fflush(stdout);
     }
+    CHECK(acltdtUnbindQueueRoutes(routes));
+    CHECK(acltdtDestroyQueueRouteList(routes));
+    CHECK(acltdtDestroyQueueRoute(route));
+    CHECK(acltdtDestroyQueue(q_src));
+    CHECK(acltdtDestroyQueue(q_dst));
+    CHECK(acltdtStopChannel(chan));
+    CHECK(acltdtDestroyChannel(chan));
     report_loop = 0;
     pthread_join(reporter, NULL);
     CHECK(aclrtUnSubscribeReport((uint64_t)reporter, sB));

@@ -1,7 +1,8 @@
 """Every resource kind of the CANN runtime surface live across a real checkpoint
 (tests/cann/cann_resources.c): a created context current in a subscribed report thread, streams
 with priority, flags and a failure mode, events made with flags, host functions and report
-callbacks queued on the streams, an external allocator. Checkpoint mid-run, kill, restart the
+callbacks queued on the streams, an external allocator, a tdt channel and routed queues holding
+items. Checkpoint mid-run, kill, restart the
 daemon, restore: the output equals an uninterrupted run's, and `npusnap inspect` lists each kind."""
 
 from __future__ import annotations
@@ -40,15 +41,18 @@ def test_cann_resources_survive_checkpoint_daemon_restart_restore(npusim_daemon,
         # default + created context; default streams of both, sA, sB; evA, evB; a subscription.
         assert resources["contexts"] == 2 and resources["streams"] == 4 and resources["events"] == 2, resources
         assert resources["callbacks"] >= 1 and resources["memory"] == 1, resources
+        assert resources["tdt_channels"] == 1 and resources["tdt_queues"] == 2, resources
         assert w.proc.wait(timeout=10) == -signal.SIGKILL and not pid_alive(w.pid)
         at_checkpoint = strip_ready(w.lines())
         assert AT < len(at_checkpoint) < STEPS and at_checkpoint == expected[: len(at_checkpoint)]
 
-        shown = npusnap("inspect", ck, env=env)
+        shown = npusnap("inspect", ck, "--json", env=env)
         assert shown.returncode == 0, shown.stderr
-        line = next(x for x in shown.stdout.splitlines() if "resources:" in x)
-        for kind in ("memory", "contexts", "streams", "events", "callbacks"):
-            assert kind in line, line
+        assert json.loads(shown.stdout)["device"]["resources"] == resources
+        tree = " ".join(npusnap("inspect", ck, env={**env, "COLUMNS": "200"}).stdout.split())
+        listed = tree[tree.index("resources:"):]
+        for kind in ("memory", "contexts", "streams", "events", "callbacks", "tdt_channels", "tdt_queues"):
+            assert f"{kind} {resources[kind]}" in listed, listed
 
         npusim_daemon.restart()
         rs = npusnap("restore", ck, env=env, timeout=120)

@@ -20,6 +20,9 @@ enum acltdtTensorType {
     ACL_TENSOR_DATA_SLICE_TENSOR,
     ACL_TENSOR_DATA_END_TENSOR
 };
+#ifndef __cplusplus
+typedef enum acltdtTensorType acltdtTensorType; /* CANN's header is C++-only here; C needs the name */
+#endif
 
 typedef struct acltdtDataItem acltdtDataItem;
 typedef struct acltdtDataset acltdtDataset;
