@@ -110,8 +110,8 @@ def needs_kernel(sample: Path) -> bool:
 def tail(text: str, n: int = 1) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # A compiler's or linker's own line says most; make's "Error 2" says nothing.
-    for pattern in (r"error:|undefined reference", r"\[(ERROR|FAILURE)\]|FAIL", r"error|\bfailed\b"):
-        found = [line for line in lines if re.search(pattern, line, re.I) and not line.startswith(("gmake", "make"))]
+    for pattern in (r"error:|undefined reference|No rule to make target", r"\[(ERROR|FAILURE)\]|FAIL", r"error|\bfailed\b"):
+        found = [line for line in lines if re.search(pattern, line, re.I) and not re.match(r"g?make(\[\d+\])?: \*\*\* \[", line)]
         if found:
             return " | ".join(found[:n])[:200]
     return " | ".join(lines[-n:])[:200]
@@ -163,7 +163,8 @@ def summary(results: list[Result]) -> dict[str, object]:
     kernel = [r for r in results if r.needs_kernel]
     return {
         "samples": len(results),
-        "no_kernel": {"total": len(plain), "built": sum(r.built for r in plain), "ran_ok": sum(r.ran_ok for r in plain)},
+        "no_kernel": {"total": len(plain), "built": sum(r.built for r in plain),
+                      "ran_ok": sum(r.ran_ok for r in plain)},
         "kernel": {"total": len(kernel), "host_compiles": sum(bool(r.host_compiles) for r in kernel),
                    "built": sum(r.built for r in kernel), "ran_ok": sum(r.ran_ok for r in kernel)},
     }

@@ -68,8 +68,7 @@ aclError aclrtAllocatorSetGetAddrFromBlockFuncToDesc(aclrtAllocatorDesc allocato
 aclError aclrtAllocatorRegister(aclrtStream stream, aclrtAllocatorDesc allocatorDesc) {
   if (allocatorDesc == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtAllocatorRegister: allocatorDesc is NULL");
   StreamObj *s = nullptr;
-  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS)
-    return note_error(rc, "aclrtAllocatorRegister: " + recent_error());
+  if (aclError rc = stream_for(stream, &s, "aclrtAllocatorRegister"); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(mu);
   const Desc &d = *desc_of(allocatorDesc);
   // CANN wants the object and the alloc, free and get-address functions; advise is optional.
@@ -84,8 +83,7 @@ aclError aclrtAllocatorGetByStream(aclrtStream stream, aclrtAllocatorDesc *alloc
                                    aclrtAllocatorAllocAdviseFunc *allocAdviseFunc,
                                    aclrtAllocatorGetAddrFromBlockFunc *getAddrFromBlockFunc) {
   StreamObj *s = nullptr;
-  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS)
-    return note_error(rc, "aclrtAllocatorGetByStream: " + recent_error());
+  if (aclError rc = stream_for(stream, &s, "aclrtAllocatorGetByStream"); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(mu);
   auto it = bound.find(s);
   if (it == bound.end()) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtAllocatorGetByStream: no allocator on this stream");
@@ -101,8 +99,7 @@ aclError aclrtAllocatorGetByStream(aclrtStream stream, aclrtAllocatorDesc *alloc
 
 aclError aclrtAllocatorUnregister(aclrtStream stream) {
   StreamObj *s = nullptr;
-  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS)
-    return note_error(rc, "aclrtAllocatorUnregister: " + recent_error());
+  if (aclError rc = stream_for(stream, &s, "aclrtAllocatorUnregister"); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(mu);
   if (bound.erase(s) == 0) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtAllocatorUnregister: no allocator on this stream");
   return ACL_SUCCESS;

@@ -148,8 +148,7 @@ aclError launch(aclrtStream stream, void (*fn)(void *), void *arg, bool blocking
   if (fn == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, std::string(api) + ": fn is NULL");
   CallScope scope;
   StreamObj *s = nullptr;
-  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS)
-    return note_error(rc, std::string(api) + ": " + recent_error());
+  if (aclError rc = stream_for(stream, &s, api); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(mu);
   if (via == Via::Report && subscriptions.count({Via::Report, s}) == 0)
     return note_error(ACL_ERROR_RT_STREAM_SUBSCRIBE,
@@ -175,8 +174,7 @@ aclError launch(aclrtStream stream, void (*fn)(void *), void *arg, bool blocking
 
 aclError subscribe(Via via, uint64_t thread, aclrtStream stream, const char *api) {
   StreamObj *s = nullptr;
-  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS)
-    return note_error(rc, std::string(api) + ": " + recent_error());
+  if (aclError rc = stream_for(stream, &s, api); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(mu);
   if (!subscriptions.emplace(std::make_pair(via, s), thread).second)
     return note_error(ACL_ERROR_REPEAT_SUBSCRIBE, std::string(api) + ": the stream is subscribed already");
@@ -185,8 +183,7 @@ aclError subscribe(Via via, uint64_t thread, aclrtStream stream, const char *api
 
 aclError unsubscribe(Via via, uint64_t thread, aclrtStream stream, const char *api) {
   StreamObj *s = nullptr;
-  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS)
-    return note_error(rc, std::string(api) + ": " + recent_error());
+  if (aclError rc = stream_for(stream, &s, api); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(mu);
   auto it = subscriptions.find({via, s});
   if (it == subscriptions.end() || it->second != thread)

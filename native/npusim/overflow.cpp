@@ -15,12 +15,6 @@ std::map<int32_t, aclrtFloatOverflowMode> &sat_modes() {
   return *m;
 }
 
-aclError stream_of(aclrtStream stream, StreamObj **s, const char *api) {
-  if (aclError rc = resolve_stream(stream, s); rc != ACL_SUCCESS)
-    return note_error(rc, std::string(api) + ": " + recent_error());
-  return ACL_SUCCESS;
-}
-
 }  // namespace
 
 extern "C" {
@@ -50,7 +44,7 @@ aclError aclrtGetDeviceSatMode(aclrtFloatOverflowMode *mode) {
 aclError aclrtSetStreamOverflowSwitch(aclrtStream stream, uint32_t flag) {
   if (flag > 1) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtSetStreamOverflowSwitch: flag must be 0 or 1");
   StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtSetStreamOverflowSwitch"); rc != ACL_SUCCESS) return rc;
+  if (aclError rc = stream_for(stream, &s, "aclrtSetStreamOverflowSwitch"); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(runtime().mu);
   s->overflow_switch = flag;
   return ACL_SUCCESS;
@@ -59,7 +53,7 @@ aclError aclrtSetStreamOverflowSwitch(aclrtStream stream, uint32_t flag) {
 aclError aclrtGetStreamOverflowSwitch(aclrtStream stream, uint32_t *flag) {
   if (flag == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtGetStreamOverflowSwitch: flag is NULL");
   StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtGetStreamOverflowSwitch"); rc != ACL_SUCCESS) return rc;
+  if (aclError rc = stream_for(stream, &s, "aclrtGetStreamOverflowSwitch"); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(runtime().mu);
   *flag = s->overflow_switch;
   return ACL_SUCCESS;
@@ -74,7 +68,7 @@ aclError aclrtGetOverflowStatus(void *outputAddr, size_t outputSize, aclrtStream
 
 aclError aclrtResetOverflowStatus(aclrtStream stream) {
   StreamObj *s = nullptr;
-  return stream_of(stream, &s, "aclrtResetOverflowStatus");  // nothing was flagged: nothing to clear
+  return stream_for(stream, &s, "aclrtResetOverflowStatus");  // nothing was flagged: nothing to clear
 }
 
 }  // extern "C"

@@ -120,6 +120,8 @@ aclError active_device(Runtime &r, int32_t *device);
 void set_thread_device(int32_t device);
 // Resolves a stream handle (NULL: the current device's default stream).
 int32_t resolve_stream(aclrtStream stream, StreamObj **out);
+// The same, with the failure noted as api's (stream_config.cpp).
+aclError stream_for(aclrtStream stream, StreamObj **out, const char *api);
 // True if device memory on a may be copied to/from b.
 bool peer_ok(int32_t a, int32_t b);
 // Sends task to run now (stream == nullptr) or queued on stream.

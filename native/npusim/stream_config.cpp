@@ -34,10 +34,14 @@ aclError create_configured(aclrtStream *stream, uint32_t priority, uint64_t flag
   return ACL_SUCCESS;
 }
 
-// A stream handle the application may query: NULL is the current context's default stream.
-aclError stream_of(aclrtStream stream, StreamObj **out, const char *api) {
-  if (aclError rc = resolve_stream(stream, out); rc != ACL_SUCCESS)
-    return note_error(rc, std::string(api) + ": " + recent_error());
+// Reads one setting of a stream (NULL: the current context's default stream).
+template <typename T, typename F>
+aclError stream_setting(aclrtStream stream, T *out, F field, const char *api) {
+  if (out == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, std::string(api) + ": output is NULL");
+  StreamObj *s = nullptr;
+  if (aclError rc = stream_for(stream, &s, api); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  *out = field(*s);
   return ACL_SUCCESS;
 }
 
@@ -83,6 +87,12 @@ aclError create_event(aclrtEvent *event, uint32_t flag, const char *api) {
 }
 
 }  // namespace
+
+aclError npusim::rt::stream_for(aclrtStream stream, StreamObj **out, const char *api) {
+  if (aclError rc = resolve_stream(stream, out); rc != ACL_SUCCESS)
+    return note_error(rc, std::string(api) + ": " + recent_error());
+  return ACL_SUCCESS;
+}
 
 extern "C" {
 
@@ -137,33 +147,20 @@ aclError aclrtCreateStreamV2(aclrtStream *stream, const aclrtStreamConfigHandle 
 }
 
 aclError aclrtStreamGetPriority(aclrtStream stream, uint32_t *priority) {
-  if (priority == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetPriority: priority is NULL");
-  StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtStreamGetPriority"); rc != ACL_SUCCESS) return rc;
-  std::lock_guard<std::mutex> g(runtime().mu);
-  *priority = s->priority;
-  return ACL_SUCCESS;
+  return stream_setting(stream, priority, [](StreamObj &s) { return s.priority; }, "aclrtStreamGetPriority");
 }
 
 aclError aclrtStreamGetFlags(aclrtStream stream, uint32_t *flags) {
-  if (flags == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetFlags: flags is NULL");
-  StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtStreamGetFlags"); rc != ACL_SUCCESS) return rc;
-  std::lock_guard<std::mutex> g(runtime().mu);
-  *flags = s->flags;
-  return ACL_SUCCESS;
+  return stream_setting(stream, flags, [](StreamObj &s) { return s.flags; }, "aclrtStreamGetFlags");
 }
 
 aclError aclrtStreamGetId(aclrtStream stream, int32_t *streamId) {
-  if (streamId == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetId: streamId is NULL");
-  StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtStreamGetId"); rc != ACL_SUCCESS) return rc;
   // The daemon's id changes on restore; the application sees one that does not.
   static std::atomic<int32_t> next_id{1};
-  std::lock_guard<std::mutex> g(runtime().mu);
-  if (s->public_id < 0) s->public_id = next_id++;
-  *streamId = s->public_id;
-  return ACL_SUCCESS;
+  return stream_setting(stream, streamId, [](StreamObj &s) {
+    if (s.public_id < 0) s.public_id = next_id++;
+    return s.public_id;
+  }, "aclrtStreamGetId");
 }
 
 aclError aclrtSetStreamFailureMode(aclrtStream stream, uint64_t mode) {
@@ -173,7 +170,7 @@ aclError aclrtSetStreamFailureMode(aclrtStream stream, uint64_t mode) {
     return note_error(ACL_ERROR_INVALID_PARAM, "aclrtSetStreamFailureMode: mode must be ACL_CONTINUE_ON_FAILURE or ACL_STOP_ON_FAILURE");
   CallScope scope;
   StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtSetStreamFailureMode"); rc != ACL_SUCCESS) return rc;
+  if (aclError rc = stream_for(stream, &s, "aclrtSetStreamFailureMode"); rc != ACL_SUCCESS) return rc;
   if (s->is_default)
     return note_error(ACL_ERROR_INVALID_PARAM, "aclrtSetStreamFailureMode: not on the default stream");
   proto::Request rq = wire::request(proto::Op::StreamFailureMode);
@@ -189,7 +186,7 @@ aclError aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus *status) {
   if (status == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtStreamQuery: status is NULL");
   CallScope scope;
   StreamObj *s = nullptr;
-  if (aclError rc = stream_of(stream, &s, "aclrtStreamQuery"); rc != ACL_SUCCESS) return rc;
+  if (aclError rc = stream_for(stream, &s, "aclrtStreamQuery"); rc != ACL_SUCCESS) return rc;
   // Records a private event and asks whether the stream has reached it.
   proto::Reply rp{};
   if (int32_t rc = runtime().pool.call(wire::request(proto::Op::EventCreate), &rp); rc != ACL_SUCCESS) return rc;
