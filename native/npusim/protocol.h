@@ -61,6 +61,10 @@ enum class TaskKind : uint32_t {
   RecordEvent,       // event
   WaitEvent,         // event, target
   HostMemset,        // dst host (client memory), size bytes of (uint8_t)value: aclrtMemsetAsync on host memory
+  // cann-surface: built-in tasks.
+  ValueWrite,        // dst device: the 8 bytes there become target
+  ValueWait,         // dst device: the stream stalls until the 8 bytes there meet target by value (ACL_STREAM_WAIT_VALUE_*)
+  Reduce,            // dst, src device, size bytes: dst[i] = dst[i] (m: aclrtReduceKind) src[i], elements of aclDataType n
 };
 
 struct Task {

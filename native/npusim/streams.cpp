@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "acl/acl_base.h"
+#include "builtin_tasks.h"
 #include "device_state.h"
 
 namespace npusim::streams {
@@ -18,6 +19,7 @@ uint64_t now_ns() {
 }
 
 bool head_ready(Session &s, const Work &w) {
+  if (w.task.kind == proto::TaskKind::ValueWait) return builtin::value_met(w);
   if (w.task.kind != proto::TaskKind::WaitEvent) return true;
   auto it = s.events.find(w.task.event);
   return it == s.events.end() || it->second.completed >= w.task.target;
@@ -26,7 +28,14 @@ bool head_ready(Session &s, const Work &w) {
 void worker(Session *s, std::shared_ptr<Stream> st) {
   std::unique_lock<std::mutex> l(s->mu);
   for (;;) {
-    s->cv.wait(l, [&] { return st->cancel || (!st->queue.empty() && head_ready(*s, st->queue.front())); });
+    while (!st->cancel && (st->queue.empty() || !head_ready(*s, st->queue.front()))) {
+      // A value wait is met by any write to device memory, and not every write wakes the stream
+      // workers (a synchronous copy does not): look again every millisecond.
+      if (!st->queue.empty() && st->queue.front().task.kind == proto::TaskKind::ValueWait)
+        s->cv.wait_for(l, std::chrono::milliseconds(1));
+      else
+        s->cv.wait(l);
+    }
     if (st->cancel) return;
     Work w = std::move(st->queue.front());
     st->queue.pop_front();

@@ -291,6 +291,55 @@ static void memset_and_peers(void) {
     EXPECT("disable 0->1 twice fails", aclrtDeviceDisablePeerAccess(1) == ACL_ERROR_INVALID_PARAM);
 }
 
+static void builtin_tasks(void) {
+    aclrtStream waiter = NULL, writer = NULL;
+    MUST(aclrtCreateStream(&waiter));
+    MUST(aclrtCreateStream(&writer));
+    uint64_t *flag = NULL, got = 0;
+    MUST(aclrtMalloc((void **)&flag, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    MUST(aclrtMemset(flag, 64, 0, 64));
+    EXPECT("value wait: unknown mode", aclrtValueWait(flag, 1, 9, waiter) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("value write: flag must be 0", aclrtValueWrite(flag, 1, 1, writer) == ACL_ERROR_INVALID_PARAM);
+    /* The waiter's copy of the flag runs only after the writer's value arrived. */
+    float *vals = NULL;
+    MUST(aclrtMalloc((void **)&vals, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    MUST(aclrtMemset(vals, 64, 0, 64));
+    MUST(aclrtValueWait(flag, 7, ACL_STREAM_WAIT_VALUE_EQ, waiter));
+    MUST(aclrtMemcpyAsync(vals, 8, flag, 8, ACL_MEMCPY_DEVICE_TO_DEVICE, waiter));
+    MUST(aclrtValueWrite(flag, 7, 0, writer));
+    MUST(aclrtSynchronizeStream(writer));
+    MUST(aclrtSynchronizeStream(waiter));
+    MUST(aclrtMemcpy(&got, 8, vals, 8, ACL_MEMCPY_DEVICE_TO_HOST));
+    EXPECT("value wait waits for the write", got == 7);
+    MUST(aclrtValueWait(flag, 4, ACL_STREAM_WAIT_VALUE_GEQ, waiter));
+    MUST(aclrtValueWait(flag, 2, ACL_STREAM_WAIT_VALUE_AND, waiter));
+    EXPECT("value wait: GEQ and AND met at once", aclrtSynchronizeStream(waiter) == ACL_SUCCESS);
+
+    float a[4] = {1, 2, 3, 4}, b[4] = {4, 3, 2, 1}, out[4];
+    MUST(aclrtMemcpy(vals, 16, a, 16, ACL_MEMCPY_HOST_TO_DEVICE));
+    MUST(aclrtMemcpy(vals + 4, 16, b, 16, ACL_MEMCPY_HOST_TO_DEVICE));
+    EXPECT("reduce: count must be whole elements", aclrtReduceAsync(vals, vals + 4, 6, ACL_RT_MEMCPY_SDMA_AUTOMATIC_SUM, ACL_FLOAT, writer, NULL) == ACL_ERROR_INVALID_PARAM);
+    MUST(aclrtReduceAsync(vals, vals + 4, 16, ACL_RT_MEMCPY_SDMA_AUTOMATIC_MAX, ACL_FLOAT, writer, NULL));
+    MUST(aclrtSynchronizeStream(writer));
+    MUST(aclrtMemcpy(out, 16, vals, 16, ACL_MEMCPY_DEVICE_TO_HOST));
+    EXPECT("reduce max", out[0] == 4 && out[1] == 3 && out[2] == 3 && out[3] == 4);
+    MUST(aclrtReduceAsync(vals, vals + 4, 16, ACL_RT_MEMCPY_SDMA_AUTOMATIC_SUM, ACL_FLOAT, writer, NULL));
+    MUST(aclrtSynchronizeStream(writer));
+    MUST(aclrtMemcpy(out, 16, vals, 16, ACL_MEMCPY_DEVICE_TO_HOST));
+    EXPECT("reduce sum", out[0] == 8 && out[1] == 6 && out[2] == 5 && out[3] == 5);
+    aclFloat16 h[2] = {aclFloatToFloat16(1.5f), aclFloatToFloat16(-2.0f)}, h2[2] = {aclFloatToFloat16(0.25f), aclFloatToFloat16(-3.0f)};
+    MUST(aclrtMemcpy(vals, 4, h, 4, ACL_MEMCPY_HOST_TO_DEVICE));
+    MUST(aclrtMemcpy(vals + 4, 4, h2, 4, ACL_MEMCPY_HOST_TO_DEVICE));
+    MUST(aclrtReduceAsync(vals, vals + 4, 4, ACL_RT_MEMCPY_SDMA_AUTOMATIC_MIN, ACL_FLOAT16, writer, NULL));
+    MUST(aclrtSynchronizeStream(writer));
+    MUST(aclrtMemcpy(h, 4, vals, 4, ACL_MEMCPY_DEVICE_TO_HOST));
+    EXPECT("reduce min in fp16", aclFloat16ToFloat(h[0]) == 0.25f && aclFloat16ToFloat(h[1]) == -3.0f);
+    MUST(aclrtFree(flag));
+    MUST(aclrtFree(vals));
+    MUST(aclrtDestroyStream(waiter));
+    MUST(aclrtDestroyStream(writer));
+}
+
 static void overflow(void) {
     aclrtFloatOverflowMode mode = ACL_RT_OVERFLOW_MODE_UNDEF;
     EXPECT("saturation mode by default", aclrtGetDeviceSatMode(&mode) == ACL_SUCCESS && mode == ACL_RT_OVERFLOW_MODE_SATURATION);
@@ -432,6 +481,7 @@ int main(void) {
     streams_and_events();
     callbacks();
     allocator();
+    builtin_tasks();
     overflow();
     profiling();
     tdt();

@@ -160,6 +160,11 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotCallbackUnregister(aclrtSnapShotStage 
 #define ACL_STREAM_CPU_SCHEDULE 0x00000010U
 #define ACL_STREAM_DEVICE_USE_ONLY 0x00000020U
 
+#define ACL_STREAM_WAIT_VALUE_GEQ 0x00000000U
+#define ACL_STREAM_WAIT_VALUE_EQ 0x00000001U
+#define ACL_STREAM_WAIT_VALUE_AND 0x00000002U
+#define ACL_STREAM_WAIT_VALUE_NOR 0x00000003U
+
 #define ACL_CONTINUE_ON_FAILURE 0x00000000U
 #define ACL_STOP_ON_FAILURE 0x00000001U
 
@@ -329,6 +334,13 @@ typedef enum {
 } aclrtDevFeatureType;
 
 typedef enum {
+    ACL_RT_MEMCPY_SDMA_AUTOMATIC_SUM = 10,
+    ACL_RT_MEMCPY_SDMA_AUTOMATIC_MAX = 11,
+    ACL_RT_MEMCPY_SDMA_AUTOMATIC_MIN = 12,
+    ACL_RT_MEMCPY_SDMA_AUTOMATIC_EQUAL = 13,
+} aclrtReduceKind;
+
+typedef enum {
     ACL_RT_DEV_RES_CUBE_CORE = 0,
     ACL_RT_DEV_RES_VECTOR_CORE,
 } aclrtDevResLimitType;
@@ -410,6 +422,15 @@ ACL_FUNC_VISIBILITY aclError aclrtResetOverflowStatus(aclrtStream stream);
 ACL_FUNC_VISIBILITY aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t* value);
 ACL_FUNC_VISIBILITY aclError aclrtGetDeviceCapability(
     int32_t deviceId, aclrtDevFeatureType devFeatureType, int32_t* value);
+/* Built-in tasks. ValueWrite: the 8 bytes at devAddr become value (flag 0). ValueWait: the
+ * stream waits until they meet value (ACL_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR). ReduceAsync:
+ * dst[i] = dst[i] (kind) src[i] over count bytes of type (8/16/32-bit integers, fp16, bf16, float);
+ * EQUAL stores 1 where equal, else 0. */
+ACL_FUNC_VISIBILITY aclError aclrtValueWrite(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtReduceAsync(
+    void* dst, const void* src, uint64_t count, aclrtReduceKind kind, aclDataType type, aclrtStream stream,
+    void* reserve);
 ACL_FUNC_VISIBILITY aclError aclrtCtxGetCurrentDefaultStream(aclrtStream* stream);
 ACL_FUNC_VISIBILITY aclError aclrtGetResInCurrentThread(aclrtDevResLimitType type, uint32_t* value);
 ACL_DEPRECATED_MESSAGE("aclrtGetVersion is deprecated, use aclSysGetVersion instead")
