@@ -1,5 +1,8 @@
 // Built-in stream tasks, client side: aclrtValueWrite / aclrtValueWait and aclrtReduceAsync queue
 // daemon tasks (builtin_tasks.cpp) in stream order.
+#include <algorithm>
+#include <cstring>
+
 #include "runtime.h"
 
 using namespace npusim;
@@ -57,6 +60,48 @@ aclError aclrtReduceAsync(void *dst, const void *src, uint64_t count, aclrtReduc
   t.m = static_cast<uint64_t>(kind);
   t.n = static_cast<uint64_t>(type);
   return count == 0 ? ACL_SUCCESS : queue_task(t, stream, "aclrtReduceAsync");
+}
+
+aclError aclrtRandomNumAsync(const aclrtRandomNumTaskInfo *taskInfo, const aclrtStream stream, void *reserve) {
+  if (taskInfo == nullptr || reserve != nullptr || taskInfo->randomResultAddr == nullptr ||
+      taskInfo->randomCounterAddr == nullptr)
+    return note_error(ACL_ERROR_INVALID_PARAM, "aclrtRandomNumAsync: NULL task info, result or counter, or reserve not NULL");
+  const aclrtRandomNumFuncParaInfo &f = taskInfo->randomNumFuncParaInfo;
+  // The parameters this function reads: a dropout ratio, or two of the distribution.
+  const aclrtRandomParaInfo *params[2] = {nullptr, nullptr};
+  switch (f.funcType) {
+    case ACL_RT_RANDOM_NUM_FUNC_TYPE_DROPOUT_BITMASK: params[0] = &f.paramInfo.dropoutBitmaskInfo.dropoutRation; break;
+    case ACL_RT_RANDOM_NUM_FUNC_TYPE_UNIFORM_DIS:
+      params[0] = &f.paramInfo.uniformDisInfo.min;
+      params[1] = &f.paramInfo.uniformDisInfo.max;
+      break;
+    case ACL_RT_RANDOM_NUM_FUNC_TYPE_NORMAL_DIS:
+    case ACL_RT_RANDOM_NUM_FUNC_TYPE_TRUNCATED_NORMAL_DIS:
+      params[0] = &f.paramInfo.normalDisInfo.mean;
+      params[1] = &f.paramInfo.normalDisInfo.stddev;
+      break;
+    default: return note_error(ACL_ERROR_INVALID_PARAM, "aclrtRandomNumAsync: unknown function type");
+  }
+  for (const aclrtRandomParaInfo *p : {params[0], params[1], &taskInfo->randomSeed, &taskInfo->randomNum})
+    if (p != nullptr && p->isAddr != 0)
+      return note_error(ACL_ERROR_FEATURE_UNSUPPORTED, "aclrtRandomNumAsync: npusim takes parameters by value (isAddr 0)");
+  proto::Task t{};
+  t.kind = proto::TaskKind::RandomNum;
+  t.dst = reinterpret_cast<uint64_t>(taskInfo->randomResultAddr);
+  t.src = reinterpret_cast<uint64_t>(taskInfo->randomCounterAddr);
+  std::memcpy(&t.src2, taskInfo->randomSeed.valueOrAddr, sizeof(t.src2));
+  std::memcpy(&t.size, taskInfo->randomNum.valueOrAddr, sizeof(t.size));
+  t.m = static_cast<uint64_t>(taskInfo->dataType);
+  t.n = static_cast<uint64_t>(f.funcType);
+  // A parameter's bytes, as many as its type has (the rest of valueOrAddr may be anything).
+  auto bits = [&](const aclrtRandomParaInfo *p) {
+    uint64_t v = 0;
+    if (p != nullptr) std::memcpy(&v, p->valueOrAddr, std::min<size_t>(std::max<size_t>(aclDataTypeSize(taskInfo->dataType), 1), 8));
+    return v;
+  };
+  t.k = bits(params[0]);
+  t.target = bits(params[1]);
+  return queue_task(t, stream, "aclrtRandomNumAsync");
 }
 
 }  // extern "C"

@@ -87,16 +87,121 @@ void reduce_16(uint64_t kind, char *dst, const char *src, uint64_t n) {
   }
 }
 
-size_t element_size(uint64_t type) {
+// Bytes per element of the types the built-in tasks take (0 for any other).
+uint64_t type_size(uint64_t type) {
   switch (type) {
     case ACL_INT8: case ACL_UINT8: return 1;
     case ACL_INT16: case ACL_UINT16: case ACL_FLOAT16: case ACL_BF16: return 2;
     case ACL_INT32: case ACL_UINT32: case ACL_FLOAT: return 4;
+    case ACL_INT64: case ACL_UINT64: return 8;
     default: return 0;
   }
 }
 
+// Reductions take elements of at most 32 bits.
+size_t element_size(uint64_t type) { return type == ACL_INT64 || type == ACL_UINT64 ? 0 : type_size(type); }
+
+// Random numbers: number i of a stream with a given seed is a hash of (seed, counter + i), so a
+// task's results depend only on its seed and the counter, which advances by the numbers drawn.
+enum : uint64_t { kDropout = 0, kUniform = 1, kNormal = 2, kTruncatedNormal = 3 };
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+double unit(uint64_t seed, uint64_t n, uint64_t salt) {  // in [0, 1)
+  return static_cast<double>(mix64(seed ^ mix64(n * 2 + salt)) >> 11) * 0x1.0p-53;
+}
+
+// A parameter's value: its bytes hold a number of the task's data type.
+double param(uint64_t bits, uint64_t type) {
+  switch (type) {
+    case ACL_FLOAT: { float f; std::memcpy(&f, &bits, 4); return f; }
+    case ACL_FLOAT16: return half_to_float(static_cast<uint16_t>(bits));
+    case ACL_BF16: return bf16_to_float(static_cast<uint16_t>(bits));
+    case ACL_INT32: return static_cast<int32_t>(bits);
+    case ACL_UINT32: return static_cast<uint32_t>(bits);
+    case ACL_INT64: return static_cast<double>(static_cast<int64_t>(bits));
+    default: return static_cast<double>(bits);  // ACL_UINT64
+  }
+}
+
+void store(char *dst, uint64_t i, uint64_t type, double v) {
+  switch (type) {
+    case ACL_FLOAT: { float f = static_cast<float>(v); std::memcpy(dst + 4 * i, &f, 4); break; }
+    case ACL_FLOAT16: { uint16_t h = float_to_half(static_cast<float>(v)); std::memcpy(dst + 2 * i, &h, 2); break; }
+    case ACL_BF16: { uint16_t b = float_to_bf16(static_cast<float>(v)); std::memcpy(dst + 2 * i, &b, 2); break; }
+    default: break;
+  }
+}
+
+// A uniformly drawn integer of [lo, hi) (lo when the range is empty).
+template <typename T>
+void store_int(char *dst, uint64_t i, uint64_t bits_lo, uint64_t bits_hi, uint64_t r) {
+  T lo, hi;
+  std::memcpy(&lo, &bits_lo, sizeof(T));
+  std::memcpy(&hi, &bits_hi, sizeof(T));
+  const uint64_t span = hi > lo ? static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) : 0;
+  T v = span ? static_cast<T>(static_cast<uint64_t>(lo) + r % span) : lo;
+  std::memcpy(dst + sizeof(T) * i, &v, sizeof(T));
+}
+
+void random_run(Work &w) {
+  const proto::Task &t = w.task;
+  char *counter_at = const_cast<char *>(w.src);
+  uint64_t counter;
+  std::memcpy(&counter, counter_at, sizeof(counter));
+  const uint64_t seed = t.src2, type = t.m, func = t.n;
+  if (func == kDropout) {  // bit i set: element i is kept (with probability 1 - ratio)
+    const double ratio = param(t.k, type);
+    std::memset(w.dst, 0, (t.size + 7) / 8);
+    for (uint64_t i = 0; i < t.size; ++i)
+      if (unit(seed, counter + i, 0) >= ratio) w.dst[i / 8] = static_cast<char>(w.dst[i / 8] | (1 << (i % 8)));
+  } else if (func == kUniform && (type == ACL_INT32 || type == ACL_UINT32 || type == ACL_INT64 || type == ACL_UINT64)) {
+    for (uint64_t i = 0; i < t.size; ++i) {
+      const uint64_t r = mix64(seed ^ mix64(counter + i));
+      if (type == ACL_INT32) store_int<int32_t>(w.dst, i, t.k, t.target, r);
+      else if (type == ACL_UINT32) store_int<uint32_t>(w.dst, i, t.k, t.target, r);
+      else if (type == ACL_INT64) store_int<int64_t>(w.dst, i, t.k, t.target, r);
+      else store_int<uint64_t>(w.dst, i, t.k, t.target, r);
+    }
+  } else if (func == kUniform) {
+    const double lo = param(t.k, type), hi = param(t.target, type);
+    for (uint64_t i = 0; i < t.size; ++i) store(w.dst, i, type, lo + (hi - lo) * unit(seed, counter + i, 0));
+  } else {  // normal: Box-Muller; truncated: redrawn until within two standard deviations
+    const double mean = param(t.k, type), stddev = param(t.target, type);
+    for (uint64_t i = 0; i < t.size; ++i) {
+      double z = 0;
+      for (uint64_t attempt = 0; attempt < 64; ++attempt) {
+        const double u1 = 1.0 - unit(seed, counter + i, 2 * attempt + 1), u2 = unit(seed, counter + i, 2 * attempt + 2);
+        z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+        if (func != kTruncatedNormal || std::fabs(z) <= 2.0) break;
+      }
+      store(w.dst, i, type, mean + stddev * z);
+    }
+  }
+  counter += t.size;
+  std::memcpy(counter_at, &counter, sizeof(counter));
+}
+
 }  // namespace
+
+uint64_t random_bytes(const proto::Task &t) {
+  const uint64_t n = t.size;
+  if (n == 0 || n > (1ULL << 32)) return 0;
+  const bool floating = t.m == ACL_FLOAT || t.m == ACL_FLOAT16 || t.m == ACL_BF16;
+  switch (t.n) {
+    case kDropout: return floating ? (n + 7) / 8 : 0;
+    case kUniform: return floating || t.m == ACL_INT32 || t.m == ACL_UINT32 || t.m == ACL_INT64 || t.m == ACL_UINT64
+                              ? n * type_size(t.m) : 0;
+    case kNormal:
+    case kTruncatedNormal: return floating ? n * type_size(t.m) : 0;
+    default: return 0;
+  }
+}
 
 bool reduce_ok(const proto::Task &t) {
   const size_t es = element_size(t.n);
@@ -107,6 +212,10 @@ int32_t run(Work &w) {
   const proto::Task &t = w.task;
   if (t.kind == proto::TaskKind::ValueWrite) {
     std::memcpy(w.dst, &t.target, sizeof(t.target));
+    return ACL_SUCCESS;
+  }
+  if (t.kind == proto::TaskKind::RandomNum) {
+    random_run(w);
     return ACL_SUCCESS;
   }
   char *dst = w.dst;

@@ -235,6 +235,12 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
       dst_len = src_len = t.size;
       src_dev = true;
       break;
+    case TaskKind::RandomNum:
+      dst_len = builtin::random_bytes(t);
+      if (dst_len == 0) return ACL_ERROR_INVALID_PARAM;
+      src_len = builtin::kRandomCounterBytes;
+      src_dev = true;
+      break;
     default: return ACL_ERROR_INVALID_PARAM;
   }
   if (kernel && on_stream) {

@@ -100,7 +100,8 @@ int32_t run_work(Work &w) {
                       reinterpret_cast<const float *>(w.src2), reinterpret_cast<float *>(w.dst));
       return ACL_SUCCESS;
     case TaskKind::ValueWrite:
-    case TaskKind::Reduce: return builtin::run(w);
+    case TaskKind::Reduce:
+    case TaskKind::RandomNum: return builtin::run(w);
     default: return ACL_SUCCESS;  // events and value waits are handled by the stream worker
   }
 }

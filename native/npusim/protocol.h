@@ -65,6 +65,8 @@ enum class TaskKind : uint32_t {
   ValueWrite,        // dst device: the 8 bytes there become target
   ValueWait,         // dst device: the stream stalls until the 8 bytes there meet target by value (ACL_STREAM_WAIT_VALUE_*)
   Reduce,            // dst, src device, size bytes: dst[i] = dst[i] (m: aclrtReduceKind) src[i], elements of aclDataType n
+  RandomNum,         // dst results, src the 16-byte counter, size numbers of aclDataType m, n: aclrtRandomNumFuncType,
+                     // k and target: the two parameters' bytes (by value), src2: the seed
 };
 
 struct Task {
