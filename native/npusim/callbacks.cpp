@@ -47,6 +47,7 @@ struct Callback {
 };
 
 struct Channel {
+  uint64_t epoch = 0;                          // the aclInit its events belong to
   uint32_t reached_event = 0, done_event = 0;  // daemon ids, new after a restore
   uint64_t reached_records = 0;                // records of "reached" queued so far
   uint64_t reached_saved = 0, done_saved = 0;  // completed counts saved by Backup
@@ -128,16 +129,28 @@ void dispatcher(StreamObj *stream, Channel *ch) {
   }
 }
 
-// The stream's channel, made (events and dispatcher) on first use. With mu held.
-int32_t channel_of(StreamObj *s, Channel **out) {
+uint64_t current_epoch() {
+  std::lock_guard<std::mutex> g(runtime().mu);
+  return runtime().epoch;
+}
+
+// The stream's channel, made (events and dispatcher) on first use, its events made again after
+// aclFinalize and aclInit (epoch: current_epoch(), read before mu: runtime().mu comes first).
+// With mu held.
+int32_t channel_of(StreamObj *s, uint64_t epoch, Channel **out) {
+  auto make_events = [&](Channel &ch) {
+    ch.reached_records = 0;
+    ch.epoch = epoch;
+    int32_t rc = daemon_event_create(0, &ch.reached_event);
+    return rc != ACL_SUCCESS ? rc : daemon_event_create(0, &ch.done_event);
+  };
   auto it = channels.find(s);
   if (it != channels.end()) {
     *out = it->second.get();
-    return ACL_SUCCESS;
+    return it->second->epoch == epoch ? ACL_SUCCESS : make_events(*it->second);
   }
   auto ch = std::make_unique<Channel>();
-  if (int32_t rc = daemon_event_create(0, &ch->reached_event); rc != ACL_SUCCESS) return rc;
-  if (int32_t rc = daemon_event_create(0, &ch->done_event); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = make_events(*ch); rc != ACL_SUCCESS) return rc;
   *out = ch.get();
   std::thread(dispatcher, s, ch.get()).detach();  // lives as long as the process
   channels[s] = std::move(ch);
@@ -149,12 +162,13 @@ aclError launch(aclrtStream stream, void (*fn)(void *), void *arg, bool blocking
   CallScope scope;
   StreamObj *s = nullptr;
   if (aclError rc = stream_for(stream, &s, api); rc != ACL_SUCCESS) return rc;
+  const uint64_t epoch = current_epoch();
   std::lock_guard<std::mutex> g(mu);
   if (via == Via::Report && subscriptions.count({Via::Report, s}) == 0)
     return note_error(ACL_ERROR_RT_STREAM_SUBSCRIBE,
                       std::string(api) + ": no thread subscribed to this stream (aclrtSubscribeReport)");
   Channel *ch = nullptr;
-  if (int32_t rc = channel_of(s, &ch); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = channel_of(s, epoch, &ch); rc != ACL_SUCCESS) return rc;
   proto::Task reach{};
   reach.kind = proto::TaskKind::RecordEvent;
   reach.event = ch->reached_event;

@@ -161,6 +161,7 @@ aclError aclInit(const char *configPath) {
     return rc;
   }
   r.initialized = true;
+  ++r.epoch;
   start_ctl();  // by-pid checkpoint requests (ctl.cpp)
   return ACL_SUCCESS;
 }

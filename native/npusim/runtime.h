@@ -83,6 +83,7 @@ enum class State { Running, Locked, BackedUp };
 struct Runtime {
   std::mutex mu;  // guards every field below
   bool initialized = false;
+  uint64_t epoch = 0;  // bumped by each aclInit: what an earlier session left on the daemon is gone
   std::string socket_path;
   ConnPool pool;
   int32_t current_device = -1;  // process-wide; a thread's own aclrtSetDevice takes precedence

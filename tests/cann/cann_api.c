@@ -240,6 +240,24 @@ static void callbacks(void) {
     MUST(aclrtUnSubscribeReport((uint64_t)pthread_self(), s));
     MUST(aclrtFree(dev));
     MUST(aclrtDestroyStream(s));
+
+    /* A host function behind a wait that never fires, on a stream then destroyed: the snapshot
+     * cannot carry it, so Lock refuses, names it in the thread's recent error, and the process
+     * runs on. */
+    aclrtStream doomed = NULL;
+    aclrtEvent never = NULL;
+    MUST(aclrtCreateStream(&doomed));
+    MUST(aclrtCreateEvent(&never));
+    MUST(aclrtStreamWaitEvent(doomed, never));
+    MUST(aclrtLaunchHostFunc(doomed, record, (void *)(intptr_t)99));
+    MUST(aclrtDestroyStreamForce(doomed));
+    while (aclGetRecentErrMsg() != NULL) {}
+    EXPECT("lock refuses an unreachable callback", aclrtSnapShotProcessLock(getpid(), NULL) == ACL_ERROR_SNAPSHOT_LOCK_FAILED);
+    const char *why = aclGetRecentErrMsg();
+    EXPECT("... and says so", why != NULL && strstr(why, "callbacks") != NULL);
+    void *still = NULL;
+    EXPECT("the process runs on", aclrtMalloc(&still, 64, ACL_MEM_MALLOC_HUGE_FIRST) == ACL_SUCCESS && aclrtFree(still) == ACL_SUCCESS);
+    MUST(aclrtDestroyEvent(never));
 }
 
 static void *alloc_fn(aclrtAllocator a, size_t size) { (void)a; return malloc(size); }
