@@ -110,8 +110,10 @@ def needs_kernel(sample: Path) -> bool:
 def tail(text: str, n: int = 1) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # A compiler's or linker's own line says most; make's "Error 2" says nothing.
-    for pattern in (r"error:|undefined reference|No rule to make target", r"\[(ERROR|FAILURE)\]|FAIL", r"error|\bfailed\b"):
-        found = [line for line in lines if re.search(pattern, line, re.I) and not re.match(r"g?make(\[\d+\])?: \*\*\* \[", line)]
+    make_summary = re.compile(r"g?make(\[\d+\])?: \*\*\* \[")
+    patterns = (r"error:|undefined reference|No rule to make target", r"\[(ERROR|FAILURE)\]|FAIL", r"error|\bfailed\b")
+    for pattern in patterns:
+        found = [line for line in lines if re.search(pattern, line, re.I) and not make_summary.match(line)]
         if found:
             return " | ".join(found[:n])[:200]
     return " | ".join(lines[-n:])[:200]
