@@ -12,6 +12,7 @@
 #include <acl/acl_prof.h>
 #include <acl/acl_tdt.h>
 #include <acl/acl_tdt_queue.h>
+#include <securec.h>
 #include <sys/stat.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -533,6 +534,15 @@ static void tdt(void) {
     MUST(acltdtDestroyQueueRouteQueryInfo(q));
 }
 
+static void bounds_checked(void) {
+    char buf[8];
+    EXPECT("memset_s", memset_s(buf, sizeof(buf), 'x', 4) == EOK && buf[3] == 'x');
+    EXPECT("memcpy_s refuses a short destination", memcpy_s(buf, 4, "abcdefgh", 8) != EOK && buf[0] == 0);
+    EXPECT("strcpy_s", strcpy_s(buf, sizeof(buf), "abc") == EOK && strcmp(buf, "abc") == 0);
+    EXPECT("strcpy_s refuses a long source", strcpy_s(buf, sizeof(buf), "abcdefgh") != EOK && buf[0] == 0);
+    EXPECT("snprintf_s", snprintf_s(buf, sizeof(buf), sizeof(buf) - 1, "%d-%d", 1, 2) == 3 && strcmp(buf, "1-2") == 0);
+}
+
 int main(void) {
     MUST(aclInit(NULL));
     errors_and_system();
@@ -544,6 +554,7 @@ int main(void) {
     overflow();
     profiling();
     tdt();
+    bounds_checked();
     memset_and_peers();
     MUST(aclrtResetDeviceForce(0));
     MUST(aclFinalize());
