@@ -144,6 +144,8 @@ int32_t event_query(Session &s, uint32_t id, Event *out);
 int32_t event_sync(Session &s, uint32_t id, uint64_t target);
 int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure);
 int32_t event_signal(Session &s, uint32_t id);
+// Reads (set false: into *out) or sets (to value) the failure a stream's next synchronize reports.
+int32_t pending_error(Session &s, uint32_t id, bool set, uint64_t *out, uint64_t value);
 }  // namespace streams
 
 }  // namespace npusim

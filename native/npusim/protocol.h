@@ -48,6 +48,8 @@ enum class Op : uint32_t {
   // cann-surface: stream failure mode and host callbacks.
   StreamFailureMode,  // stream, flags: 1 = ACL_STOP_ON_FAILURE (a failed task drops the work queued behind it)
   EventSignal,        // event: complete one record now (a host callback has run)
+  StreamError,        // stream: flags 0 -> value[0] = the failure the next synchronize reports (kept);
+                      // flags 1: set it to value[0] (a restored stream)
 };
 
 enum class TaskKind : uint32_t {

@@ -55,6 +55,7 @@ struct StreamObj {
   uint64_t failure_mode = 0;  // ACL_CONTINUE_ON_FAILURE / ACL_STOP_ON_FAILURE
   int32_t public_id = -1;     // aclrtStreamGetId: stable across restores, unlike id
   uint32_t overflow_switch = 0;  // aclrtSetStreamOverflowSwitch
+  int32_t pending_error = 0;     // saved by Backup: the failure the next synchronize reports
 };
 
 struct EventObj {

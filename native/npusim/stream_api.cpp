@@ -201,6 +201,19 @@ std::vector<T *> snapshot_of(const std::set<T *> &live) {
   return std::vector<T *>(live.begin(), live.end());
 }
 
+// A failed async task is reported by the stream's next synchronize (and, with
+// ACL_STOP_ON_FAILURE, holds the stream until then): that pending failure goes with the stream.
+int32_t backup_streams(const SnapshotPass &) {
+  for (StreamObj *s : snapshot_of(runtime().streams)) {
+    proto::Request rq = wire::request(proto::Op::StreamError);
+    rq.stream = s->id;
+    proto::Reply rp{};
+    if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    s->pending_error = static_cast<int32_t>(rp.value[0]);
+  }
+  return ACL_SUCCESS;
+}
+
 int32_t restore_streams(const SnapshotPass &) {
   for (StreamObj *s : snapshot_of(runtime().streams)) {
     proto::Request rq = wire::request(proto::Op::StreamCreate);
@@ -213,6 +226,13 @@ int32_t restore_streams(const SnapshotPass &) {
       fm.stream = s->id;
       fm.flags = 1;
       if (runtime().pool.call(fm) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
+    if (s->pending_error != ACL_SUCCESS) {
+      proto::Request pe = wire::request(proto::Op::StreamError);
+      pe.stream = s->id;
+      pe.flags = 1;
+      pe.value[0] = static_cast<uint64_t>(static_cast<uint32_t>(s->pending_error));
+      if (runtime().pool.call(pe) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     }
   }
   return ACL_SUCCESS;
@@ -241,7 +261,7 @@ int32_t restore_events(const SnapshotPass &) {
   return ACL_SUCCESS;
 }
 
-const ResourceKind kStreams{"streams", 30, nullptr, nullptr, restore_streams, nullptr,
+const ResourceKind kStreams{"streams", 30, nullptr, backup_streams, restore_streams, nullptr,
                             [] { return runtime().streams.size(); }};
 const ResourceKind kEvents{"events", 40, nullptr, backup_events, restore_events, nullptr,
                            [] { return runtime().events.size(); }};

@@ -204,6 +204,15 @@ int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure) {
   return ACL_SUCCESS;
 }
 
+int32_t pending_error(Session &s, uint32_t id, bool set, uint64_t *out, uint64_t value) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  if (set) st->error = static_cast<int32_t>(value);
+  else *out = static_cast<uint64_t>(static_cast<uint32_t>(st->error));
+  return ACL_SUCCESS;
+}
+
 int32_t event_signal(Session &s, uint32_t id) {
   std::lock_guard<std::mutex> g(s.mu);
   auto it = s.events.find(id);

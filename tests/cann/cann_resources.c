@@ -126,6 +126,9 @@ int main(int argc, char **argv) {
     fflush(stdout);
     for (int i = 0; i < steps; i++) {
         step_arg[i] = i;
+        /* Odd steps: a copy that fails when sA runs it; ACL_STOP_ON_FAILURE drops the memset behind
+         * it, so the data shows whether the restored stream kept its failure mode. */
+        if (i % 2 == 1) CHECK(aclrtMemcpyAsync((void *)(uintptr_t)0x10000, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST, sA));
         CHECK(aclrtMemsetAsync(dev, N, i & 0xff, N, sA));
         CHECK(aclrtLaunchHostFunc(sA, host_func, &step_arg[i]));
         CHECK(aclrtRecordEvent(evA, sA));
@@ -144,7 +147,7 @@ int main(int argc, char **argv) {
         uint64_t word = 0x5151000000000000ULL + (uint64_t)i;
         CHECK(acltdtEnqueueData(q_src, &word, sizeof(word), NULL, 0, 1000, 0));  /* routed to q_dst */
         usleep((useconds_t)sleep_ms * 1000);  /* work and callbacks queued: a checkpoint lands here */
-        CHECK(aclrtSynchronizeStream(sA));
+        const int failed = aclrtSynchronizeStream(sA) != ACL_SUCCESS;
         CHECK(aclrtSynchronizeEvent(evB));
 
         aclrtContext cur = NULL;
@@ -185,9 +188,9 @@ int main(int argc, char **argv) {
         size_t in_channel = 0;
         CHECK(acltdtQueryChannelSize(chan, &in_channel));
         printf("step %d ctx=%d default_stream=%d prio=%u/%u flags=%u/%u ids=%d events=%d/%d allocator=%d "
-               "errors=%d device=%d data=%02x host=%016llx report=%016llx in_ctx=%d tdt=%zu/%016llx\n",
+               "errors=%d device=%d failed=%d data=%02x host=%016llx report=%016llx in_ctx=%d tdt=%zu/%016llx\n",
                i, cur == ctx_default, def != NULL, pa, pb, fa, fb, ia == id_a && ib == id_b,
-               st_a, st_b, obj == &allocator_obj, refused, device, host[N - 1],
+               st_a, st_b, obj == &allocator_obj, refused, device, failed, host[N - 1],
                (unsigned long long)host_digest, (unsigned long long)report_digest, report_in_made_ctx,
                in_channel, (unsigned long long)tdt_digest);
         fflush(stdout);

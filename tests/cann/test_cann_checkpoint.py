@@ -1,6 +1,7 @@
 """Every resource kind of the CANN runtime surface live across a real checkpoint
 (tests/cann/cann_resources.c): a created context current in a subscribed report thread, streams
-with priority, flags and a failure mode, events made with flags, host functions and report
+with priority, flags and a failure mode (odd steps queue a failing copy: ACL_STOP_ON_FAILURE drops
+the work behind it), events made with flags, host functions and report
 callbacks queued on the streams, an external allocator, a tdt channel and routed queues holding
 items. Checkpoint mid-run, kill, restart the
 daemon, restore: the output equals an uninterrupted run's, and `npusnap inspect` lists each kind."""
