@@ -39,10 +39,10 @@ aclError note_error(aclError code, const std::string &message) {
 
 const std::string &recent_error() { return t_message; }
 
-void report_task_exception(int32_t device, uint32_t stream_id, aclError code) {
+void report_task_exception(int32_t device, int32_t stream_id, aclError code) {
   aclrtExceptionInfoCallback cb = g_exception_callback.load();
   if (cb == nullptr) return;
-  rtExceptionInfo info{0, stream_id, static_cast<uint32_t>(::syscall(SYS_gettid)), static_cast<uint32_t>(device),
+  rtExceptionInfo info{0, static_cast<uint32_t>(stream_id), static_cast<uint32_t>(::syscall(SYS_gettid)), static_cast<uint32_t>(device),
                        static_cast<uint32_t>(code)};
   cb(&info);
 }

@@ -140,8 +140,9 @@ void note_error(const std::string &message);
 // The same, and the code aclrtGetLastError / aclrtPeekAtLastError report; returns code.
 aclError note_error(aclError code, const std::string &message);
 const std::string &recent_error();
-// Tells the aclrtSetExceptionInfoCallback callback (if any) that a task on stream failed.
-void report_task_exception(int32_t device, uint32_t stream_id, aclError code);
+// Tells the aclrtSetExceptionInfoCallback callback (if any) that a task on a stream failed
+// (stream_id: as aclrtStreamGetId reports it, -1 if never asked).
+void report_task_exception(int32_t device, int32_t stream_id, aclError code);
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.
 void start_ctl();
 

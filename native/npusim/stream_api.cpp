@@ -89,7 +89,9 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::StreamSync);
   rq.stream = s->id;
-  return runtime().pool.call(rq);
+  int32_t rc = runtime().pool.call(rq);
+  if (rc != ACL_SUCCESS) report_task_exception(s->device, s->public_id, rc);  // a task on it failed
+  return rc;
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {

@@ -130,6 +130,13 @@ static void contexts(void) {
     EXPECT("thread resource limits", aclrtGetResInCurrentThread(ACL_RT_DEV_RES_CUBE_CORE, &cube) == ACL_SUCCESS && cube > 0);
 }
 
+static uint32_t exception_device = 99, exception_code, exception_stream;
+static void on_exception(aclrtExceptionInfo *info) {
+    exception_device = aclrtGetDeviceIdFromExceptionInfo(info);
+    exception_code = aclrtGetErrorCodeFromExceptionInfo(info);
+    exception_stream = aclrtGetStreamIdFromExceptionInfo(info);
+}
+
 static void streams_and_events(void) {
     aclrtStream s = NULL, v2 = NULL;
     EXPECT("priority out of range", aclrtCreateStreamWithConfig(&s, 8, 0) == ACL_ERROR_INVALID_PARAM);
@@ -169,6 +176,14 @@ static void streams_and_events(void) {
                sync != ACL_SUCCESS && host[0] == (stop ? 1 : 2));
     }
     MUST(aclrtSynchronizeStream(v2));
+    /* The exception callback hears of a failed task when its stream is synchronized. */
+    MUST(aclrtSetExceptionInfoCallback(on_exception));
+    MUST(aclrtSetStreamFailureMode(v2, ACL_CONTINUE_ON_FAILURE));
+    MUST(aclrtMemcpyAsync(nowhere, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST, v2));
+    aclError failed_sync = aclrtSynchronizeStream(v2);
+    EXPECT("exception callback", failed_sync != ACL_SUCCESS && exception_device == 0 &&
+                                 exception_code == (uint32_t)failed_sync && exception_stream == (uint32_t)id2);
+    MUST(aclrtSetExceptionInfoCallback(NULL));
 
     aclrtEvent e = NULL, never = NULL;
     EXPECT("event flag 0 is refused", aclrtCreateEventWithFlag(&e, 0) == ACL_ERROR_INVALID_PARAM);
