@@ -10,6 +10,7 @@
 
 #include "acl/acl_base.h"
 #include "device_state.h"
+#include "builtin_tasks.h"
 #include "kernels.h"
 
 namespace npusim {
@@ -98,7 +99,10 @@ int32_t run_work(Work &w) {
       kernels::matmul(t.m, t.n, t.k, reinterpret_cast<const float *>(w.src),
                       reinterpret_cast<const float *>(w.src2), reinterpret_cast<float *>(w.dst));
       return ACL_SUCCESS;
-    default: return ACL_SUCCESS;  // events are handled by the stream worker
+    case TaskKind::ValueWrite:
+    case TaskKind::Reduce:
+    case TaskKind::RandomNum: return builtin::run(w);
+    default: return ACL_SUCCESS;  // events and value waits are handled by the stream worker
   }
 }
 

@@ -91,6 +91,7 @@ class AgentBackend:
             method=self.method.value,
             runtime=reply.runtime,
             endpoint=daemon_socket(self.pid) if self.name == BackendName.SIM else None,
+            resources={str(k): int(v) for k, v in (dev.get("resources") or {}).items()},
         )
 
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:

@@ -153,6 +153,8 @@ def _device(root: Tree, ins: Inspection) -> None:
                        + (f" ({_clean(str(d.runtime))})" if d.runtime else "")))
     node.add(_t(f"devices: {_clean(devices)}"))
     node.add(_t(f"allocations: {d.allocations}, {human_bytes(d.bytes)}"))
+    if d.resources:  # each resource kind the snapshot carried, with its count
+        node.add(_t("resources: " + ", ".join(f"{_clean(k)} {n}" for k, n in d.resources.items())))
     node.add(_t(f"method: {_clean(str(d.method))}"))
 
 

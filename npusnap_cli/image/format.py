@@ -81,6 +81,7 @@ class DeviceState:
     endpoint: Optional[str] = None   # sim: the device daemon's socket the process uses
     gpus: list[str] = field(default_factory=list)  # cuda: UUIDs (GPU-...) of the checkpointed GPUs,
                                                    # in the order of `devices` (their driver ordinals)
+    resources: dict[str, int] = field(default_factory=dict)  # sim: live resources of each kind
 
 
 @dataclass
@@ -139,7 +140,8 @@ class Manifest:
             if not isinstance(ph.seconds, (int, float)) or not isinstance(ph.bytes, int):
                 raise bad("a phase timing", ph)
         dev = self.device
-        if not isinstance(dev.backend, str) or not isinstance(dev.bytes, int) or not isinstance(dev.devices, list):
+        if not isinstance(dev.backend, str) or not isinstance(dev.bytes, int) or not isinstance(dev.devices, list) \
+                or not isinstance(dev.resources, dict):
             raise bad("the device section", dev)
         if not isinstance(self.options, dict) or not isinstance(self.command, list):
             raise bad("options or command", self.options)

@@ -198,7 +198,8 @@ def _from_manifest(root: Path, m: Manifest) -> Inspection:
         device = DeviceState(backend=str(d.backend), devices=[int(x) for x in d.devices],
                              allocations=int(d.allocations), bytes=int(d.bytes),
                              method=str(d.method),
-                             runtime=None if d.runtime is None else str(d.runtime))
+                             runtime=None if d.runtime is None else str(d.runtime),
+                             resources={str(k): int(v) for k, v in d.resources.items()})
         return Inspection(
             directory=str(root.absolute()),
             format_version=int(m.format_version),

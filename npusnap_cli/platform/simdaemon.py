@@ -199,6 +199,9 @@ def shell_env(sock: str) -> dict[str, str]:
     lib = f"{home}/lib64"
     return {
         "ASCEND_TOOLKIT_HOME": home,
+        # CANN's samples find the toolkit through these (their run.sh, CMake and set_sample_env.sh).
+        "ASCEND_HOME_PATH": home,
+        "ASCEND_INSTALL_PATH": home,
         "LD_LIBRARY_PATH": lib if not ld else (ld if lib in ld.split(":") else f"{lib}:{ld}"),
         "NPUSIM_SOCKET": sock,
     }
