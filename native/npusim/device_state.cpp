@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "acl/acl_base.h"
+#include "builtin_tasks.h"
 #include "kernel_host.h"
 #include "va.h"
 
@@ -293,6 +294,23 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
     }
     case TaskKind::RecordEvent:
     case TaskKind::WaitEvent: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+    case TaskKind::ValueWrite: dst_len = sizeof(uint64_t); kernel = false; break;
+    case TaskKind::ValueWait:
+      if (!on_stream) return ACL_ERROR_INVALID_PARAM;
+      dst_len = sizeof(uint64_t);
+      kernel = false;
+      break;
+    case TaskKind::Reduce:
+      if (!builtin::reduce_ok(t)) return ACL_ERROR_INVALID_PARAM;
+      dst_len = src_len = t.size;
+      src_dev = true;
+      break;
+    case TaskKind::RandomNum:
+      dst_len = builtin::random_bytes(t);
+      if (dst_len == 0) return ACL_ERROR_INVALID_PARAM;
+      src_len = builtin::kRandomCounterBytes;
+      src_dev = true;
+      break;
     default: return ACL_ERROR_INVALID_PARAM;
   }
   if (kernel && on_stream) {

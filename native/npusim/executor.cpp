@@ -10,6 +10,7 @@
 
 #include "acl/acl_base.h"
 #include "device_state.h"
+#include "builtin_tasks.h"
 #include "kernel_host.h"
 #include "kernels.h"
 
@@ -100,8 +101,11 @@ int32_t run_work(Work &w) {
       kernels::matmul(t.m, t.n, t.k, reinterpret_cast<const float *>(w.src),
                       reinterpret_cast<const float *>(w.src2), reinterpret_cast<float *>(w.dst));
       return ACL_SUCCESS;
+    case TaskKind::ValueWrite:
+    case TaskKind::Reduce:
+    case TaskKind::RandomNum: return builtin::run(w);
     case TaskKind::Kernel: return kernels::run(w);
-    default: return ACL_SUCCESS;  // events are handled by the stream worker
+    default: return ACL_SUCCESS;  // events and value waits are handled by the stream worker
   }
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "acl/acl_base.h"
+#include "builtin_tasks.h"
 #include "device_state.h"
 
 namespace npusim::streams {
@@ -18,6 +19,7 @@ uint64_t now_ns() {
 }
 
 bool head_ready(Session &s, const Work &w) {
+  if (w.task.kind == proto::TaskKind::ValueWait) return builtin::value_met(w);
   if (w.task.kind != proto::TaskKind::WaitEvent) return true;
   auto it = s.events.find(w.task.event);
   return it == s.events.end() || it->second.completed >= w.task.target;
@@ -26,7 +28,14 @@ bool head_ready(Session &s, const Work &w) {
 void worker(Session *s, std::shared_ptr<Stream> st) {
   std::unique_lock<std::mutex> l(s->mu);
   for (;;) {
-    s->cv.wait(l, [&] { return st->cancel || (!st->queue.empty() && head_ready(*s, st->queue.front())); });
+    while (!st->cancel && (st->queue.empty() || !head_ready(*s, st->queue.front()))) {
+      // A value wait is met by any write to device memory, and not every write wakes the stream
+      // workers (a synchronous copy does not): look again every millisecond.
+      if (!st->queue.empty() && st->queue.front().task.kind == proto::TaskKind::ValueWait)
+        s->cv.wait_for(l, std::chrono::milliseconds(1));
+      else
+        s->cv.wait(l);
+    }
     if (st->cancel) return;
     Work w = std::move(st->queue.front());
     st->queue.pop_front();
@@ -36,6 +45,8 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
         ++it->second.completed;
         it->second.timestamp_ns = now_ns();
       }
+    } else if (st->stop_on_failure && st->error != ACL_SUCCESS) {
+      // ACL_STOP_ON_FAILURE: nothing runs after a failed task until a synchronize reports it.
     } else if (w.task.kind != proto::TaskKind::WaitEvent) {
       l.unlock();
       int32_t rc = run_work(w);
@@ -182,6 +193,33 @@ int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
     auto it = s.events.find(id);
     return it == s.events.end() || it->second.completed >= target;
   });
+  return ACL_SUCCESS;
+}
+
+int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  st->stop_on_failure = stop_on_failure;
+  return ACL_SUCCESS;
+}
+
+int32_t pending_error(Session &s, uint32_t id, bool set, uint64_t *out, uint64_t value) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  if (set) st->error = static_cast<int32_t>(value);
+  else *out = static_cast<uint64_t>(static_cast<uint32_t>(st->error));
+  return ACL_SUCCESS;
+}
+
+int32_t event_signal(Session &s, uint32_t id) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto it = s.events.find(id);
+  if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  ++it->second.completed;
+  it->second.timestamp_ns = now_ns();
+  s.cv.notify_all();
   return ACL_SUCCESS;
 }
 

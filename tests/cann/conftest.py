@@ -1,10 +1,11 @@
-"""Fixtures for the CANN-surface tests: programs in tests/cann built as a CANN user builds them,
-with nothing but the include and library paths `npusnap device env` prints, and the device binary
-(tests/cann/test_kernels.c) built the way npusim/kernel.h documents."""
+"""Fixtures for the CANN runtime surface tests: the toolkit environment exactly as
+`npusnap device env` prints it, and the sample-style programs of this directory built
+with nothing but that environment's include and library paths; the kernel tests' device binary
+(test_kernels.c) built the way npusim/kernel.h documents."""
 
 from __future__ import annotations
 
-import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,13 +21,48 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
-def toolkit_home() -> Path:
-    """ASCEND_TOOLKIT_HOME as `npusnap device env` prints it."""
-    r = npusnap("device", "env")
-    assert r.returncode == 0, r.stderr
-    m = re.search(r"^export ASCEND_TOOLKIT_HOME=(\S+)$", r.stdout, re.M)
-    assert m, r.stdout
-    return Path(m.group(1))
+def device_env() -> dict[str, str]:
+    """The variables `eval "$(npusnap device env)"` would export."""
+    r = npusnap("device", "env", check=True)
+    env: dict[str, str] = {}
+    for line in r.stdout.splitlines():
+        words = shlex.split(line)
+        assert words[0] == "export" and "=" in words[1], line
+        key, _, value = words[1].partition("=")
+        env[key] = value
+    assert {"ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_INSTALL_PATH", "LD_LIBRARY_PATH"} <= env.keys(), env
+    return env
+
+
+@pytest.fixture(scope="session")
+def build_program(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """build_program("cann_api"): tests/cann/cann_api.c compiled as a CANN user would, against
+    $ASCEND_TOOLKIT_HOME/include and -lacl_rt from $ASCEND_TOOLKIT_HOME/lib64."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("a C compiler is required")
+    home = Path(device_env["ASCEND_TOOLKIT_HOME"])
+    out_dir = tmp_path_factory.mktemp("cann-bin")
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            exe = out_dir / name
+            r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-Wno-deprecated-declarations", str(HERE / f"{name}.c"),
+                                f"-I{home / 'include'}", f"-L{home / 'lib64'}", "-lacl_rt", "-lpthread",
+                                "-o", str(exe)], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            built[name] = exe
+        return built[name]
+
+    return build
+
+
+# The kernel tests (cann-kernels): programs that link the libraries they name.
+
+@pytest.fixture(scope="session")
+def toolkit_home(device_env: dict[str, str]) -> Path:
+    return Path(device_env["ASCEND_TOOLKIT_HOME"])
 
 
 def _cc() -> str:

@@ -36,7 +36,7 @@ def test_kernel_resources_survive_checkpoint_daemon_restart_restore(npusim_daemo
         assert not binary.exists()  # restore must bring the binary back from the process's own copy
         device = agent_status(w.pid, npusim_daemon.env)["device"]
         live = {kind: n for kind, n in device["resources"].items() if n}
-        assert live == {"memory": 5, "streams": 3, "binaries": 2, "functions": 3, "kernel args": 1,
+        assert live == {"memory": 5, "contexts": 1, "streams": 3, "binaries": 2, "functions": 3, "kernel args": 1,
                         "model run instances": 1}, device
 
         ck = tmp_path / "ck"

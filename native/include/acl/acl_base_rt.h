@@ -1,6 +1,6 @@
 /*
- * npusim: tensor data types and formats (CANN's acl_base_rt.h, the subset npusim uses: the
- * operator API's aclCreateTensor takes them) and the task-group handle. Values as in CANN.
+ * npusim: tensor formats (CANN's acl_base_rt.h, the subset npusim uses: the operator API's
+ * aclCreateTensor takes them; aclDataType is in acl_base.h) and the task-group handle. Values as in CANN.
  */
 #ifndef NPUSIM_ACL_ACL_BASE_RT_H_
 #define NPUSIM_ACL_ACL_BASE_RT_H_
@@ -10,37 +10,6 @@ extern "C" {
 #endif
 
 typedef void *aclrtTaskGrp;  /* a group of captured tasks of a model run instance */
-
-typedef enum {
-    ACL_DT_UNDEFINED = -1,
-    ACL_FLOAT = 0,
-    ACL_FLOAT16 = 1,
-    ACL_INT8 = 2,
-    ACL_INT32 = 3,
-    ACL_UINT8 = 4,
-    ACL_INT16 = 6,
-    ACL_UINT16 = 7,
-    ACL_UINT32 = 8,
-    ACL_INT64 = 9,
-    ACL_UINT64 = 10,
-    ACL_DOUBLE = 11,
-    ACL_BOOL = 12,
-    ACL_STRING = 13,
-    ACL_COMPLEX64 = 16,
-    ACL_COMPLEX128 = 17,
-    ACL_BF16 = 27,
-    ACL_INT4 = 29,
-    ACL_UINT1 = 30,
-    ACL_COMPLEX32 = 33,
-    ACL_HIFLOAT8 = 34,
-    ACL_FLOAT8_E5M2 = 35,
-    ACL_FLOAT8_E4M3FN = 36,
-    ACL_FLOAT8_E8M0 = 37,
-    ACL_FLOAT6_E3M2 = 38,
-    ACL_FLOAT6_E2M3 = 39,
-    ACL_FLOAT4_E2M1 = 40,
-    ACL_FLOAT4_E1M2 = 41,
-} aclDataType;
 
 typedef enum {
     ACL_FORMAT_UNDEFINED = -1,
