@@ -19,7 +19,9 @@ namespace npusim {
 Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size_t mapped_)
     : va(va_), size(size_), device(device_), base(base_), mapped(mapped_) {}
 
-Buffer::~Buffer() { ::munmap(base, mapped); }
+Buffer::~Buffer() {
+  if (mapped != 0) ::munmap(base, mapped);
+}
 
 namespace {
 
@@ -87,8 +89,12 @@ void DeviceState::release(Session &s) {
 }
 
 void DeviceState::release_locked(Session &s) {
-  for (auto &[va, buf] : s.allocs) used_[buf->device] -= buf->size;
+  for (auto &[va, buf] : s.allocs)
+    if (!buf->backing) used_[buf->device] -= buf->size;
   s.allocs.clear();
+  s.reservations.clear();
+  s.imports.clear();
+  ipc::forget(s.pid);
   for (auto [device, window] : s.windows) window_owner_[device][window] = 0;
   s.windows.clear();
 }
@@ -166,7 +172,7 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
 int32_t DeviceState::free(Session &s, uint64_t va) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = s.allocs.find(va);
-  if (it == s.allocs.end()) return ACL_ERROR_INVALID_PARAM;
+  if (it == s.allocs.end() || it->second->backing) return ACL_ERROR_INVALID_PARAM;  // a mapping: unmap it
   used_[it->second->device] -= it->second->size;
   s.allocs.erase(it);
   return ACL_SUCCESS;
@@ -222,7 +228,9 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
       break;
     }
     case TaskKind::RecordEvent:
-    case TaskKind::WaitEvent: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+    case TaskKind::WaitEvent:
+    case TaskKind::RecordNotify:
+    case TaskKind::WaitNotify: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
     default: return ACL_ERROR_INVALID_PARAM;
   }
   if (kernel && on_stream) {

@@ -45,6 +45,29 @@ enum class Op : uint32_t {
   Import,
   Quiesce,        // flags: 1 locked (restored), 2 locked awaiting an import, 0 unlocking
   ExportDevices,
+  // Virtual memory, IPC memory and notify (vmm.cpp, ipc.cpp). A physical allocation is an ordinary
+  // allocation (Malloc) at an address the application never sees; a mapping is an alias of part
+  // of one, placed inside a reservation.
+  Reserve,        // device, size, value[0]=alignment -> value[0]=addr (the upper half of the window)
+  ReserveAt,      // device, addr, size: re-create a reservation at its address (restore)
+  Unreserve,      // addr: a reservation with no mappings left
+  Map,            // addr, size, value[0]=physical addr (flags 0) or shareable handle (flags 1), value[1]=offset
+  Unmap,          // addr: a mapping
+  ShareExport,    // addr=physical, flags: 1 no pid check -> value[0]=shareable handle
+  ShareSetPids,   // value[0]=shareable handle, value[1]=a pid to whitelist (one request per pid)
+  ShareImport,    // value[0]=shareable handle: the caller may map it from now on
+  ShareRelease,   // value[0]=shareable handle: drop this session's export or import
+  IpcExport,      // addr, size, flags: 1 no pid check -> value[0]=key number
+  IpcSetPids,     // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
+  IpcImport,      // value[0]=key number -> value[0]=addr in the caller's window (a mapping), value[1]=size
+  IpcClose,       // value[0]=key number, addr: an exporter withdraws the key; an importer unmaps addr
+  NotifyCreate,   // value[0]: initially recorded (restore) -> value[0]=notify id
+  NotifyDestroy,  // event=notify id
+  NotifyQuery,    // event=notify id -> value[0]=1 if recorded
+  NotifyReset,    // event=notify id: clear now (aclrtNotifyBatchReset)
+  NotifyExport,   // event=notify id, flags: 1 no pid check -> value[0]=key number
+  NotifySetPids,  // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
+  NotifyImport,   // value[0]=key number -> value[0]=notify id in the caller's session
 };
 
 enum class TaskKind : uint32_t {
@@ -58,6 +81,9 @@ enum class TaskKind : uint32_t {
   RecordEvent,       // event
   WaitEvent,         // event, target
   HostMemset,        // dst host (client memory), size bytes of (uint8_t)value: aclrtMemsetAsync on host memory
+  // Notify (cann-ipc-vmm)
+  RecordNotify,      // event=notify id: set
+  WaitNotify,        // event=notify id, target=timeout ms (0: forever): wait until set, then clear
 };
 
 struct Task {

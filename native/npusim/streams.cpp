@@ -18,16 +18,66 @@ uint64_t now_ns() {
 }
 
 bool head_ready(Session &s, const Work &w) {
+  if (w.task.kind == proto::TaskKind::WaitNotify) {
+    auto it = s.notifies.find(w.task.event);
+    return it == s.notifies.end() || it->second->set;
+  }
   if (w.task.kind != proto::TaskKind::WaitEvent) return true;
   auto it = s.events.find(w.task.event);
   return it == s.events.end() || it->second.completed >= w.task.target;
 }
 
+// A notify may be shared with (and recorded by) another client's session, whose streams cannot
+// wake this one's condition variable; a stream whose head waits on a notify polls it.
+constexpr auto kNotifyPoll = std::chrono::milliseconds(1);
+
+bool waits_on_notify(const Stream &st) {
+  return !st.queue.empty() && st.queue.front().task.kind == proto::TaskKind::WaitNotify;
+}
+
+// Runs a notify task at the head of st (s.mu held); false if it is a wait that is not over yet.
+// A wait past its timeout (ms; 0 waits forever) fails the stream like a failed task.
+bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point since) {
+  const proto::Task &t = st.queue.front().task;
+  auto it = s.notifies.find(t.event);
+  if (t.kind == proto::TaskKind::RecordNotify) {
+    if (it != s.notifies.end()) it->second->set = true;
+    return true;
+  }
+  if (it == s.notifies.end() || it->second->set.exchange(false)) return true;
+  if (t.target != 0 && std::chrono::steady_clock::now() - since >= std::chrono::milliseconds(t.target)) {
+    if (st.error == ACL_SUCCESS) st.error = ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
+    return true;
+  }
+  return false;
+}
+
 void worker(Session *s, std::shared_ptr<Stream> st) {
   std::unique_lock<std::mutex> l(s->mu);
   for (;;) {
-    s->cv.wait(l, [&] { return st->cancel || (!st->queue.empty() && head_ready(*s, st->queue.front())); });
+    if (waits_on_notify(*st)) {
+      const auto since = std::chrono::steady_clock::now();
+      while (!st->cancel && waits_on_notify(*st) && !notify_step(*s, *st, since)) s->cv.wait_for(l, kNotifyPoll);
+      if (st->cancel) return;
+      if (waits_on_notify(*st)) {  // the wait is over
+        st->queue.pop_front();
+        ++st->done;
+        s->cv.notify_all();
+      }
+      continue;
+    }
+    s->cv.wait(l, [&] {
+      return st->cancel || (!st->queue.empty() && (waits_on_notify(*st) || head_ready(*s, st->queue.front())));
+    });
     if (st->cancel) return;
+    if (waits_on_notify(*st)) continue;
+    if (st->queue.front().task.kind == proto::TaskKind::RecordNotify) {
+      notify_step(*s, *st, {});
+      st->queue.pop_front();
+      ++st->done;
+      s->cv.notify_all();
+      continue;
+    }
     Work w = std::move(st->queue.front());
     st->queue.pop_front();
     if (w.task.kind == proto::TaskKind::RecordEvent) {
@@ -148,6 +198,7 @@ void stop_all(Session &s) {
       st->queue.clear();
     }
     s.events.clear();
+    s.notifies.clear();
     s.cv.notify_all();
   }
   for (auto &[id, st] : stopped) st->worker.join();

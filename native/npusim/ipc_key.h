@@ -1,0 +1,36 @@
+// IPC keys as CANN programs see them: NUL-terminated strings a process passes to another (a file,
+// a pipe). npusim's keys name a row of the daemon's share table: "npusim-KIND-HEX".
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "acl/acl_base.h"
+
+namespace npusim::rt {
+
+// Writes the key for number n into key[len]; ACL_ERROR_INVALID_PARAM if it does not fit.
+inline int32_t format_key(const char *kind, uint64_t n, char *key, size_t len) {
+  if (key == nullptr) return ACL_ERROR_INVALID_PARAM;
+  char buf[64];
+  const int w = std::snprintf(buf, sizeof(buf), "npusim-%s-%llx", kind, static_cast<unsigned long long>(n));
+  if (w < 0 || static_cast<size_t>(w) + 1 > len) return ACL_ERROR_INVALID_PARAM;
+  std::memcpy(key, buf, static_cast<size_t>(w) + 1);
+  return ACL_SUCCESS;
+}
+
+// The number in a key of this kind, or 0 if key is not one.
+inline uint64_t parse_key(const char *kind, const char *key) {
+  if (key == nullptr) return 0;
+  char prefix[32];
+  std::snprintf(prefix, sizeof(prefix), "npusim-%s-", kind);
+  const size_t n = std::strlen(prefix);
+  if (std::strncmp(key, prefix, n) != 0 || key[n] == '\0') return 0;
+  char *end = nullptr;
+  const unsigned long long v = std::strtoull(key + n, &end, 16);
+  return end != nullptr && *end == '\0' ? v : 0;
+}
+
+}  // namespace npusim::rt
