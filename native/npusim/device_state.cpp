@@ -210,6 +210,12 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
     case TaskKind::DeviceToDevice: dst_len = src_len = t.size; src_dev = true; kernel = false; break;
     case TaskKind::Memset: dst_len = t.size; kernel = false; break;
     case TaskKind::HostMemset: dst_dev = false; kernel = false; break;
+    case TaskKind::ValueWrite:
+    case TaskKind::ValueWait:
+      if (!on_stream || t.dst % 8 != 0) return ACL_ERROR_INVALID_PARAM;
+      dst_len = 8;
+      kernel = false;
+      break;
     case TaskKind::Fill:
       if (!mul_ok(t.m, sizeof(float), &dst_len)) return ACL_ERROR_INVALID_PARAM;
       break;

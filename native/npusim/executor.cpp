@@ -90,6 +90,9 @@ int32_t run_work(Work &w) {
     case TaskKind::DeviceToDevice: std::memmove(w.dst, w.src, t.size); return ACL_SUCCESS;
     case TaskKind::Memset: std::memset(w.dst, t.value, t.size); return ACL_SUCCESS;
     case TaskKind::HostMemset: return client_memset(w.pid, t.dst, t.size, t.value);
+    case TaskKind::ValueWrite:  // seen by a ValueWait polling from another stream or process
+      __atomic_store_n(reinterpret_cast<uint64_t *>(w.dst), t.target, __ATOMIC_SEQ_CST);
+      return ACL_SUCCESS;
     case TaskKind::Fill: kernels::fill(reinterpret_cast<float *>(w.dst), t.m, t.alpha); return ACL_SUCCESS;
     case TaskKind::Axpy:
       kernels::axpy(t.m, t.alpha, reinterpret_cast<const float *>(w.src), reinterpret_cast<float *>(w.dst));

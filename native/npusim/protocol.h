@@ -84,6 +84,8 @@ enum class TaskKind : uint32_t {
   // Notify (cann-ipc-vmm)
   RecordNotify,      // event=notify id: set
   WaitNotify,        // event=notify id, target=timeout ms (0: forever): wait until set, then clear
+  ValueWrite,        // dst device: the uint64 target
+  ValueWait,         // dst device: wait until the uint64 there meets target by value (ACL_STREAM_WAIT_VALUE_*)
 };
 
 struct Task {

@@ -27,18 +27,33 @@ bool head_ready(Session &s, const Work &w) {
   return it == s.events.end() || it->second.completed >= w.task.target;
 }
 
-// A notify may be shared with (and recorded by) another client's session, whose streams cannot
-// wake this one's condition variable; a stream whose head waits on a notify polls it.
+// A notify or memory may be shared with (and set by) another client's session, whose streams
+// cannot wake this one's condition variable; a stream whose head waits on one polls it.
 constexpr auto kNotifyPoll = std::chrono::milliseconds(1);
 
 bool waits_on_notify(const Stream &st) {
-  return !st.queue.empty() && st.queue.front().task.kind == proto::TaskKind::WaitNotify;
+  if (st.queue.empty()) return false;
+  const proto::TaskKind k = st.queue.front().task.kind;
+  return k == proto::TaskKind::WaitNotify || k == proto::TaskKind::ValueWait;
+}
+
+// aclrtValueWait's conditions (ACL_STREAM_WAIT_VALUE_GEQ, EQ, AND, NOR).
+bool value_met(const Work &w) {
+  const uint64_t v = __atomic_load_n(reinterpret_cast<const uint64_t *>(w.dst), __ATOMIC_SEQ_CST);
+  const uint64_t want = w.task.target;
+  switch (w.task.value) {
+    case 0: return v >= want;
+    case 1: return v == want;
+    case 2: return (v & want) != 0;
+    default: return ~(v | want) != 0;
+  }
 }
 
 // Runs a notify task at the head of st (s.mu held); false if it is a wait that is not over yet.
 // A wait past its timeout (ms; 0 waits forever) fails the stream like a failed task.
 bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point since) {
   const proto::Task &t = st.queue.front().task;
+  if (t.kind == proto::TaskKind::ValueWait) return value_met(st.queue.front());
   auto it = s.notifies.find(t.event);
   if (t.kind == proto::TaskKind::RecordNotify) {
     if (it != s.notifies.end()) it->second->set = true;

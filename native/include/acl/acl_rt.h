@@ -130,9 +130,11 @@ ACL_FUNC_VISIBILITY aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stre
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEvent(aclrtEvent event);
 ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent);
 
-/* ---- Virtual memory, IPC memory, notify, IPC events (cann-ipc-vmm) ---- */
-#define ACL_EVENT_IPC 0x00000040U
-#define ACL_IPC_EVENT_HANDLE_SIZE 64U
+/* ---- Virtual memory, IPC memory, notify, value write/wait (cann-ipc-vmm) ---- */
+#define ACL_STREAM_WAIT_VALUE_GEQ 0x00000000U
+#define ACL_STREAM_WAIT_VALUE_EQ 0x00000001U
+#define ACL_STREAM_WAIT_VALUE_AND 0x00000002U
+#define ACL_STREAM_WAIT_VALUE_NOR 0x00000003U
 
 #define ACL_NOTIFY_DEFAULT 0x00000000U
 #define ACL_NOTIFY_DEVICE_USE_ONLY 0x00000001U
@@ -203,10 +205,6 @@ typedef struct {
     uint8_t rsv[12];
 } aclrtMemAccessDesc;
 
-typedef struct aclrtIpcEventHandle {
-    char reserved[ACL_IPC_EVENT_HANDLE_SIZE];
-} aclrtIpcEventHandle;
-
 /* Reserves a device VA range (expectPtr must be NULL; alignment 0 = the granularity). */
 ACL_FUNC_VISIBILITY aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr,
                                                     uint64_t flags);
@@ -232,6 +230,11 @@ ACL_FUNC_VISIBILITY aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemPr
 /* The pid that IPC whitelists name this process by. */
 ACL_FUNC_VISIBILITY aclError aclrtDeviceGetBareTgid(int32_t *pid);
 
+/* Stream-ordered write of a 64-bit word of device memory (flag must be 0), and a wait until the
+ * word meets value by flag (ACL_STREAM_WAIT_VALUE_GEQ / EQ / AND / NOR); devAddr 8-byte aligned. */
+ACL_FUNC_VISIBILITY aclError aclrtValueWrite(void *devAddr, uint64_t value, uint32_t flag, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtValueWait(void *devAddr, uint64_t value, uint32_t flag, aclrtStream stream);
+
 /* Notify: a flag a stream sets (Record) and another stream waits for and clears (WaitAndReset). */
 ACL_FUNC_VISIBILITY aclError aclrtCreateNotify(aclrtNotify *notify, uint64_t flag);
 ACL_FUNC_VISIBILITY aclError aclrtDestroyNotify(aclrtNotify notify);
@@ -255,9 +258,6 @@ ACL_FUNC_VISIBILITY aclError aclrtNotifySetImportPid(aclrtNotify notify, int32_t
 ACL_FUNC_VISIBILITY aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc, size_t count);
 ACL_FUNC_VISIBILITY aclError aclrtMemGetAccess(void *virPtr, aclrtMemLocation *location, uint64_t *flag);
 
-/* IPC events: an event created with ACL_EVENT_IPC, opened by another process. */
-ACL_FUNC_VISIBILITY aclError aclrtIpcGetEventHandle(aclrtEvent event, aclrtIpcEventHandle *handle);
-ACL_FUNC_VISIBILITY aclError aclrtIpcOpenEventHandle(aclrtIpcEventHandle handle, aclrtEvent *event);
 /* ---- end cann-ipc-vmm ---- */
 
 /* Process snapshot (CANN 9.1). pid must be getpid(); reserve must be NULL. */
