@@ -63,9 +63,29 @@ struct Stream {
   std::thread worker;
 };
 
+// An IPC event's state, shared by the sessions of its exporter and openers; each touches it under
+// its own session's mutex, hence atomics.
+struct SharedEvent {
+  std::atomic<uint64_t> completed{0};
+  std::atomic<uint64_t> timestamp_ns{0};
+};
+
 struct Event {
   uint64_t completed = 0;
   uint64_t timestamp_ns = 0;
+  std::shared_ptr<SharedEvent> ipc;  // once exported or opened, the state lives there
+
+  uint64_t done() const { return ipc ? ipc->completed.load() : completed; }
+  Event state() const { return ipc ? Event{ipc->completed.load(), ipc->timestamp_ns.load(), nullptr} : *this; }
+  void complete(uint64_t now) {
+    if (!ipc) {
+      ++completed;
+      timestamp_ns = now;
+      return;
+    }
+    ipc->timestamp_ns = now;
+    ++ipc->completed;
+  }
 };
 
 // Everything one client process owns. mu/cv guard streams and events; allocations and windows are

@@ -2,9 +2,15 @@
 // physical memory (an aclrtMallocPhysical handle, by shareable handle). The daemon keeps the
 // whitelist (ipc.cpp); an import maps the exporter's memory into this process's window.
 //
-// The snapshot cannot carry sharing yet: the other side lives in another process that is
-// checkpointed on its own, so kind "ipc" refuses at Lock (the process runs on).
+// The snapshot carries sharing when both sides are checkpointed, importers first: the exporter's
+// memory holds the data, so an exporter whose importers still run is refused at Lock (their
+// writes after its checkpoint would be lost), while an importer saves nothing of it. Restore
+// goes the other way: a restored exporter publishes its keys again under the same numbers, with
+// their whitelists, and a restored importer imports them again at its old addresses (kind
+// "ipc memory"; before "mappings", which maps imported physical memory again).
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "ipc_key.h"
 #include "resources.h"
@@ -19,14 +25,21 @@ using namespace npusim::rt;
 namespace {
 
 struct IpcImport {
-  uint64_t addr;
+  uint64_t addr;  // where it is mapped here
   uint64_t size;
+};
+
+struct IpcExport {
+  uint64_t number;  // the share's number in the daemon (the key's hex)
+  uint64_t addr, size;
+  bool any_pid;
+  std::vector<int32_t> pids;
 };
 
 // Guarded by runtime().mu.
 struct IpcState {
-  std::map<std::string, uint64_t> exported;   // key -> share number
-  std::map<std::string, IpcImport> imported;  // key -> where it is mapped here
+  std::map<std::string, IpcExport> exported;  // by key
+  std::map<std::string, IpcImport> imported;
 };
 
 IpcState &ipc() {
@@ -34,22 +47,20 @@ IpcState &ipc() {
   return *s;
 }
 
+// The share number in a V2 shareable handle of shareType (0 if it is not one).
+uint64_t share_of(const void *shareableHandle, aclrtMemSharedHandleType shareType) {
+  if (shareableHandle == nullptr) return 0;
+  if (shareType == ACL_MEM_SHARE_HANDLE_TYPE_DEFAULT) return *static_cast<const uint64_t *>(shareableHandle);
+  if (shareType != ACL_MEM_SHARE_HANDLE_TYPE_FABRIC) return 0;
+  aclrtMemFabricHandle h;
+  std::memcpy(&h, shareableHandle, sizeof(h));
+  h.data[sizeof(h.data) - 1] = 0;
+  return parse_key("fabric", reinterpret_cast<const char *>(h.data));
+}
+
 bool initialized() {
   std::lock_guard<std::mutex> g(runtime().mu);
   return runtime().initialized;
-}
-
-// One request per pid: the daemon whitelists them for share number n.
-int32_t set_pids(proto::Op op, uint64_t n, const int32_t *pid, size_t num) {
-  if (pid == nullptr || num == 0) return ACL_ERROR_INVALID_PARAM;
-  for (size_t i = 0; i < num; ++i) {
-    if (pid[i] <= 0) return ACL_ERROR_INVALID_PARAM;
-    proto::Request rq = wire::request(op);
-    rq.value[0] = n;
-    rq.value[1] = static_cast<uint64_t>(pid[i]);
-    if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
-  }
-  return ACL_SUCCESS;
 }
 
 }  // namespace
@@ -76,7 +87,7 @@ aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key, size_t le
     return rc;  // the key does not fit into len bytes
   }
   std::lock_guard<std::mutex> g(runtime().mu);
-  ipc().exported[buf] = rp.value[0];
+  ipc().exported[buf] = IpcExport{rp.value[0], rq.addr, rq.size, rq.flags == 1, {}};
   return ACL_SUCCESS;
 }
 
@@ -88,9 +99,13 @@ aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pid, size_t num) {
     std::lock_guard<std::mutex> g(runtime().mu);
     auto it = key != nullptr ? ipc().exported.find(key) : ipc().exported.end();
     if (it == ipc().exported.end()) return ACL_ERROR_INVALID_PARAM;  // not a key this process exported
-    n = it->second;
+    n = it->second.number;
   }
-  return set_pids(proto::Op::IpcSetPids, n, pid, num);
+  if (int32_t rc = set_pids(proto::Op::IpcSetPids, n, pid, num); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  if (auto it = ipc().exported.find(key); it != ipc().exported.end())
+    it->second.pids.insert(it->second.pids.end(), pid, pid + num);
+  return ACL_SUCCESS;
 }
 
 aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flags) {
@@ -156,6 +171,7 @@ aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle, aclrtMemHandl
   if (int32_t rc = runtime().pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(runtime().mu);
   p->exported = rp.value[0];
+  p->export_any_pid = rq.flags == 1;
   *shareableHandle = rp.value[0];
   return ACL_SUCCESS;
 }
@@ -163,7 +179,12 @@ aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle, aclrtMemHandl
 aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *pid, size_t pidNum) {
   CallScope scope;
   if (!initialized()) return ACL_ERROR_UNINITIALIZE;
-  return set_pids(proto::Op::ShareSetPids, shareableHandle, pid, pidNum);  // the daemon checks the owner
+  // The daemon checks that this process exported it.
+  if (int32_t rc = set_pids(proto::Op::ShareSetPids, shareableHandle, pid, pidNum); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  for (PhysObj *p : vmm().phys)
+    if (p->exported == shareableHandle) p->export_pids.insert(p->export_pids.end(), pid, pid + pidNum);
+  return ACL_SUCCESS;
 }
 
 aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId, aclrtDrvMemHandle *handle) {
@@ -184,28 +205,120 @@ aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t dev
   return ACL_SUCCESS;
 }
 
+aclError aclrtMemExportToShareableHandleV2(aclrtDrvMemHandle handle, uint64_t flags,
+                                           aclrtMemSharedHandleType shareType, void *shareableHandle) {
+  if (shareableHandle == nullptr ||
+      (shareType != ACL_MEM_SHARE_HANDLE_TYPE_DEFAULT && shareType != ACL_MEM_SHARE_HANDLE_TYPE_FABRIC))
+    return ACL_ERROR_INVALID_PARAM;
+  uint64_t n = 0;
+  if (aclError rc = aclrtMemExportToShareableHandle(handle, ACL_MEM_HANDLE_TYPE_NONE, flags, &n); rc != ACL_SUCCESS)
+    return rc;
+  if (shareType == ACL_MEM_SHARE_HANDLE_TYPE_DEFAULT) {
+    *static_cast<uint64_t *>(shareableHandle) = n;
+    return ACL_SUCCESS;
+  }
+  aclrtMemFabricHandle h{};
+  format_key("fabric", n, reinterpret_cast<char *>(h.data), sizeof(h.data));
+  std::memcpy(shareableHandle, &h, sizeof(h));
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMemImportFromShareableHandleV2(void *shareableHandle, aclrtMemSharedHandleType shareType,
+                                             uint64_t flags, aclrtDrvMemHandle *handle) {
+  if (flags != 0) return ACL_ERROR_INVALID_PARAM;
+  const uint64_t n = share_of(shareableHandle, shareType);
+  return n == 0 ? ACL_ERROR_INVALID_PARAM : aclrtMemImportFromShareableHandle(n, 0, handle);
+}
+
+aclError aclrtMemSetPidToShareableHandleV2(void *shareableHandle, aclrtMemSharedHandleType shareType, int32_t *pid,
+                                           size_t pidNum) {
+  const uint64_t n = share_of(shareableHandle, shareType);
+  return n == 0 ? ACL_ERROR_INVALID_PARAM : aclrtMemSetPidToShareableHandle(n, pid, pidNum);
+}
+
 }  // extern "C"
 
 namespace {
 
-// Sharing spans two processes that CRIU dumps one at a time, and the daemon's share table does not
-// survive a restart: refuse rather than restore one side alone.
+// An exporter whose importers still run cannot be carried: they would go on writing memory whose
+// saved copy is already taken. Checkpoint the importers first.
 int32_t check_ipc(std::string *why) {
-  std::lock_guard<std::mutex> g(runtime().mu);
-  size_t shared = 0, imported = 0;
-  for (PhysObj *p : vmm().phys) {
-    if (p->exported != 0) ++shared;
-    if (p->imported != 0) ++imported;
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    bool exports = !ipc().exported.empty();
+    for (PhysObj *p : vmm().phys) exports = exports || p->exported != 0;
+    if (!exports) return ACL_SUCCESS;
   }
-  shared += ipc().exported.size();
-  imported += ipc().imported.size();
-  if (shared == 0 && imported == 0) return ACL_SUCCESS;
-  *why = std::to_string(shared) + " memory export(s) and " + std::to_string(imported) +
-         " import(s) shared with other processes (aclrtIpcMemClose / aclrtFreePhysical them before a checkpoint)";
+  proto::Reply rp{};
+  if (runtime().pool.call(wire::request(proto::Op::ShareImporters), &rp) != ACL_SUCCESS)
+    return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+  if (rp.value[0] == 0) return ACL_SUCCESS;
+  *why = "memory exported to " + std::to_string(rp.value[0]) + " import(s) by running processes (pid " +
+         std::to_string(rp.value[1]) + "): checkpoint the importers first";
   return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
 }
 
-const ResourceKind kIpc{"ipc memory", 41, check_ipc, nullptr, nullptr, nullptr, [] {
+int32_t republish(proto::Op op, uint64_t addr, uint64_t size, bool any_pid, uint64_t number,
+                  const std::vector<int32_t> &pids, proto::Op pid_op) {
+  proto::Request rq = wire::request(op);
+  rq.addr = addr;
+  rq.size = size;
+  rq.flags = any_pid ? 1 : 0;
+  rq.value[1] = number;
+  if (runtime().pool.call(rq) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;  // its number is taken
+  if (!pids.empty() && set_pids(pid_op, number, pids.data(), pids.size()) != ACL_SUCCESS)
+    return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  return ACL_SUCCESS;
+}
+
+int32_t restore_ipc(const SnapshotPass &) {
+  Runtime &r = runtime();
+  std::vector<std::pair<std::string, IpcExport>> exports;
+  std::vector<std::pair<std::string, IpcImport>> imports;
+  std::vector<PhysObj *> phys;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    exports.assign(ipc().exported.begin(), ipc().exported.end());
+    imports.assign(ipc().imported.begin(), ipc().imported.end());
+    phys.assign(vmm().phys.begin(), vmm().phys.end());
+  }
+  // Exports first: this process may import its own keys.
+  for (auto &[key, ex] : exports)
+    if (int32_t rc = republish(proto::Op::IpcExport, ex.addr, ex.size, ex.any_pid, ex.number, ex.pids,
+                               proto::Op::IpcSetPids);
+        rc != ACL_SUCCESS)
+      return rc;
+  for (PhysObj *p : phys)
+    if (p->exported != 0)
+      if (int32_t rc = republish(proto::Op::ShareExport, p->addr, 0, p->export_any_pid, p->exported, p->export_pids,
+                                 proto::Op::ShareSetPids);
+          rc != ACL_SUCCESS)
+        return rc;
+  for (auto &[key, im] : imports) {
+    proto::Request rq = wire::request(proto::Op::IpcImport);
+    rq.value[0] = parse_key("ipcmem", key.c_str());
+    rq.value[1] = im.addr;
+    proto::Reply rp{};
+    if (r.pool.call(rq, &rp) != ACL_SUCCESS || rp.value[0] != im.addr) {
+      note_error("snapshot: cannot import IPC memory " + key + " again: restore the exporting process first");
+      return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
+  }
+  for (PhysObj *p : phys) {
+    if (p->imported == 0) continue;
+    proto::Request rq = wire::request(proto::Op::ShareImport);
+    rq.value[0] = p->imported;
+    if (r.pool.call(rq) != ACL_SUCCESS) {
+      note_error("snapshot: cannot import shareable handle " + std::to_string(p->imported) +
+                 " again: restore the exporting process first");
+      return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
+  }
+  return ACL_SUCCESS;
+}
+
+// Order 13: after physical memory (12), before the mappings (14) of imported physical memory.
+const ResourceKind kIpc{"ipc memory", 13, check_ipc, nullptr, restore_ipc, nullptr, [] {
                           size_t n = ipc().exported.size() + ipc().imported.size();
                           for (PhysObj *p : vmm().phys) n += (p->exported != 0) + (p->imported != 0);
                           return n;

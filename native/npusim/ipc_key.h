@@ -1,5 +1,6 @@
 // IPC keys as CANN programs see them: NUL-terminated strings a process passes to another (a file,
-// a pipe). npusim's keys name a row of the daemon's share table: "npusim-KIND-HEX".
+// a pipe). npusim's keys name a row of the daemon's share table: "npusim-KIND-HEX". And the
+// whitelist of such a row.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "acl/acl_base.h"
+#include "runtime.h"
+#include "wire.h"
 
 namespace npusim::rt {
 
@@ -31,6 +33,20 @@ inline uint64_t parse_key(const char *kind, const char *key) {
   char *end = nullptr;
   const unsigned long long v = std::strtoull(key + n, &end, 16);
   return end != nullptr && *end == '\0' ? v : 0;
+}
+
+// Whitelists pid[0..num) for share number n (op: IpcSetPids, ShareSetPids or NotifySetPids), one
+// request per pid; the daemon refuses a row this process did not export.
+inline int32_t set_pids(proto::Op op, uint64_t n, const int32_t *pid, size_t num) {
+  if (pid == nullptr || num == 0) return ACL_ERROR_INVALID_PARAM;
+  for (size_t i = 0; i < num; ++i) {
+    if (pid[i] <= 0) return ACL_ERROR_INVALID_PARAM;
+    proto::Request rq = wire::request(op);
+    rq.value[0] = n;
+    rq.value[1] = static_cast<uint64_t>(pid[i]);
+    if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
+  }
+  return ACL_SUCCESS;
 }
 
 }  // namespace npusim::rt

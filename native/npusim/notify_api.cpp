@@ -155,14 +155,7 @@ aclError aclrtNotifySetImportPid(aclrtNotify notify, int32_t *pid, size_t num) {
   NotifyObj *n = nullptr;
   if (int32_t rc = check_notify(notify, &n); rc != ACL_SUCCESS) return rc;
   if (n->exported == 0) return ACL_ERROR_INVALID_PARAM;  // export it first
-  for (size_t i = 0; i < num; ++i) {
-    if (pid[i] <= 0) return ACL_ERROR_INVALID_PARAM;
-    proto::Request rq = wire::request(proto::Op::NotifySetPids);
-    rq.value[0] = n->exported;
-    rq.value[1] = static_cast<uint64_t>(pid[i]);
-    if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
-  }
-  return ACL_SUCCESS;
+  return set_pids(proto::Op::NotifySetPids, n->exported, pid, num);
 }
 
 aclError aclrtNotifyImportByKey(aclrtNotify *notify, const char *key, uint64_t flags) {

@@ -53,13 +53,13 @@ enum class Op : uint32_t {
   Unreserve,      // addr: a reservation with no mappings left
   Map,            // addr, size, value[0]=physical addr (flags 0) or shareable handle (flags 1), value[1]=offset
   Unmap,          // addr: a mapping
-  ShareExport,    // addr=physical, flags: 1 no pid check -> value[0]=shareable handle
+  ShareExport,    // addr=physical, flags: 1 no pid check, value[1]: the old handle (restore) or 0 -> value[0]=shareable handle
   ShareSetPids,   // value[0]=shareable handle, value[1]=a pid to whitelist (one request per pid)
   ShareImport,    // value[0]=shareable handle: the caller may map it from now on
   ShareRelease,   // value[0]=shareable handle: drop this session's export or import
-  IpcExport,      // addr, size, flags: 1 no pid check -> value[0]=key number
+  IpcExport,      // addr, size, flags: 1 no pid check, value[1]: the old number (restore) or 0 -> value[0]=key number
   IpcSetPids,     // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
-  IpcImport,      // value[0]=key number -> value[0]=addr in the caller's window (a mapping), value[1]=size
+  IpcImport,      // value[0]=key number, value[1]: the old address (restore) or 0 -> value[0]=addr (a mapping), value[1]=size
   IpcClose,       // value[0]=key number, addr: an exporter withdraws the key; an importer unmaps addr
   NotifyCreate,   // value[0]: initially recorded (restore) -> value[0]=notify id
   NotifyDestroy,  // event=notify id
@@ -68,6 +68,9 @@ enum class Op : uint32_t {
   NotifyExport,   // event=notify id, flags: 1 no pid check -> value[0]=key number
   NotifySetPids,  // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
   NotifyImport,   // value[0]=key number -> value[0]=notify id in the caller's session
+  EventExport,    // event: an IPC event from now on -> value[0]=key number (any pid may open it, as in CANN)
+  EventImport,    // value[0]=key number -> value[0]=event id in the caller's session, value[1]=completed
+  ShareImporters, // -> value[0]=imports by other processes of what the caller shares, value[1]=one of their pids
 };
 
 enum class TaskKind : uint32_t {

@@ -66,8 +66,8 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
     }
     case Op::EventSync: return streams::event_sync(s, rq.event, rq.value[0]);
     default:
-      // Virtual memory, IPC and notify (cann-ipc-vmm): Reserve .. NotifyImport.
-      if (rq.op >= Op::Reserve && rq.op <= Op::NotifyImport) return state.handle_vmm_ipc(s, rq, rp);
+      // Virtual memory, IPC, notify and IPC events (cann-ipc-vmm): Reserve .. ShareImporters.
+      if (rq.op >= Op::Reserve && rq.op <= Op::ShareImporters) return state.handle_vmm_ipc(s, rq, rp);
       return ACL_ERROR_INVALID_PARAM;
   }
 }

@@ -24,17 +24,21 @@ bool head_ready(Session &s, const Work &w) {
   }
   if (w.task.kind != proto::TaskKind::WaitEvent) return true;
   auto it = s.events.find(w.task.event);
-  return it == s.events.end() || it->second.completed >= w.task.target;
+  return it == s.events.end() || it->second.done() >= w.task.target;
 }
 
 // A notify or memory may be shared with (and set by) another client's session, whose streams
 // cannot wake this one's condition variable; a stream whose head waits on one polls it.
 constexpr auto kNotifyPoll = std::chrono::milliseconds(1);
 
-bool waits_on_notify(const Stream &st) {
+bool waits_on_notify(Session &s, const Stream &st) {
   if (st.queue.empty()) return false;
-  const proto::TaskKind k = st.queue.front().task.kind;
-  return k == proto::TaskKind::WaitNotify || k == proto::TaskKind::ValueWait;
+  const proto::Task &t = st.queue.front().task;
+  if (t.kind == proto::TaskKind::WaitEvent) {  // an IPC event: another process may record it
+    auto it = s.events.find(t.event);
+    return it != s.events.end() && it->second.ipc != nullptr;
+  }
+  return t.kind == proto::TaskKind::WaitNotify || t.kind == proto::TaskKind::ValueWait;
 }
 
 // aclrtValueWait's conditions (ACL_STREAM_WAIT_VALUE_GEQ, EQ, AND, NOR).
@@ -54,6 +58,7 @@ bool value_met(const Work &w) {
 bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point since) {
   const proto::Task &t = st.queue.front().task;
   if (t.kind == proto::TaskKind::ValueWait) return value_met(st.queue.front());
+  if (t.kind == proto::TaskKind::WaitEvent) return head_ready(s, st.queue.front());
   auto it = s.notifies.find(t.event);
   if (t.kind == proto::TaskKind::RecordNotify) {
     if (it != s.notifies.end()) it->second->set = true;
@@ -70,11 +75,11 @@ bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point s
 void worker(Session *s, std::shared_ptr<Stream> st) {
   std::unique_lock<std::mutex> l(s->mu);
   for (;;) {
-    if (waits_on_notify(*st)) {
+    if (waits_on_notify(*s, *st)) {
       const auto since = std::chrono::steady_clock::now();
-      while (!st->cancel && waits_on_notify(*st) && !notify_step(*s, *st, since)) s->cv.wait_for(l, kNotifyPoll);
+      while (!st->cancel && waits_on_notify(*s, *st) && !notify_step(*s, *st, since)) s->cv.wait_for(l, kNotifyPoll);
       if (st->cancel) return;
-      if (waits_on_notify(*st)) {  // the wait is over
+      if (waits_on_notify(*s, *st)) {  // the wait is over
         st->queue.pop_front();
         ++st->done;
         s->cv.notify_all();
@@ -82,10 +87,10 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
       continue;
     }
     s->cv.wait(l, [&] {
-      return st->cancel || (!st->queue.empty() && (waits_on_notify(*st) || head_ready(*s, st->queue.front())));
+      return st->cancel || (!st->queue.empty() && (waits_on_notify(*s, *st) || head_ready(*s, st->queue.front())));
     });
     if (st->cancel) return;
-    if (waits_on_notify(*st)) continue;
+    if (waits_on_notify(*s, *st)) continue;
     if (st->queue.front().task.kind == proto::TaskKind::RecordNotify) {
       notify_step(*s, *st, {});
       st->queue.pop_front();
@@ -97,10 +102,7 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
     st->queue.pop_front();
     if (w.task.kind == proto::TaskKind::RecordEvent) {
       auto it = s->events.find(w.task.event);
-      if (it != s->events.end()) {
-        ++it->second.completed;
-        it->second.timestamp_ns = now_ns();
-      }
+      if (it != s->events.end()) it->second.complete(now_ns());
     } else if (w.task.kind != proto::TaskKind::WaitEvent) {
       l.unlock();
       int32_t rc = run_work(w);
@@ -222,7 +224,7 @@ void stop_all(Session &s) {
 uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns) {
   std::lock_guard<std::mutex> g(s.mu);
   uint32_t id = s.next_id++;
-  s.events[id] = Event{completed, timestamp_ns};
+  s.events[id] = Event{completed, timestamp_ns, nullptr};
   return id;
 }
 
@@ -237,17 +239,19 @@ int32_t event_query(Session &s, uint32_t id, Event *out) {
   std::lock_guard<std::mutex> g(s.mu);
   auto it = s.events.find(id);
   if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
-  *out = it->second;
+  *out = it->second.state();
   return ACL_SUCCESS;
 }
 
 int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
   std::unique_lock<std::mutex> l(s.mu);
   if (s.events.find(id) == s.events.end()) return ACL_ERROR_INVALID_PARAM;
-  s.cv.wait(l, [&] {
+  auto reached = [&] {
     auto it = s.events.find(id);
-    return it == s.events.end() || it->second.completed >= target;
-  });
+    return it == s.events.end() || it->second.done() >= target;
+  };
+  // An IPC event may be recorded by another process, which cannot wake this session: poll it.
+  while (!reached()) s.cv.wait_for(l, std::chrono::milliseconds(1));
   return ACL_SUCCESS;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <vector>
 
 namespace npusim::rt {
 
@@ -15,6 +16,8 @@ struct PhysObj {
   int32_t device = 0;
   uint64_t imported = 0;    // the shareable handle it was imported from (0: allocated here)
   uint64_t exported = 0;    // the shareable handle this process exported it as (0: none)
+  bool export_any_pid = false;        // exported with the pid check disabled
+  std::vector<int32_t> export_pids;   // whitelisted: published again with the export on restore
   int maps = 0;             // live mappings of it
   void *backup = nullptr;   // host copy taken by Backup
 };

@@ -319,20 +319,21 @@ int32_t restore_mappings(const SnapshotPass &) {
     proto::Request rq = wire::request(proto::Op::Map);
     rq.addr = va;
     rq.size = m.size;
-    rq.value[0] = m.phys->addr;
+    rq.flags = m.phys->imported != 0 ? 1 : 0;  // imported again by kind "ipc memory"
+    rq.value[0] = m.phys->imported != 0 ? m.phys->imported : m.phys->addr;
     rq.value[1] = m.offset;
     if (runtime().pool.call(rq) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
   return ACL_SUCCESS;
 }
 
-// Imported physical memory belongs to another process: the "ipc" kind refuses it at Lock,
-// so restore never meets one here.
+// Imported physical memory belongs to another process, which saves and restores its data; kind
+// "ipc memory" (13) imports it again before the mappings (14) are re-created.
 const ResourceKind kReservations{"reservations", 11, nullptr, nullptr, restore_reservations, nullptr,
                                  [] { return vmm().reservations.size(); }};
 const ResourceKind kPhysical{"physical", 12, nullptr, backup_physical, restore_physical, drop_physical,
                              [] { return vmm().phys.size(); }};
-const ResourceKind kMappings{"mappings", 13, nullptr, nullptr, restore_mappings, nullptr,
+const ResourceKind kMappings{"mappings", 14, nullptr, nullptr, restore_mappings, nullptr,
                              [] { return vmm().mappings.size(); }};
 NPUSIM_RESOURCE_KIND(kReservations);
 NPUSIM_RESOURCE_KIND(kPhysical);

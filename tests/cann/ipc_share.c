@@ -4,7 +4,8 @@
  *
  * A shares an aclrtMalloc range by IPC key (whitelisted to B, and once more with pid validation
  * disabled), a physical allocation by shareable handle (whitelisted to B) and a notify (IPC
- * notify, whitelisted to B). B reads and writes through its imports and waits for A's notify;
+ * notify, whitelisted to B) and an event (IPC event). B reads and writes through its imports,
+ * waits for A's notify, and orders a read after A's event;
  * C is refused whatever names B only. Then A and B hold their shares (a checkpoint of either is
  * refused meanwhile) until the file RELEASE exists (at most a minute), release them, and exit.
  *
@@ -41,6 +42,7 @@ static char role = '?';
 struct Keys {
     char mem[65], open_mem[65], notify[65];
     uint64_t shareable;
+    aclrtIpcEventHandle event;
 };
 
 static void put(int fd, const void *p, size_t n) {
@@ -146,6 +148,15 @@ static int importer(int from_a, int to_a) {
     CHECK(aclrtWaitAndResetNotify(n, s, 20000));
     CHECK(aclrtSynchronizeStream(s));
     SAY("notify from A seen");
+    /* A's event is recorded only after A has written 321 to the start of the shared memory. */
+    aclrtEvent ev = NULL;
+    CHECK(aclrtIpcOpenEventHandle(k.event, &ev));
+    uint32_t first = 0;
+    CHECK(aclrtStreamWaitEvent(s, ev));
+    CHECK(aclrtMemcpyAsync(&first, 4, mem, 4, ACL_MEMCPY_DEVICE_TO_HOST, s));
+    put(to_a, &go, 1);
+    CHECK(aclrtSynchronizeStream(s));
+    SAY("read after A's event %u", first);
     /* Write back through both imports; A reads what B wrote. */
     fill(host, kBytes / 4, 789);
     CHECK(aclrtMemcpy(mem, kBytes, host, kBytes, ACL_MEMCPY_HOST_TO_DEVICE));
@@ -162,6 +173,7 @@ static int importer(int from_a, int to_a) {
     CHECK(aclrtFreePhysical(phys));
     CHECK(aclrtIpcMemClose(k.mem));
     CHECK(aclrtDestroyNotify(n));
+    CHECK(aclrtDestroyEvent(ev));
     SAY("closed %d", aclrtIpcMemClose(k.mem));  /* already closed */
     CHECK(aclrtDestroyStream(s));
     CHECK(aclrtResetDevice(0));
@@ -240,6 +252,17 @@ int main(int argc, char **argv) {
     CHECK(aclrtCreateNotify(&n, ACL_NOTIFY_DEFAULT));
     CHECK(aclrtNotifyGetExportKey(n, k.notify, sizeof(k.notify), 0));
     CHECK(aclrtNotifySetImportPid(n, &bpid, 1));
+    /* The event is recorded on s2 once the word at flag is 1. */
+    aclrtStream s2;
+    CHECK(aclrtCreateStream(&s2));
+    void *flag = NULL;
+    CHECK(aclrtMalloc(&flag, 64, ACL_MEM_MALLOC_HUGE_FIRST));
+    CHECK(aclrtMemset(flag, 64, 0, 64));
+    aclrtEvent ev = NULL;
+    CHECK(aclrtCreateEvent(&ev));
+    CHECK(aclrtValueWait(flag, 1, ACL_STREAM_WAIT_VALUE_EQ, s2));
+    CHECK(aclrtRecordEvent(ev, s2));
+    CHECK(aclrtIpcGetEventHandle(ev, &k.event));
     put(a2b[1], &k, sizeof(k));
     put(a2c[1], &k, sizeof(k));
 
@@ -247,6 +270,12 @@ int main(int argc, char **argv) {
     get(b2a[0], &go, 1);
     CHECK(aclrtRecordNotify(n, s));
     CHECK(aclrtSynchronizeStream(s));
+    get(b2a[0], &go, 1);  /* B waits for the event */
+    uint32_t first = 321;
+    CHECK(aclrtMemcpy(mem, 4, &first, 4, ACL_MEMCPY_HOST_TO_DEVICE));
+    CHECK(aclrtValueWrite(flag, 1, 0, s));
+    CHECK(aclrtSynchronizeStream(s));
+    CHECK(aclrtSynchronizeEvent(ev));
     get(b2a[0], &go, 1);
     CHECK(aclrtMemcpy(host, kBytes, mem, kBytes, ACL_MEMCPY_DEVICE_TO_HOST));
     SAY("ipc memory written by B %s", same(host, kBytes / 4, 789) ? "ok" : "BAD");
@@ -269,6 +298,9 @@ int main(int argc, char **argv) {
     CHECK(aclrtReleaseMemAddress(va));
     CHECK(aclrtFreePhysical(phys));
     CHECK(aclrtDestroyNotify(n));
+    CHECK(aclrtDestroyEvent(ev));
+    CHECK(aclrtDestroyStream(s2));
+    CHECK(aclrtFree(flag));
     CHECK(aclrtFree(mem));
     CHECK(aclrtFree(open_mem));
     CHECK(aclrtDestroyStream(s));

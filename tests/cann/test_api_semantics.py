@@ -41,6 +41,10 @@ unmap not a mapping: 100000
 set access on the host: 100000
 set access past the mapping: 100000
 access after set: 1
+export V2 bad type: 100000
+export twice: 100000
+fabric round trip: same memory
+import V2 junk: 100000
 unmap twice: 100000
 release twice: 100000
 free physical twice: 100000

@@ -1,5 +1,5 @@
 """Sharing between processes on one daemon (tests/cann/ipc_share.c): IPC memory by key, physical
-memory by shareable handle and IPC notifies, with CANN's pid whitelist; and a checkpoint of
+memory by shareable handle, IPC notifies and IPC events, with CANN's pid whitelist; and a checkpoint of
 either side while the sharing is live is refused with a message naming it, the processes
 running on."""
 
@@ -19,6 +19,7 @@ EXPECTED = sorted([
     "B ipc memory read ok",
     "B physical memory read ok",
     "B notify from A seen",
+    "B read after A's event 321",  # B's stream waited for A's IPC event
     "B closed 100000",  # closing a key twice
     "C import by key 207006",  # ACL_ERROR_RT_NO_PERMISSION: C is not whitelisted
     "C import shareable 207006",

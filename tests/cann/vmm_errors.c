@@ -59,6 +59,24 @@ int main(void) {
     printf("access after set: %llu\n", (unsigned long long)flags);
     CHECK(aclrtMapMem(va + g, g, 0, h2, 0));
     CHECK(aclrtUnmapMem(va + g));
+
+    /* A fabric handle (V2) names h on this daemon: imported back, it maps the same memory. */
+    aclrtMemFabricHandle fabric = {{0}};
+    SHOW("export V2 bad type", aclrtMemExportToShareableHandleV2(h, 0, (aclrtMemSharedHandleType)7, &fabric));
+    CHECK(aclrtMemExportToShareableHandleV2(h, ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION,
+                                            ACL_MEM_SHARE_HANDLE_TYPE_FABRIC, &fabric));
+    SHOW("export twice", aclrtMemExportToShareableHandleV2(h, 0, ACL_MEM_SHARE_HANDLE_TYPE_FABRIC, &fabric));
+    aclrtDrvMemHandle back = NULL;
+    CHECK(aclrtMemImportFromShareableHandleV2(&fabric, ACL_MEM_SHARE_HANDLE_TYPE_FABRIC, 0, &back));
+    CHECK(aclrtMapMem(va + g, g, 0, back, 0));
+    uint64_t x = 0x1122334455667788ULL, y = 0;
+    CHECK(aclrtMemcpy(va + 64, 8, &x, 8, ACL_MEMCPY_HOST_TO_DEVICE));
+    CHECK(aclrtMemcpy(&y, 8, va + g + 64, 8, ACL_MEMCPY_DEVICE_TO_HOST));
+    printf("fabric round trip: %s\n", x == y ? "same memory" : "BAD");
+    CHECK(aclrtUnmapMem(va + g));
+    CHECK(aclrtFreePhysical(back));
+    aclrtMemFabricHandle junk = {{0}};
+    SHOW("import V2 junk", aclrtMemImportFromShareableHandleV2(&junk, ACL_MEM_SHARE_HANDLE_TYPE_FABRIC, 0, &back));
     CHECK(aclrtUnmapMem(va));
     SHOW("unmap twice", aclrtUnmapMem(va));
     CHECK(aclrtReleaseMemAddress(va));

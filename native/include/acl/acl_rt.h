@@ -130,7 +130,10 @@ ACL_FUNC_VISIBILITY aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stre
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEvent(aclrtEvent event);
 ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent);
 
-/* ---- Virtual memory, IPC memory, notify, value write/wait (cann-ipc-vmm) ---- */
+/* ---- Virtual memory, IPC memory, notify, value write/wait, IPC events (cann-ipc-vmm) ---- */
+#define ACL_EVENT_IPC 0x00000040U
+#define ACL_IPC_EVENT_HANDLE_SIZE 64U
+
 #define ACL_STREAM_WAIT_VALUE_GEQ 0x00000000U
 #define ACL_STREAM_WAIT_VALUE_EQ 0x00000001U
 #define ACL_STREAM_WAIT_VALUE_AND 0x00000002U
@@ -177,6 +180,10 @@ typedef enum aclrtMemSharedHandleType {
     ACL_MEM_SHARE_HANDLE_TYPE_FABRIC = 0x2,
 } aclrtMemSharedHandleType;
 
+typedef struct aclrtMemFabricHandle {
+    uint8_t data[128];
+} aclrtMemFabricHandle;
+
 typedef struct aclrtPhysicalMemProp {
     aclrtMemHandleType handleType;
     aclrtMemAllocationType allocationType;
@@ -205,6 +212,10 @@ typedef struct {
     uint8_t rsv[12];
 } aclrtMemAccessDesc;
 
+typedef struct aclrtIpcEventHandle {
+    char reserved[ACL_IPC_EVENT_HANDLE_SIZE];
+} aclrtIpcEventHandle;
+
 /* Reserves a device VA range (expectPtr must be NULL; alignment 0 = the granularity). */
 ACL_FUNC_VISIBILITY aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr,
                                                     uint64_t flags);
@@ -225,6 +236,17 @@ ACL_FUNC_VISIBILITY aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle h
 ACL_FUNC_VISIBILITY aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId,
                                                                aclrtDrvMemHandle *handle);
 ACL_FUNC_VISIBILITY aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *pid, size_t pidNum);
+/* The same with the handle's kind named: ACL_MEM_SHARE_HANDLE_TYPE_DEFAULT (a uint64_t) or
+ * ACL_MEM_SHARE_HANDLE_TYPE_FABRIC (an aclrtMemFabricHandle; on npusim, valid on this daemon). */
+ACL_FUNC_VISIBILITY aclError aclrtMemExportToShareableHandleV2(aclrtDrvMemHandle handle, uint64_t flags,
+                                                               aclrtMemSharedHandleType shareType,
+                                                               void *shareableHandle);
+ACL_FUNC_VISIBILITY aclError aclrtMemImportFromShareableHandleV2(void *shareableHandle,
+                                                                 aclrtMemSharedHandleType shareType, uint64_t flags,
+                                                                 aclrtDrvMemHandle *handle);
+ACL_FUNC_VISIBILITY aclError aclrtMemSetPidToShareableHandleV2(void *shareableHandle,
+                                                               aclrtMemSharedHandleType shareType, int32_t *pid,
+                                                               size_t pidNum);
 ACL_FUNC_VISIBILITY aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
                                                               aclrtMemGranularityOptions option, size_t *granularity);
 /* The pid that IPC whitelists name this process by. */
@@ -258,6 +280,10 @@ ACL_FUNC_VISIBILITY aclError aclrtNotifySetImportPid(aclrtNotify notify, int32_t
 ACL_FUNC_VISIBILITY aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc, size_t count);
 ACL_FUNC_VISIBILITY aclError aclrtMemGetAccess(void *virPtr, aclrtMemLocation *location, uint64_t *flag);
 
+/* IPC events: an event shared with another process by handle (npusim accepts any event; CANN
+ * wants one created with ACL_EVENT_IPC). */
+ACL_FUNC_VISIBILITY aclError aclrtIpcGetEventHandle(aclrtEvent event, aclrtIpcEventHandle *handle);
+ACL_FUNC_VISIBILITY aclError aclrtIpcOpenEventHandle(aclrtIpcEventHandle handle, aclrtEvent *event);
 /* ---- end cann-ipc-vmm ---- */
 
 /* Process snapshot (CANN 9.1). pid must be getpid(); reserve must be NULL. */
