@@ -202,6 +202,8 @@ std::shared_ptr<Notify> find(Session &s, uint32_t id);
 // IPC share tables (ipc.cpp): what a client exported ends with its session.
 namespace ipc {
 void forget(pid_t owner);
+// An opened IPC event of importer is destroyed: its import ends.
+void drop_event_import(pid_t importer, const std::shared_ptr<SharedEvent> &event);
 }  // namespace ipc
 
 }  // namespace npusim

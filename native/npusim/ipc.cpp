@@ -55,13 +55,17 @@ void drop_importer(uint64_t key, pid_t pid) {
   if (one != it->second.importers.end()) it->second.importers.erase(one);
 }
 
-// Imports by other processes of what owner shared: how many, and one of their pids.
-std::pair<uint64_t, pid_t> importers_of(pid_t owner) {
+// What a share holds: 1 memory, 2 a notify, 3 an event (ShareImporters' flags).
+uint32_t kind_of(const Share &sh) { return sh.buf ? 1 : sh.notify ? 2 : 3; }
+
+// Imports by other processes of what owner shared (of one kind, or any for 0): how many, and one
+// of their pids.
+std::pair<uint64_t, pid_t> importers_of(pid_t owner, uint32_t kind) {
   std::lock_guard<std::mutex> g(g_mu);
   uint64_t n = 0;
   pid_t one = 0;
   for (auto &[key, sh] : g_shares) {
-    if (sh.owner != owner) continue;
+    if (sh.owner != owner || (kind != 0 && kind_of(sh) != kind)) continue;
     for (pid_t p : sh.importers)
       if (p != owner) {
         ++n;
@@ -108,6 +112,16 @@ bool owns(pid_t caller, uint64_t key) {
 }  // namespace
 
 namespace ipc {
+void drop_event_import(pid_t importer, const std::shared_ptr<SharedEvent> &event) {
+  std::lock_guard<std::mutex> g(g_mu);
+  for (auto &[key, sh] : g_shares) {
+    if (sh.event != event) continue;
+    auto one = sh.importers.find(importer);
+    if (one != sh.importers.end()) sh.importers.erase(one);
+    return;
+  }
+}
+
 void forget(pid_t owner) {
   std::lock_guard<std::mutex> g(g_mu);
   for (auto it = g_shares.begin(); it != g_shares.end();) {
@@ -203,13 +217,15 @@ int32_t DeviceState::handle_vmm_ipc(Session &s, const proto::Request &rq, proto:
       drop_importer(key, s.pid);
       return unreserve(s, rq.addr);
     case Op::ShareImporters: {
-      auto [n, one] = importers_of(s.pid);
+      auto [n, one] = importers_of(s.pid, rq.flags);
       rp.value[0] = n;
       rp.value[1] = static_cast<uint64_t>(one);
       return ACL_SUCCESS;
     }
     case Op::NotifyCreate: rp.value[0] = notify::create(s, rq.value[0] != 0); return ACL_SUCCESS;
-    case Op::NotifyDestroy: return notify::destroy(s, rq.event);
+    case Op::NotifyDestroy:
+      if (rq.value[0] != 0) drop_importer(rq.value[0], s.pid);  // an imported notify: its key
+      return notify::destroy(s, rq.event);
     case Op::NotifyQuery:
     case Op::NotifyReset: {
       auto n = notify::find(s, rq.event);
@@ -227,13 +243,14 @@ int32_t DeviceState::handle_vmm_ipc(Session &s, const proto::Request &rq, proto:
       if (!sh.notify) return ACL_ERROR_INVALID_PARAM;
       sh.owner = s.pid;
       sh.any_pid = rq.flags == 1;
-      rp.value[0] = publish(std::move(sh));
-      return ACL_SUCCESS;
+      rp.value[0] = publish(std::move(sh), rq.value[1]);
+      return rp.value[0] != 0 ? ACL_SUCCESS : ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     }
     case Op::NotifyImport: {
       Share sh;
       if (int32_t rc = admit(s.pid, key, &sh); rc != ACL_SUCCESS) return rc;
       if (!sh.notify) return ACL_ERROR_INVALID_PARAM;
+      add_importer(key, s.pid);
       rp.value[0] = notify::adopt(s, sh.notify);
       return ACL_SUCCESS;
     }
@@ -253,13 +270,14 @@ int32_t DeviceState::handle_vmm_ipc(Session &s, const proto::Request &rq, proto:
       }
       sh.owner = s.pid;
       sh.any_pid = true;  // CANN's IPC event handle has no whitelist
-      rp.value[0] = publish(std::move(sh));
-      return ACL_SUCCESS;
+      rp.value[0] = publish(std::move(sh), rq.value[1]);
+      return rp.value[0] != 0 ? ACL_SUCCESS : ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     }
     case Op::EventImport: {
       Share sh;
       if (int32_t rc = admit(s.pid, key, &sh); rc != ACL_SUCCESS) return rc;
       if (!sh.event) return ACL_ERROR_INVALID_PARAM;
+      add_importer(key, s.pid);
       std::lock_guard<std::mutex> g(s.mu);
       uint32_t id = s.next_id++;
       s.events[id] = Event{0, 0, sh.event};

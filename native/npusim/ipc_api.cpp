@@ -249,13 +249,7 @@ int32_t check_ipc(std::string *why) {
     for (PhysObj *p : vmm().phys) exports = exports || p->exported != 0;
     if (!exports) return ACL_SUCCESS;
   }
-  proto::Reply rp{};
-  if (runtime().pool.call(wire::request(proto::Op::ShareImporters), &rp) != ACL_SUCCESS)
-    return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
-  if (rp.value[0] == 0) return ACL_SUCCESS;
-  *why = "memory exported to " + std::to_string(rp.value[0]) + " import(s) by running processes (pid " +
-         std::to_string(rp.value[1]) + "): checkpoint the importers first";
-  return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+  return check_importers(1, "memory", why);
 }
 
 int32_t republish(proto::Op op, uint64_t addr, uint64_t size, bool any_pid, uint64_t number,

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "runtime.h"
 #include "wire.h"
@@ -47,6 +48,20 @@ inline int32_t set_pids(proto::Op op, uint64_t n, const int32_t *pid, size_t num
     if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
   }
   return ACL_SUCCESS;
+}
+
+// At Lock of an exporter: ACL_SUCCESS unless other processes still import what it shares of
+// kind (ShareImporters' flags: 1 memory, 2 notify, 3 event); then *why names them. Their use of
+// it after this checkpoint would be lost, so they are to be checkpointed first.
+inline int32_t check_importers(uint32_t kind, const char *what, std::string *why) {
+  proto::Request rq = wire::request(proto::Op::ShareImporters);
+  rq.flags = kind;
+  proto::Reply rp{};
+  if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+  if (rp.value[0] == 0) return ACL_SUCCESS;
+  *why = std::string(what) + " exported to " + std::to_string(rp.value[0]) + " import(s) by running processes (pid " +
+         std::to_string(rp.value[1]) + "): checkpoint the importers first";
+  return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
 }
 
 }  // namespace npusim::rt

@@ -1,6 +1,8 @@
 // Notifies: a flag one stream sets (aclrtRecordNotify) and another waits for and clears
 // (aclrtWaitAndResetNotify), also across processes (IPC notify, by key). Handles are objects of
-// this process; the snapshot (kind "notify") carries whether each one is recorded.
+// this process; the snapshot (kind "notify") carries whether each one is recorded, and an IPC
+// notify as IPC memory is carried (ipc_api.cpp): importers checkpointed first, the exporter
+// publishing its key again on restore, importers importing it again.
 #include <string>
 #include <vector>
 
@@ -19,7 +21,9 @@ struct NotifyObj {
   uint32_t public_id;  // aclrtGetNotifyId: stable for the handle's life
   int32_t device;
   uint64_t exported = 0;  // share number of its key (0: not exported)
-  bool imported = false;
+  bool export_any_pid = false;
+  std::vector<int32_t> export_pids;  // whitelisted: again on restore
+  uint64_t imported = 0;  // share number it was imported from (0: created here)
   bool recorded = false;  // saved by Backup
 };
 
@@ -43,9 +47,12 @@ int32_t check_notify(aclrtNotify notify, NotifyObj **out) {
   return ACL_SUCCESS;
 }
 
-NotifyObj *adopt(uint32_t id, int32_t device, bool imported) {
+NotifyObj *adopt(uint32_t id, int32_t device, uint64_t imported) {
   std::lock_guard<std::mutex> g(runtime().mu);
-  auto *n = new NotifyObj{id, notifies().next_public++, device};
+  auto *n = new NotifyObj;
+  n->id = id;
+  n->public_id = notifies().next_public++;
+  n->device = device;
   n->imported = imported;
   notifies().live.insert(n);
   return n;
@@ -77,7 +84,7 @@ aclError aclrtCreateNotify(aclrtNotify *notify, uint64_t flag) {
   if (aclError rc = active_device(r, &d); rc != ACL_SUCCESS) return rc;
   proto::Reply rp{};
   if (int32_t rc = r.pool.call(wire::request(proto::Op::NotifyCreate), &rp); rc != ACL_SUCCESS) return rc;
-  *notify = adopt(static_cast<uint32_t>(rp.value[0]), d, false);
+  *notify = adopt(static_cast<uint32_t>(rp.value[0]), d, 0);
   return ACL_SUCCESS;
 }
 
@@ -87,6 +94,7 @@ aclError aclrtDestroyNotify(aclrtNotify notify) {
   if (int32_t rc = check_notify(notify, &n); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::NotifyDestroy);
   rq.event = n->id;
+  rq.value[0] = n->imported;
   if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(runtime().mu);
   notifies().live.erase(n);
@@ -134,7 +142,7 @@ aclError aclrtNotifyGetExportKey(aclrtNotify notify, char *key, size_t len, uint
   CallScope scope;
   NotifyObj *n = nullptr;
   if (int32_t rc = check_notify(notify, &n); rc != ACL_SUCCESS) return rc;
-  if (n->imported) return ACL_ERROR_INVALID_PARAM;
+  if (n->imported != 0) return ACL_ERROR_INVALID_PARAM;
   char probe[64];
   if (format_key("notify", ~0ULL, probe, sizeof(probe)) != ACL_SUCCESS || std::strlen(probe) + 1 > len)
     return ACL_ERROR_INVALID_PARAM;  // too short for any key
@@ -146,6 +154,7 @@ aclError aclrtNotifyGetExportKey(aclrtNotify notify, char *key, size_t len, uint
   format_key("notify", rp.value[0], key, len);
   std::lock_guard<std::mutex> g(runtime().mu);
   n->exported = rp.value[0];
+  n->export_any_pid = rq.flags == 1;
   return ACL_SUCCESS;
 }
 
@@ -155,7 +164,10 @@ aclError aclrtNotifySetImportPid(aclrtNotify notify, int32_t *pid, size_t num) {
   NotifyObj *n = nullptr;
   if (int32_t rc = check_notify(notify, &n); rc != ACL_SUCCESS) return rc;
   if (n->exported == 0) return ACL_ERROR_INVALID_PARAM;  // export it first
-  return set_pids(proto::Op::NotifySetPids, n->exported, pid, num);
+  if (int32_t rc = set_pids(proto::Op::NotifySetPids, n->exported, pid, num); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  n->export_pids.insert(n->export_pids.end(), pid, pid + num);
+  return ACL_SUCCESS;
 }
 
 aclError aclrtNotifyImportByKey(aclrtNotify *notify, const char *key, uint64_t flags) {
@@ -172,7 +184,7 @@ aclError aclrtNotifyImportByKey(aclrtNotify *notify, const char *key, uint64_t f
   rq.value[0] = k;
   proto::Reply rp{};
   if (int32_t rc = r.pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;  // gone, or not whitelisted
-  *notify = adopt(static_cast<uint32_t>(rp.value[0]), d, true);
+  *notify = adopt(static_cast<uint32_t>(rp.value[0]), d, k);
   return ACL_SUCCESS;
 }
 
@@ -186,14 +198,15 @@ std::vector<NotifyObj *> all_notifies() {
   return std::vector<NotifyObj *>(notifies().live.begin(), notifies().live.end());
 }
 
-// A notify shared with another process cannot be carried: the other side is dumped on its own.
+// An exporter whose importers still run is refused (they may record it after its state is saved).
 int32_t check_notifies(std::string *why) {
-  std::lock_guard<std::mutex> g(runtime().mu);
-  size_t shared = 0;
-  for (NotifyObj *n : notifies().live) shared += n->exported != 0 || n->imported;
-  if (shared == 0) return ACL_SUCCESS;
-  *why = std::to_string(shared) + " IPC notify(s) shared with another process (destroy them before a checkpoint)";
-  return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    bool exports = false;
+    for (NotifyObj *n : notifies().live) exports = exports || n->exported != 0;
+    if (!exports) return ACL_SUCCESS;
+  }
+  return check_importers(2, "notify", why);
 }
 
 int32_t backup_notifies(const SnapshotPass &) {
@@ -207,12 +220,35 @@ int32_t backup_notifies(const SnapshotPass &) {
   return ACL_SUCCESS;
 }
 
+// Own notifies first (and their exports): this process may import its own keys.
 int32_t restore_notifies(const SnapshotPass &) {
-  for (NotifyObj *n : all_notifies()) {
+  std::vector<NotifyObj *> all = all_notifies();
+  for (NotifyObj *n : all) {
+    if (n->imported != 0) continue;
     proto::Request rq = wire::request(proto::Op::NotifyCreate);
     rq.value[0] = n->recorded ? 1 : 0;
     proto::Reply rp{};
     if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    n->id = static_cast<uint32_t>(rp.value[0]);
+    if (n->exported == 0) continue;
+    proto::Request ex = wire::request(proto::Op::NotifyExport);
+    ex.event = n->id;
+    ex.flags = n->export_any_pid ? 1 : 0;
+    ex.value[1] = n->exported;
+    if (runtime().pool.call(ex) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;  // its number is taken
+    if (!n->export_pids.empty() &&
+        set_pids(proto::Op::NotifySetPids, n->exported, n->export_pids.data(), n->export_pids.size()) != ACL_SUCCESS)
+      return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  }
+  for (NotifyObj *n : all) {
+    if (n->imported == 0) continue;
+    proto::Request rq = wire::request(proto::Op::NotifyImport);
+    rq.value[0] = n->imported;
+    proto::Reply rp{};
+    if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) {
+      note_error("snapshot: cannot import IPC notify again: restore the exporting process first");
+      return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
     n->id = static_cast<uint32_t>(rp.value[0]);
   }
   return ACL_SUCCESS;

@@ -62,15 +62,15 @@ enum class Op : uint32_t {
   IpcImport,      // value[0]=key number, value[1]: the old address (restore) or 0 -> value[0]=addr (a mapping), value[1]=size
   IpcClose,       // value[0]=key number, addr: an exporter withdraws the key; an importer unmaps addr
   NotifyCreate,   // value[0]: initially recorded (restore) -> value[0]=notify id
-  NotifyDestroy,  // event=notify id
+  NotifyDestroy,  // event=notify id, value[0]: its key number if it was imported (else 0)
   NotifyQuery,    // event=notify id -> value[0]=1 if recorded
   NotifyReset,    // event=notify id: clear now (aclrtNotifyBatchReset)
-  NotifyExport,   // event=notify id, flags: 1 no pid check -> value[0]=key number
+  NotifyExport,   // event=notify id, flags: 1 no pid check, value[1]: the old number (restore) or 0 -> value[0]=key number
   NotifySetPids,  // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
   NotifyImport,   // value[0]=key number -> value[0]=notify id in the caller's session
-  EventExport,    // event: an IPC event from now on -> value[0]=key number (any pid may open it, as in CANN)
+  EventExport,    // event, value[1]: the old number (restore) or 0: an IPC event from now on -> value[0]=key number (any pid may open it)
   EventImport,    // value[0]=key number -> value[0]=event id in the caller's session, value[1]=completed
-  ShareImporters, // -> value[0]=imports by other processes of what the caller shares, value[1]=one of their pids
+  ShareImporters, // flags: 0 any, 1 memory, 2 notify, 3 event -> value[0]=imports by other processes of what the caller shares, value[1]=one of their pids
 };
 
 enum class TaskKind : uint32_t {

@@ -230,7 +230,10 @@ uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns) {
 
 int32_t event_destroy(Session &s, uint32_t id) {
   std::lock_guard<std::mutex> g(s.mu);
-  if (s.events.erase(id) == 0) return ACL_ERROR_INVALID_PARAM;
+  auto it = s.events.find(id);
+  if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  if (it->second.ipc) ipc::drop_event_import(s.pid, it->second.ipc);  // no-op for the exporter
+  s.events.erase(it);
   s.cv.notify_all();  // streams waiting on it move on
   return ACL_SUCCESS;
 }

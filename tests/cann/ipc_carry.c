@@ -4,7 +4,10 @@
  * pid) and a physical allocation by shareable handle. Each step, each side adds the step number
  * to every word of the memory it owns the use of (A: its half; B: the other half, through the
  * import, and the physical memory, through a mapping of it) and prints a checksum, so a restored
- * side whose data was lost or re-mapped wrong prints something else. The handshake runs over the
+ * side whose data was lost or re-mapped wrong prints something else. B also records A's IPC
+ * notify at even steps and waits for it (5 s at most) at odd ones, so the notify's state, which
+ * A's checkpoint saves after B's, must come back; and B waits for A's IPC event, which A records
+ * every step. The handshake runs over the
  * FIFOs a2b and b2a in DIR (closed before the loop); at the end B creates DIR/b.done and A waits
  * for it (however long) before withdrawing its exports.
  *
@@ -34,8 +37,9 @@ static char role = '?';
 enum { kWords = 16384 };  /* one half: 64 KiB */
 
 struct Keys {
-    char mem[65];
+    char mem[65], notify[65];
     uint64_t shareable;
+    aclrtIpcEventHandle event;
 };
 
 static int fifo(const char *dir, const char *name, int flags) {
@@ -117,6 +121,14 @@ int main(int argc, char **argv) {
         CHECK(aclrtIpcMemSetImportPid(k.mem, &bpid, 1));
         CHECK(aclrtMemExportToShareableHandle(phys, ACL_MEM_HANDLE_TYPE_NONE, 0, &k.shareable));
         CHECK(aclrtMemSetPidToShareableHandle(k.shareable, &bpid, 1));
+        aclrtNotify n;
+        CHECK(aclrtCreateNotify(&n, 0));
+        CHECK(aclrtNotifyGetExportKey(n, k.notify, sizeof(k.notify), 0));
+        CHECK(aclrtNotifySetImportPid(n, &bpid, 1));
+        aclrtEvent ev;
+        CHECK(aclrtCreateEvent(&ev));
+        CHECK(aclrtRecordEvent(ev, NULL));
+        CHECK(aclrtIpcGetEventHandle(ev, &k.event));
         put(to_b, &k, sizeof(k));
         char ok = 0;
         get(from_b, &ok, 1);  /* B has imported both */
@@ -125,6 +137,7 @@ int main(int argc, char **argv) {
         printf("ready pid %d\n", (int)getpid());
         for (int step = 0; step < steps; step++) {
             printf("A step %d %016llx\n", step, (unsigned long long)accumulate(mem, (uint32_t)step));
+            CHECK(aclrtRecordEvent(ev, NULL));
             nap(sleep_ms);
         }
         struct stat st;
@@ -133,6 +146,8 @@ int main(int argc, char **argv) {
         printf("A sees B's half %016llx\n", (unsigned long long)accumulate(mem + kWords * 4, 0));
         printf("A sees B's physical %016llx\n", (unsigned long long)accumulate(va + g - kWords * 4, 0));
         CHECK(aclrtIpcMemClose(k.mem));
+        CHECK(aclrtDestroyNotify(n));
+        CHECK(aclrtDestroyEvent(ev));
         CHECK(aclrtUnmapMem(va));
         CHECK(aclrtReleaseMemAddress(va));
         CHECK(aclrtFreePhysical(phys));
@@ -150,6 +165,12 @@ int main(int argc, char **argv) {
         char *va;
         CHECK(aclrtReserveMemAddress((void **)&va, g, 0, NULL, 0));
         CHECK(aclrtMapMem(va, g, 0, phys, 0));
+        aclrtNotify n;
+        CHECK(aclrtNotifyImportByKey(&n, k.notify, 0));
+        aclrtEvent ev;
+        CHECK(aclrtIpcOpenEventHandle(k.event, &ev));
+        aclrtStream s;
+        CHECK(aclrtCreateStream(&s));
         char ok = 1;
         put(to_a, &ok, 1);
         close(to_a);
@@ -157,6 +178,10 @@ int main(int argc, char **argv) {
         printf("ready pid %d\n", (int)getpid());
         for (int step = 0; step < steps; step++) {
             uint64_t h1 = accumulate(half, (uint32_t)step), h2 = accumulate(va + g - kWords * 4, (uint32_t)step);
+            if (step % 2 == 0) CHECK(aclrtRecordNotify(n, s));
+            else CHECK(aclrtWaitAndResetNotify(n, s, 5000));
+            CHECK(aclrtStreamWaitEvent(s, ev));
+            CHECK(aclrtSynchronizeStream(s));
             printf("B step %d %016llx %016llx\n", step, (unsigned long long)h1, (unsigned long long)h2);
             nap(sleep_ms);
         }
@@ -164,6 +189,9 @@ int main(int argc, char **argv) {
         CHECK(aclrtReleaseMemAddress(va));
         CHECK(aclrtFreePhysical(phys));
         CHECK(aclrtIpcMemClose(k.mem));
+        CHECK(aclrtDestroyNotify(n));
+        CHECK(aclrtDestroyEvent(ev));
+        CHECK(aclrtDestroyStream(s));
         FILE *f = fopen(done_path, "w");
         if (f != NULL) fclose(f);
     }

@@ -6,8 +6,9 @@
  * disabled), a physical allocation by shareable handle (whitelisted to B) and a notify (IPC
  * notify, whitelisted to B) and an event (IPC event). B reads and writes through its imports,
  * waits for A's notify, and orders a read after A's event;
- * C is refused whatever names B only. Then A and B hold their shares (a checkpoint of either is
- * refused meanwhile) until the file RELEASE exists (at most a minute), release them, and exit.
+ * C is refused whatever names B only. Then A and B hold their shares (a checkpoint of A is refused
+ * meanwhile: its importer runs) until the file RELEASE exists (at most a minute), release them,
+ * and exit.
  *
  * Usage: ipc_share a|b|c DIR [RELEASE]. Every line starts with the process's role. */
 #include <acl/acl.h>
@@ -164,8 +165,9 @@ static int importer(int from_a, int to_a) {
     CHECK(aclrtMemcpy(va, kBytes, host, kBytes, ACL_MEMCPY_HOST_TO_DEVICE));
     put(to_a, &go, 1);
 
-    /* A snapshot cannot carry one side of a sharing: Lock refuses, and the process runs on. */
+    /* An importer may be checkpointed (before its exporter): Lock passes; unlocked at once. */
     SAY("lock %d", aclrtSnapShotProcessLock(getpid(), NULL));
+    SAY("unlock %d", aclrtSnapShotProcessUnlock(getpid(), NULL));
     SAY("holding pid %d", (int)getpid());
     get(from_a, &go, 1);  /* A is done holding */
     CHECK(aclrtUnmapMem(va));
@@ -283,6 +285,7 @@ int main(int argc, char **argv) {
     SAY("physical memory written by B %s", same(host, kBytes / 4, 1011) ? "ok" : "BAD");
     get(c2a[0], &go, 1);
 
+    /* An exporter whose importer runs cannot be carried: Lock refuses, and the process runs on. */
     SAY("lock %d", aclrtSnapShotProcessLock(getpid(), NULL));
     SAY("holding pid %d", (int)getpid());
     struct stat st;
