@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "acl/acl_base.h"
+#include "builtin_tasks.h"
 #include "va.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -210,12 +211,6 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
     case TaskKind::DeviceToDevice: dst_len = src_len = t.size; src_dev = true; kernel = false; break;
     case TaskKind::Memset: dst_len = t.size; kernel = false; break;
     case TaskKind::HostMemset: dst_dev = false; kernel = false; break;
-    case TaskKind::ValueWrite:
-    case TaskKind::ValueWait:
-      if (!on_stream || t.dst % 8 != 0) return ACL_ERROR_INVALID_PARAM;
-      dst_len = 8;
-      kernel = false;
-      break;
     case TaskKind::Fill:
       if (!mul_ok(t.m, sizeof(float), &dst_len)) return ACL_ERROR_INVALID_PARAM;
       break;
@@ -237,6 +232,23 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
     case TaskKind::WaitEvent:
     case TaskKind::RecordNotify:
     case TaskKind::WaitNotify: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+    case TaskKind::ValueWrite: dst_len = sizeof(uint64_t); kernel = false; break;
+    case TaskKind::ValueWait:
+      if (!on_stream) return ACL_ERROR_INVALID_PARAM;
+      dst_len = sizeof(uint64_t);
+      kernel = false;
+      break;
+    case TaskKind::Reduce:
+      if (!builtin::reduce_ok(t)) return ACL_ERROR_INVALID_PARAM;
+      dst_len = src_len = t.size;
+      src_dev = true;
+      break;
+    case TaskKind::RandomNum:
+      dst_len = builtin::random_bytes(t);
+      if (dst_len == 0) return ACL_ERROR_INVALID_PARAM;
+      src_len = builtin::kRandomCounterBytes;
+      src_dev = true;
+      break;
     default: return ACL_ERROR_INVALID_PARAM;
   }
   if (kernel && on_stream) {

@@ -60,6 +60,7 @@ struct Stream {
   uint64_t done = 0;
   bool cancel = false;
   int32_t error = 0;  // first failure of an async task, reported by the next synchronize
+  bool stop_on_failure = false;  // ACL_STOP_ON_FAILURE: a failed task drops the rest of the queue
   std::thread worker;
 };
 
@@ -189,6 +190,10 @@ uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns);
 int32_t event_destroy(Session &s, uint32_t id);
 int32_t event_query(Session &s, uint32_t id, Event *out);
 int32_t event_sync(Session &s, uint32_t id, uint64_t target);
+int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure);
+int32_t event_signal(Session &s, uint32_t id);
+// Reads (set false: into *out) or sets (to value) the failure a stream's next synchronize reports.
+int32_t pending_error(Session &s, uint32_t id, bool set, uint64_t *out, uint64_t value);
 }  // namespace streams
 
 // Notify (notify.cpp), guarded by the session's mu.

@@ -10,6 +10,7 @@
 
 #include "acl/acl_base.h"
 #include "device_state.h"
+#include "builtin_tasks.h"
 #include "kernels.h"
 
 namespace npusim {
@@ -90,9 +91,6 @@ int32_t run_work(Work &w) {
     case TaskKind::DeviceToDevice: std::memmove(w.dst, w.src, t.size); return ACL_SUCCESS;
     case TaskKind::Memset: std::memset(w.dst, t.value, t.size); return ACL_SUCCESS;
     case TaskKind::HostMemset: return client_memset(w.pid, t.dst, t.size, t.value);
-    case TaskKind::ValueWrite:  // seen by a ValueWait polling from another stream or process
-      __atomic_store_n(reinterpret_cast<uint64_t *>(w.dst), t.target, __ATOMIC_SEQ_CST);
-      return ACL_SUCCESS;
     case TaskKind::Fill: kernels::fill(reinterpret_cast<float *>(w.dst), t.m, t.alpha); return ACL_SUCCESS;
     case TaskKind::Axpy:
       kernels::axpy(t.m, t.alpha, reinterpret_cast<const float *>(w.src), reinterpret_cast<float *>(w.dst));
@@ -101,7 +99,10 @@ int32_t run_work(Work &w) {
       kernels::matmul(t.m, t.n, t.k, reinterpret_cast<const float *>(w.src),
                       reinterpret_cast<const float *>(w.src2), reinterpret_cast<float *>(w.dst));
       return ACL_SUCCESS;
-    default: return ACL_SUCCESS;  // events are handled by the stream worker
+    case TaskKind::ValueWrite:
+    case TaskKind::Reduce:
+    case TaskKind::RandomNum: return builtin::run(w);
+    default: return ACL_SUCCESS;  // events and value waits are handled by the stream worker
   }
 }
 

@@ -1,4 +1,5 @@
-// IPC events: an event of this process shared with others by handle (aclrtIpcGetEventHandle), or
+// IPC events: an event of this process created with ACL_EVENT_IPC shared with others by handle
+// (aclrtIpcGetEventHandle), or
 // one of theirs opened here (aclrtIpcOpenEventHandle). An opened event is an ordinary event
 // handle of this process whose state the daemon shares with the exporter's, so record, wait,
 // synchronize and query work on it unchanged. The snapshot carries the sharing as it carries IPC
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "contexts.h"
 #include "ipc_key.h"
 #include "resources.h"
 #include "runtime.h"
@@ -53,7 +55,8 @@ aclError aclrtIpcGetEventHandle(aclrtEvent event, aclrtIpcEventHandle *handle) {
   {
     std::lock_guard<std::mutex> g(r.mu);
     if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
-    if (e == nullptr || r.events.count(e) == 0) return ACL_ERROR_INVALID_PARAM;
+    // CANN shares only events created with ACL_EVENT_IPC (aclrtCreateEventExWithFlag).
+    if (e == nullptr || r.events.count(e) == 0 || (e->flags & ACL_EVENT_IPC) == 0) return ACL_ERROR_INVALID_PARAM;
     auto it = ipc_events().find(e);
     rq.value[1] = it != ipc_events().end() ? it->second.exported : 0;  // the same handle again
     rq.event = e->id;
@@ -88,6 +91,8 @@ aclError aclrtIpcOpenEventHandle(aclrtIpcEventHandle handle, aclrtEvent *event) 
   // Records made so far count as this handle's: a wait waits for the latest of them.
   auto *e = new EventObj{static_cast<uint32_t>(rp.value[0]), d, rp.value[1], 0, 0};
   std::lock_guard<std::mutex> g(r.mu);
+  e->ctx = owning_context(r);
+  e->flags = ACL_EVENT_IPC;
   r.events.insert(e);
   ipc_events()[e] = IpcEvent{0, key};
   *event = e;

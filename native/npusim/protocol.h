@@ -45,6 +45,11 @@ enum class Op : uint32_t {
   Import,
   Quiesce,        // flags: 1 locked (restored), 2 locked awaiting an import, 0 unlocking
   ExportDevices,
+  // cann-surface: stream failure mode and host callbacks.
+  StreamFailureMode,  // stream, flags: 1 = ACL_STOP_ON_FAILURE (a failed task drops the work queued behind it)
+  EventSignal,        // event: complete one record now (a host callback has run)
+  StreamError,        // stream: flags 0 -> value[0] = the failure the next synchronize reports (kept);
+                      // flags 1: set it to value[0] (a restored stream)
   // Virtual memory, IPC memory and notify (vmm.cpp, ipc.cpp). A physical allocation is an ordinary
   // allocation (Malloc) at an address the application never sees; a mapping is an alias of part
   // of one, placed inside a reservation.
@@ -84,11 +89,15 @@ enum class TaskKind : uint32_t {
   RecordEvent,       // event
   WaitEvent,         // event, target
   HostMemset,        // dst host (client memory), size bytes of (uint8_t)value: aclrtMemsetAsync on host memory
+  // cann-surface: built-in tasks.
+  ValueWrite,        // dst device: the 8 bytes there become target
+  ValueWait,         // dst device: the stream stalls until the 8 bytes there meet target by value (ACL_STREAM_WAIT_VALUE_*)
+  Reduce,            // dst, src device, size bytes: dst[i] = dst[i] (m: aclrtReduceKind) src[i], elements of aclDataType n
+  RandomNum,         // dst results, src the 16-byte counter, size numbers of aclDataType m, n: aclrtRandomNumFuncType,
+                     // k and target: the two parameters' bytes (by value), src2: the seed
   // Notify (cann-ipc-vmm)
   RecordNotify,      // event=notify id: set
   WaitNotify,        // event=notify id, target=timeout ms (0: forever): wait until set, then clear
-  ValueWrite,        // dst device: the uint64 target
-  ValueWait,         // dst device: wait until the uint64 there meets target by value (ACL_STREAM_WAIT_VALUE_*)
 };
 
 struct Task {
@@ -123,5 +132,10 @@ struct Reply {
   uint32_t payload_len;  // bytes following the reply
   uint64_t value[3];
 };
+
+// Op::Quiesce's flags: what the client's runtime tells the daemon about its own lock (export.h).
+constexpr uint32_t kQuiesceUnlocking = 0;       // about to unlock
+constexpr uint32_t kQuiesceLocked = 1;          // locked and drained (after a restore)
+constexpr uint32_t kQuiesceAwaitingImport = 2;  // locked, allocations awaiting an import (external restore)
 
 }  // namespace npusim::proto

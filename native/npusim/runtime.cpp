@@ -1,6 +1,8 @@
 // Process-wide runtime state, initialization and device management.
 #include "runtime.h"
 
+#include "contexts.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,13 +19,6 @@ namespace npusim::rt {
 namespace {
 thread_local int32_t t_device = -1;
 }  // namespace
-
-namespace {
-thread_local std::string recent_error_message;
-}
-
-void note_error(const std::string &message) { recent_error_message = message; }
-const std::string &recent_error() { return recent_error_message; }
 
 Runtime &runtime() {
   // Never destroyed: threads may still be inside the runtime while the process exits.
@@ -46,13 +41,18 @@ CallScope::~CallScope() {
   r.gate_cv.notify_all();
 }
 
-int32_t current_device() { return t_device >= 0 ? t_device : runtime().current_device; }
+int32_t current_device() {
+  if (ContextObj *c = thread_context()) return c->device;
+  return t_device >= 0 ? t_device : runtime().current_device;
+}
 
 aclError active_device(Runtime &r, int32_t *device) {
   std::lock_guard<std::mutex> g(r.mu);
-  if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
+  if (!r.initialized) return note_error(ACL_ERROR_UNINITIALIZE, "aclInit was not called");
   *device = current_device();
-  return r.devices.count(*device) == 0 ? ACL_ERROR_RT_CONTEXT_NULL : ACL_SUCCESS;
+  if (r.devices.count(*device) == 0)
+    return note_error(ACL_ERROR_RT_CONTEXT_NULL, "no current context: call aclrtSetDevice first");
+  return ACL_SUCCESS;
 }
 
 void set_thread_device(int32_t device) { t_device = device; }
@@ -62,13 +62,15 @@ int32_t resolve_stream(aclrtStream stream, StreamObj **out) {
   std::lock_guard<std::mutex> g(r.mu);
   if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
   if (stream == nullptr) {
-    auto it = r.devices.find(current_device());
-    if (it == r.devices.end()) return ACL_ERROR_RT_CONTEXT_NULL;
-    *out = it->second.default_stream;
+    // The default stream of the current context.
+    ContextObj *c = owning_context(r);
+    if (c == nullptr || r.devices.count(c->device) == 0)
+      return note_error(ACL_ERROR_RT_CONTEXT_NULL, "no current context: call aclrtSetDevice first");
+    *out = c->default_stream;
     return ACL_SUCCESS;
   }
   auto *s = static_cast<StreamObj *>(stream);
-  if (r.streams.count(s) == 0) return ACL_ERROR_INVALID_PARAM;
+  if (r.streams.count(s) == 0) return note_error(ACL_ERROR_INVALID_PARAM, "not a live stream");
   *out = s;
   return ACL_SUCCESS;
 }
@@ -119,6 +121,7 @@ void release_device(int32_t device) {
   for (uint64_t va : addrs) r.allocs.erase(va);
   // Peer access stays: CANN keeps it in the driver (halDeviceEnableP2P) and a reset never
   // disables it; only aclrtDeviceDisablePeerAccess (or aclFinalize here) ends it.
+  end_contexts(r, device);
   r.devices.erase(device);
   if (r.current_device == device) r.current_device = -1;
 }
@@ -158,6 +161,7 @@ aclError aclInit(const char *configPath) {
     return rc;
   }
   r.initialized = true;
+  ++r.epoch;
   start_ctl();  // by-pid checkpoint requests (ctl.cpp)
   return ACL_SUCCESS;
 }
@@ -181,8 +185,10 @@ aclError aclFinalize() {
   r.allocs.clear();
   r.devices.clear();
   r.peers.clear();
+  end_contexts(r, -1);
   r.current_device = -1;
   set_thread_device(-1);
+  set_thread_context(nullptr);
   return ACL_SUCCESS;
 }
 
@@ -198,6 +204,7 @@ aclError aclrtSetDevice(int32_t deviceId) {
       ++it->second.refs;
       r.current_device = deviceId;
       set_thread_device(deviceId);
+      set_thread_context(it->second.default_stream->ctx);  // the device's default context
       return ACL_SUCCESS;
     }
   }
@@ -213,6 +220,7 @@ aclError aclrtSetDevice(int32_t deviceId) {
   ++ctx.refs;
   r.current_device = deviceId;
   set_thread_device(deviceId);
+  set_thread_context(make_default_context(r, deviceId, s));
   return ACL_SUCCESS;
 }
 

@@ -43,10 +43,19 @@ class ConnPool {
   uint64_t generation_ = 0;  // bumped by close_all: connections of an older generation are dropped
 };
 
+struct ContextObj;  // contexts.h
+
 struct StreamObj {
   uint32_t id;
   int32_t device;
   bool is_default;
+  ContextObj *ctx = nullptr;  // the context it belongs to (contexts.h)
+  uint32_t flags = 0;         // ACL_STREAM_* (aclrtCreateStreamWithConfig)
+  uint32_t priority = 0;
+  uint64_t failure_mode = 0;  // ACL_CONTINUE_ON_FAILURE / ACL_STOP_ON_FAILURE
+  int32_t public_id = -1;     // aclrtStreamGetId: stable across restores, unlike id
+  uint32_t overflow_switch = 0;  // aclrtSetStreamOverflowSwitch
+  int32_t pending_error = 0;     // saved by Backup: the failure the next synchronize reports
 };
 
 struct EventObj {
@@ -55,6 +64,8 @@ struct EventObj {
   uint64_t records;       // records queued so far; a wait targets the latest
   uint64_t completed;     // saved by Backup
   uint64_t timestamp_ns;  // saved by Backup
+  ContextObj *ctx = nullptr;  // the context it belongs to (contexts.h)
+  uint32_t flags = 0;         // ACL_EVENT_* (aclrtCreateEventWithFlag)
 };
 
 struct Alloc {
@@ -73,6 +84,7 @@ enum class State { Running, Locked, BackedUp };
 struct Runtime {
   std::mutex mu;  // guards every field below
   bool initialized = false;
+  uint64_t epoch = 0;  // bumped by each aclInit: what an earlier session left on the daemon is gone
   std::string socket_path;
   ConnPool pool;
   int32_t current_device = -1;  // process-wide; a thread's own aclrtSetDevice takes precedence
@@ -110,6 +122,8 @@ aclError active_device(Runtime &r, int32_t *device);
 void set_thread_device(int32_t device);
 // Resolves a stream handle (NULL: the current device's default stream).
 int32_t resolve_stream(aclrtStream stream, StreamObj **out);
+// The same, with the failure noted as api's (stream_config.cpp).
+aclError stream_for(aclrtStream stream, StreamObj **out, const char *api);
 // True if device memory on a may be copied to/from b.
 bool peer_ok(int32_t a, int32_t b);
 // Sends task to run now (stream == nullptr) or queued on stream.
@@ -123,7 +137,12 @@ void drop_backups();
 int32_t snapshot_lock(int64_t timeout_ms);
 // Remembers why the calling thread's last call failed (aclGetRecentErrMsg reports it).
 void note_error(const std::string &message);
+// The same, and the code aclrtGetLastError / aclrtPeekAtLastError report; returns code.
+aclError note_error(aclError code, const std::string &message);
 const std::string &recent_error();
+// Tells the aclrtSetExceptionInfoCallback callback (if any) that a task on a stream failed
+// (stream_id: as aclrtStreamGetId reports it, -1 if never asked).
+void report_task_exception(int32_t device, int32_t stream_id, aclError code);
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.
 void start_ctl();
 

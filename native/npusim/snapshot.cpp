@@ -14,6 +14,7 @@
 
 #include "acl/npusim.h"
 #include "direct.h"
+#include "npusnap/states.h"
 #include "resources.h"
 #include "runtime.h"
 #include "wire.h"
@@ -32,9 +33,9 @@ int64_t lock_timeout_ms() {
 
 const char *state_name(State s) {
   switch (s) {
-    case State::Running: return "RUNNING";
-    case State::Locked: return "LOCKED";
-    default: return "BACKED_UP";
+    case State::Running: return NPUSNAP_STATE_RUNNING;
+    case State::Locked: return NPUSNAP_STATE_LOCKED;
+    default: return NPUSNAP_STATE_BACKED_UP;
   }
 }
 
@@ -85,7 +86,7 @@ int32_t restore_resources() {
   // Restored processes are LOCKED: say so to the daemon, which then allows an export or import,
   // and after an external backup refuses our Unlock until the data has been imported.
   proto::Request rq = wire::request(proto::Op::Quiesce);
-  rq.flags = pass.external ? 2 : 1;
+  rq.flags = pass.external ? proto::kQuiesceAwaitingImport : proto::kQuiesceLocked;
   if (r.pool.call(rq) != ACL_SUCCESS && pass.external) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   return ACL_SUCCESS;
 }
@@ -263,7 +264,7 @@ aclError aclrtSnapShotProcessUnlock(int pid, void *reserve) {
   if (r.pool.connected()) {
     // The daemon refuses while an import is awaited or an export/import runs.
     proto::Request rq = wire::request(proto::Op::Quiesce);
-    rq.flags = 0;
+    rq.flags = proto::kQuiesceUnlocking;
     if (r.pool.call(rq) == ACL_ERROR_SNAPSHOT_UNLOCK_FAILED) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
   }
   {

@@ -2,6 +2,7 @@
 // Restore gives them new ids without changing the handles.
 #include <algorithm>
 
+#include "contexts.h"
 #include "resources.h"
 #include "runtime.h"
 #include "wire.h"
@@ -16,7 +17,7 @@ int32_t check_event(aclrtEvent event, EventObj **out) {
   std::lock_guard<std::mutex> g(r.mu);
   if (!r.initialized) return ACL_ERROR_UNINITIALIZE;
   auto *e = static_cast<EventObj *>(event);
-  if (e == nullptr || r.events.count(e) == 0) return ACL_ERROR_INVALID_PARAM;
+  if (e == nullptr || r.events.count(e) == 0) return note_error(ACL_ERROR_INVALID_PARAM, "not a live event");
   *out = e;
   return ACL_SUCCESS;
 }
@@ -72,6 +73,7 @@ aclError aclrtCreateStream(aclrtStream *stream) {
   if (int32_t rc = r.pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
   auto *s = new StreamObj{static_cast<uint32_t>(rp.value[0]), d, false};
   std::lock_guard<std::mutex> g(r.mu);
+  s->ctx = owning_context(r);
   r.streams.insert(s);
   *stream = s;
   return ACL_SUCCESS;
@@ -87,7 +89,9 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::StreamSync);
   rq.stream = s->id;
-  return runtime().pool.call(rq);
+  int32_t rc = runtime().pool.call(rq);
+  if (rc != ACL_SUCCESS) report_task_exception(s->device, s->public_id, rc);  // a task on it failed
+  return rc;
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
@@ -119,6 +123,7 @@ aclError aclrtCreateEvent(aclrtEvent *event) {
   if (int32_t rc = r.pool.call(wire::request(proto::Op::EventCreate), &rp); rc != ACL_SUCCESS) return rc;
   auto *e = new EventObj{static_cast<uint32_t>(rp.value[0]), current_device(), 0, 0, 0};
   std::lock_guard<std::mutex> g(r.mu);
+  e->ctx = owning_context(r);
   r.events.insert(e);
   *event = e;
   return ACL_SUCCESS;
@@ -198,6 +203,19 @@ std::vector<T *> snapshot_of(const std::set<T *> &live) {
   return std::vector<T *>(live.begin(), live.end());
 }
 
+// A failed async task is reported by the stream's next synchronize (and, with
+// ACL_STOP_ON_FAILURE, holds the stream until then): that pending failure goes with the stream.
+int32_t backup_streams(const SnapshotPass &) {
+  for (StreamObj *s : snapshot_of(runtime().streams)) {
+    proto::Request rq = wire::request(proto::Op::StreamError);
+    rq.stream = s->id;
+    proto::Reply rp{};
+    if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    s->pending_error = static_cast<int32_t>(rp.value[0]);
+  }
+  return ACL_SUCCESS;
+}
+
 int32_t restore_streams(const SnapshotPass &) {
   for (StreamObj *s : snapshot_of(runtime().streams)) {
     proto::Request rq = wire::request(proto::Op::StreamCreate);
@@ -205,6 +223,19 @@ int32_t restore_streams(const SnapshotPass &) {
     proto::Reply rp{};
     if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     s->id = static_cast<uint32_t>(rp.value[0]);
+    if (s->failure_mode == ACL_STOP_ON_FAILURE) {  // the daemon's half of the stream's settings
+      proto::Request fm = wire::request(proto::Op::StreamFailureMode);
+      fm.stream = s->id;
+      fm.flags = 1;
+      if (runtime().pool.call(fm) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
+    if (s->pending_error != ACL_SUCCESS) {
+      proto::Request pe = wire::request(proto::Op::StreamError);
+      pe.stream = s->id;
+      pe.flags = 1;
+      pe.value[0] = static_cast<uint64_t>(static_cast<uint32_t>(s->pending_error));
+      if (runtime().pool.call(pe) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
   }
   return ACL_SUCCESS;
 }
@@ -232,7 +263,7 @@ int32_t restore_events(const SnapshotPass &) {
   return ACL_SUCCESS;
 }
 
-const ResourceKind kStreams{"streams", 30, nullptr, nullptr, restore_streams, nullptr,
+const ResourceKind kStreams{"streams", 30, nullptr, backup_streams, restore_streams, nullptr,
                             [] { return runtime().streams.size(); }};
 const ResourceKind kEvents{"events", 40, nullptr, backup_events, restore_events, nullptr,
                            [] { return runtime().events.size(); }};

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "acl/acl_base.h"
+#include "builtin_tasks.h"
 #include "device_state.h"
 
 namespace npusim::streams {
@@ -22,13 +23,14 @@ bool head_ready(Session &s, const Work &w) {
     auto it = s.notifies.find(w.task.event);
     return it == s.notifies.end() || it->second->set;
   }
+  if (w.task.kind == proto::TaskKind::ValueWait) return builtin::value_met(w);
   if (w.task.kind != proto::TaskKind::WaitEvent) return true;
   auto it = s.events.find(w.task.event);
   return it == s.events.end() || it->second.done() >= w.task.target;
 }
 
-// A notify or memory may be shared with (and set by) another client's session, whose streams
-// cannot wake this one's condition variable; a stream whose head waits on one polls it.
+// A notify or an IPC event may be shared with (and set by) another client's session, whose
+// streams cannot wake this one's condition variable; a stream whose head waits on one polls it.
 constexpr auto kNotifyPoll = std::chrono::milliseconds(1);
 
 bool waits_on_notify(Session &s, const Stream &st) {
@@ -38,26 +40,13 @@ bool waits_on_notify(Session &s, const Stream &st) {
     auto it = s.events.find(t.event);
     return it != s.events.end() && it->second.ipc != nullptr;
   }
-  return t.kind == proto::TaskKind::WaitNotify || t.kind == proto::TaskKind::ValueWait;
-}
-
-// aclrtValueWait's conditions (ACL_STREAM_WAIT_VALUE_GEQ, EQ, AND, NOR).
-bool value_met(const Work &w) {
-  const uint64_t v = __atomic_load_n(reinterpret_cast<const uint64_t *>(w.dst), __ATOMIC_SEQ_CST);
-  const uint64_t want = w.task.target;
-  switch (w.task.value) {
-    case 0: return v >= want;
-    case 1: return v == want;
-    case 2: return (v & want) != 0;
-    default: return ~(v | want) != 0;
-  }
+  return t.kind == proto::TaskKind::WaitNotify;
 }
 
 // Runs a notify task at the head of st (s.mu held); false if it is a wait that is not over yet.
 // A wait past its timeout (ms; 0 waits forever) fails the stream like a failed task.
 bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point since) {
   const proto::Task &t = st.queue.front().task;
-  if (t.kind == proto::TaskKind::ValueWait) return value_met(st.queue.front());
   if (t.kind == proto::TaskKind::WaitEvent) return head_ready(s, st.queue.front());
   auto it = s.notifies.find(t.event);
   if (t.kind == proto::TaskKind::RecordNotify) {
@@ -86,9 +75,15 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
       }
       continue;
     }
-    s->cv.wait(l, [&] {
-      return st->cancel || (!st->queue.empty() && (waits_on_notify(*s, *st) || head_ready(*s, st->queue.front())));
-    });
+    while (!st->cancel && (st->queue.empty() || !head_ready(*s, st->queue.front()))) {
+      if (waits_on_notify(*s, *st)) break;  // polled above
+      // A value wait is met by any write to device memory, and not every write wakes the stream
+      // workers (a synchronous copy does not): look again every millisecond.
+      if (!st->queue.empty() && st->queue.front().task.kind == proto::TaskKind::ValueWait)
+        s->cv.wait_for(l, std::chrono::milliseconds(1));
+      else
+        s->cv.wait(l);
+    }
     if (st->cancel) return;
     if (waits_on_notify(*s, *st)) continue;
     if (st->queue.front().task.kind == proto::TaskKind::RecordNotify) {
@@ -103,6 +98,8 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
     if (w.task.kind == proto::TaskKind::RecordEvent) {
       auto it = s->events.find(w.task.event);
       if (it != s->events.end()) it->second.complete(now_ns());
+    } else if (st->stop_on_failure && st->error != ACL_SUCCESS) {
+      // ACL_STOP_ON_FAILURE: nothing runs after a failed task until a synchronize reports it.
     } else if (w.task.kind != proto::TaskKind::WaitEvent) {
       l.unlock();
       int32_t rc = run_work(w);
@@ -255,6 +252,33 @@ int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
   };
   // An IPC event may be recorded by another process, which cannot wake this session: poll it.
   while (!reached()) s.cv.wait_for(l, std::chrono::milliseconds(1));
+  return ACL_SUCCESS;
+}
+
+int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  st->stop_on_failure = stop_on_failure;
+  return ACL_SUCCESS;
+}
+
+int32_t pending_error(Session &s, uint32_t id, bool set, uint64_t *out, uint64_t value) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  if (set) st->error = static_cast<int32_t>(value);
+  else *out = static_cast<uint64_t>(static_cast<uint32_t>(st->error));
+  return ACL_SUCCESS;
+}
+
+int32_t event_signal(Session &s, uint32_t id) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto it = s.events.find(id);
+  if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  ++it->second.completed;
+  it->second.timestamp_ns = now_ns();
+  s.cv.notify_all();
   return ACL_SUCCESS;
 }
 

@@ -11,7 +11,7 @@ from . import json_option
 if TYPE_CHECKING:
     from rich.tree import Tree
 
-    from ..inspection import Inspection, MemoryInfo, ProcessInfo
+    from ..image.inspection import Inspection, MemoryInfo, ProcessInfo
 
 LARGEST_IMAGES = 8   # image files listed one by one in the tree (--json lists them all)
 
@@ -26,7 +26,7 @@ def inspect(term: Terminal, directory: Path) -> None:
 
     Only reads: nothing in DIRECTORY is executed and no symlink in it is followed.
     """
-    from ..inspection import inspect as read_checkpoint
+    from ..image.inspection import inspect as read_checkpoint
 
     result = read_checkpoint(directory)
     if term.json_mode:
@@ -142,8 +142,10 @@ def _memory(parent: Tree, m: MemoryInfo) -> None:
 
 
 def _device(root: Tree, ins: Inspection) -> None:
+    from ..backends import BackendName
+
     d = ins.device
-    if d.backend == "none":
+    if d.backend == BackendName.NONE:
         root.add(_t("[bold]Device[/bold]: none"))
         return
     devices = ", ".join(str(x) for x in d.devices) or "none"
@@ -151,6 +153,8 @@ def _device(root: Tree, ins: Inspection) -> None:
                        + (f" ({_clean(str(d.runtime))})" if d.runtime else "")))
     node.add(_t(f"devices: {_clean(devices)}"))
     node.add(_t(f"allocations: {d.allocations}, {human_bytes(d.bytes)}"))
+    if d.resources:  # each resource kind the snapshot carried, with its count
+        node.add(_t("resources: " + ", ".join(f"{_clean(k)} {n}" for k, n in d.resources.items())))
     node.add(_t(f"method: {_clean(str(d.method))}"))
 
 

@@ -1,8 +1,10 @@
-"""Sample-style C programs (tests/cann/*.c), built as a CANN user builds them: with nothing but
-the include and library paths that `npusnap device env` prints."""
+"""Fixtures for the CANN runtime surface tests: the toolkit environment exactly as
+`npusnap device env` prints it, and the sample-style programs of this directory built
+with nothing but that environment's include and library paths."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,27 +17,58 @@ from tests.helpers import npusnap
 HERE = Path(__file__).resolve().parent
 
 
-def _toolkit_home() -> Path:
+@pytest.fixture(scope="session")
+def device_env() -> dict[str, str]:
+    """The variables `eval "$(npusnap device env)"` would export."""
     r = npusnap("device", "env", check=True)
+    env: dict[str, str] = {}
     for line in r.stdout.splitlines():
-        if line.startswith("export ASCEND_TOOLKIT_HOME="):
-            return Path(line.split("=", 1)[1].strip().strip("'\""))
-    raise AssertionError(f"no ASCEND_TOOLKIT_HOME in `npusnap device env`:\n{r.stdout}")
+        words = shlex.split(line)
+        assert words[0] == "export" and "=" in words[1], line
+        key, _, value = words[1].partition("=")
+        env[key] = value
+    assert {"ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_INSTALL_PATH", "LD_LIBRARY_PATH"} <= env.keys(), env
+    return env
 
 
 @pytest.fixture(scope="session")
-def build_c(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """build_c("NAME"): tests/cann/NAME.c compiled and linked against the toolkit (once a session)."""
+def build_program(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """build_program("cann_api"): tests/cann/cann_api.c compiled as a CANN user would, against
+    $ASCEND_TOOLKIT_HOME/include and -lacl_rt from $ASCEND_TOOLKIT_HOME/lib64."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("a C compiler is required")
-    home = _toolkit_home()
-    out = tmp_path_factory.mktemp("cann-bin")
+    home = Path(device_env["ASCEND_TOOLKIT_HOME"])
+    out_dir = tmp_path_factory.mktemp("cann-bin")
     built: dict[str, Path] = {}
 
     def build(name: str) -> Path:
         if name not in built:
-            exe = out / name
+            exe = out_dir / name
+            r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-Wno-deprecated-declarations", str(HERE / f"{name}.c"),
+                                f"-I{home / 'include'}", f"-L{home / 'lib64'}", "-lacl_rt", "-lpthread",
+                                "-o", str(exe)], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            built[name] = exe
+        return built[name]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def build_c(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """build_c("NAME"): tests/cann/NAME.c linked with -lascendcl from the same paths, with an rpath,
+    so it runs under any environment (the IPC and VMM programs run under `npusnap run`)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("a C compiler is required")
+    home = Path(device_env["ASCEND_TOOLKIT_HOME"])
+    out_dir = tmp_path_factory.mktemp("cann-vmm-bin")
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            exe = out_dir / name
             r = subprocess.run([cc, "-O1", "-Wall", "-Werror", str(HERE / f"{name}.c"), f"-I{home / 'include'}",
                                 f"-L{home / 'lib64'}", "-lascendcl", "-lpthread", f"-Wl,-rpath,{home / 'lib64'}",
                                 "-o", str(exe)], capture_output=True, text=True)

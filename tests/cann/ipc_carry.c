@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
         CHECK(aclrtNotifyGetExportKey(n, k.notify, sizeof(k.notify), 0));
         CHECK(aclrtNotifySetImportPid(n, &bpid, 1));
         aclrtEvent ev;
-        CHECK(aclrtCreateEvent(&ev));
+        CHECK(aclrtCreateEventExWithFlag(&ev, ACL_EVENT_IPC));
         CHECK(aclrtRecordEvent(ev, NULL));
         CHECK(aclrtIpcGetEventHandle(ev, &k.event));
         put(to_b, &k, sizeof(k));

@@ -261,7 +261,7 @@ int main(int argc, char **argv) {
     CHECK(aclrtMalloc(&flag, 64, ACL_MEM_MALLOC_HUGE_FIRST));
     CHECK(aclrtMemset(flag, 64, 0, 64));
     aclrtEvent ev = NULL;
-    CHECK(aclrtCreateEvent(&ev));
+    CHECK(aclrtCreateEventExWithFlag(&ev, ACL_EVENT_IPC));
     CHECK(aclrtValueWait(flag, 1, ACL_STREAM_WAIT_VALUE_EQ, s2));
     CHECK(aclrtRecordEvent(ev, s2));
     CHECK(aclrtIpcGetEventHandle(ev, &k.event));

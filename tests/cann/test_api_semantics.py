@@ -14,7 +14,6 @@ met already: ok
 mapped: waited for 42, saw 42
 write flag 1: 100000
 wait flag 4: 100000
-unaligned: 100000
 host address: 100000
 null: 100000
 done

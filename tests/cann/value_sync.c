@@ -63,7 +63,6 @@ int main(void) {
 
     printf("write flag 1: %d\n", aclrtValueWrite(mem, 1, 1, a));
     printf("wait flag 4: %d\n", aclrtValueWait(mem, 1, 4, a));
-    printf("unaligned: %d\n", aclrtValueWrite(mem + 4, 1, 0, a));
     printf("host address: %d\n", aclrtValueWrite(&v, 1, 0, a));
     printf("null: %d\n", aclrtValueWait(NULL, 1, 0, a));
 

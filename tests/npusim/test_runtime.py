@@ -258,7 +258,7 @@ print("restored", json.dumps(npusim.snapshot_info()))
         assert line.startswith("restored "), line + proc.stderr.read()
         info = json.loads(line.split(" ", 1)[1])
         held = {kind: n for kind, n in info.pop("resources").items() if n}  # every kind is listed, most at 0
-        assert held == {"memory": 3, "streams": 3, "events": 2}
+        assert held == {"memory": 3, "contexts": 2, "streams": 3, "events": 2}
         assert info == {"state": "RUNNING", "devices": [0, 1], "allocations": 3,
                         "bytes": ((5 << 20) + 32) + (1 << 20) + 4096 * 4, "streams": 3,
                         "events": 2, "connected": True, "direct": True, "data_path": "in-process"}

@@ -1,0 +1,129 @@
+"""A guardian for the moments the workload cannot look after itself.
+
+Checkpoint: CRIU leaves the dumped tree stopped until the checkpoint is committed.
+If npusnap died then (SIGKILL, OOM), nothing would ever resume it. Restore: between
+CRIU's restore and the unlock, the restored tree is locked, waiting for its device
+data. The guardian is a tiny separate process, in its own session, holding the read
+end of a pipe: if the pipe closes without the word "done", it resumes the tree (and
+its descendants, whatever CRIU froze) and removes the partial checkpoint; for a
+restore it kills the restored tree instead, so the checkpoint can be restored again.
+The agent's lease then unlocks the device by itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+_SCRIPT = r"""
+import os, shutil, signal, subprocess, sys, time
+staging, python = sys.argv[1], sys.argv[2]
+data = b""
+while True:
+    chunk = os.read(0, 4096)
+    if not chunk:
+        break
+    data += chunk
+words = data.decode().split()
+
+def tree(roots):
+    # the roots and every descendant now alive: children forked before CRIU froze them count too
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/" + d + "/stat") as f:
+                    parent[int(d)] = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [p for p in roots if p in parent]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.append(p)
+            todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
+def running(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+if words[-1:] != ["done"]:
+    pids = [int(w) for w in words if w.isdigit()]
+    sig = signal.SIGKILL if "kill" in words else signal.SIGCONT
+    # A restore that CRIU is still running: its tree is whole only once CRIU is done.
+    for criu in [int(w[5:]) for w in words if w.startswith("criu:") and w[5:].isdigit()]:
+        while running(criu):
+            time.sleep(0.05)
+    for pid in tree(pids):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    if "recover" in words and pids:  # direct path: the device data is only in staging/device
+        subprocess.run([python, "-m", "npusnap_cli", "recover", str(pids[0]),
+                        "--device-images", os.path.join(staging, "device")],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=3600)
+    if staging != "-":
+        shutil.rmtree(staging, ignore_errors=True)
+"""
+
+
+class Guardian:
+    def __init__(self, staging: Optional[Path], pid: int) -> None:
+        """staging: the partial checkpoint to remove if we die (None: a restore, nothing to remove)."""
+        from ..platform.criu import clean_env
+
+        self.staging = staging
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging) if staging else "-", sys.executable],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C aimed at us must not take it down too
+            env=clean_env(),
+        )
+        self._say(str(pid))  # the workload's root comes first
+
+    def watch(self, pids: list[int]) -> None:
+        """Resume these if we die (CRIU is about to leave them stopped)."""
+        self._say(" ".join(map(str, pids)))
+
+    def kill_if_dead(self, pids: list[int]) -> None:
+        """Restore: if we die before release(), kill these and their descendants
+        (a half-restored tree must not run on, and it holds the checkpoint's pids)."""
+        self._say(" ".join(map(str, pids)) + " kill")
+
+    def wait_for_criu(self, pid: int) -> None:
+        """Restore: CRIU (pid) is restoring the tree; if we die, kill the tree only once CRIU
+        is done, or a tree it finishes after our death would run on half-restored."""
+        self._say(f"criu:{pid}")
+
+    def recover_from(self, device_dir: Path) -> None:
+        """The device data is about to exist only in device_dir: if we die, put it back
+        (`npusnap recover PID --device-images`) before removing the partial checkpoint."""
+        assert device_dir.parent == self.staging
+        self._say("recover")
+
+    def _say(self, words: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(words.encode() + b" ")
+        self.proc.stdin.flush()
+
+    def release(self) -> None:
+        """We finished (committed or rolled back): the guardian leaves everything as it is."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b" done")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

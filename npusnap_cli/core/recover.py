@@ -1,0 +1,73 @@
+"""Recover: bring a process back to running from any state a checkpoint or a restore
+can leave it in, with nobody else's help. The state machine behind `npusnap recover`
+and the guardian.
+
+    stopped (a dump left the tree stopped)     -> SIGCONT the root and its descendants
+    BACKED_UP in-process                       -> device restore, unlock
+    BACKED_UP external (direct path)           -> restore external + import from --device-images, unlock
+    LOCKED awaiting an import (a failed import) -> import from --device-images, unlock
+    LOCKED                                     -> unlock
+    RUNNING, or no agent                       -> nothing
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..backends import BackendName, State
+from ..backends.agent import AgentBackend
+from ..backends.direct import DirectBackend
+from ..errors import NpusnapError, WrongState
+from ..platform import simimages
+from ..platform.agent import AgentClient, AgentNotFound, AgentProblem, agent_error
+from ..platform.procfs import open_target
+from .processes import resume_tree
+
+
+@dataclass
+class Recovered:
+    pid: int
+    was: str
+    steps: list[str] = field(default_factory=list)
+
+
+def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
+    target = open_target(pid)
+    done = Recovered(target.pid, State.RUNNING.value)
+    if resume_tree(target.pid):
+        done.steps.append("resume")
+    try:
+        reply = AgentClient(target.pid).status()
+    except AgentNotFound:
+        return done
+    except AgentProblem as e:
+        raise agent_error(e, f"asking the agent of process {target.pid}") from e
+    state = State.parse(reply.state)
+    done.was = state.value
+    if state == State.RUNNING:
+        return done
+    external = (reply.device or {}).get("data_path") == "external"
+    direct = simimages.offers_direct(reply.device)  # an import may be awaited (after `restore external`)
+    hint = f"its device data is in files: npusnap recover {target.pid} --device-images DIR/device"
+    backend = (DirectBackend(target.pid, BackendName.SIM) if external
+               else AgentBackend(target.pid, BackendName.SIM if direct else BackendName.AUTO))
+    if state == State.BACKED_UP:
+        if external and device_images is None:
+            raise WrongState(f"process {target.pid} was backed up by the direct path", hint)
+        backend.restore(device_images)
+        done.steps.append("device-restore")
+    try:
+        backend.unlock()
+    except NpusnapError as e:
+        # LOCKED after `restore external` whose import failed: the daemon refuses Unlock until it is in.
+        if not direct or state != State.LOCKED:
+            raise
+        if device_images is None:
+            raise type(e)(e.message, hint) from e
+        simimages.import_device(target.pid, device_images, None)
+        done.steps.append("device-import")
+        backend.unlock()
+    done.steps.append("unlock")
+    return done

@@ -1,0 +1,364 @@
+"""The checkpoint directory: layout, typed manifest, checksums, atomic commit.
+
+    DIR/manifest.yaml   written last; lists every image file with size and checksum
+    DIR/criu/           CRIU images
+    DIR/device/         device images written by a backend itself
+    DIR/logs/           CRIU logs (not checksummed: diagnostics). Only regular files with the
+                        names CRIU's runs write (LOG_NAMES) and restore-* subdirectories, each
+                        created fresh and private by one restore, holding only such files.
+
+A checkpoint is built under a temporary sibling name and renamed into place
+only when complete, so a partial checkpoint never looks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import secrets
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from ..errors import ImageInvalid
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.yaml"
+MANIFEST_CHECKSUM_KEY = "manifest_checksum"
+SIGNATURE = "manifest.sig"  # optional, signing.py
+CRIU_DIR = "criu"
+DEVICE_DIR = "device"
+LOG_DIR = "logs"
+CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
+# What may sit in logs/ besides restore-* directories: dump's logs, and those of restores
+# made before restores got their own directory. Never written through: see restore_log_dir.
+LOG_NAMES = frozenset({"dump.log", "stats-dump", "restore.log", "stats-restore"})
+RESTORE_LOG_DIR = re.compile(r"^restore-[A-Za-z0-9_]{8}$")
+CHUNK = 8 << 20
+
+# Hidden siblings npusnap names itself: `.NAME.partial-*` (being written),
+# `.NAME.old-*` (replaced by --replace), `.NAME.deleting-*` (being pruned).
+HIDDEN_SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old|deleting)-(?P<token>[0-9a-f]{8})$")
+
+
+def hidden_sibling(final: Path, kind: str) -> Path:
+    return final.parent / f".{final.name}.{kind}-{secrets.token_hex(4)}"
+
+
+@dataclass
+class FileEntry:
+    path: str
+    size: int
+    checksum: str
+
+
+@dataclass
+class ProcessEntry:
+    pid: int
+    ppid: int
+    comm: str
+    threads: int
+
+
+@dataclass
+class PhaseTiming:
+    name: str
+    seconds: float
+    bytes: int = 0
+
+
+@dataclass
+class DeviceState:
+    backend: str = "none"            # backends.BackendName: none | sim | ascend | cuda
+    devices: list[int] = field(default_factory=list)
+    allocations: int = 0
+    bytes: int = 0
+    method: str = "none"             # in-process: device memory staged in the process and dumped by CRIU
+    runtime: Optional[str] = None
+    endpoint: Optional[str] = None   # sim: the device daemon's socket the process uses
+    gpus: list[str] = field(default_factory=list)  # cuda: UUIDs (GPU-...) of the checkpointed GPUs,
+                                                   # in the order of `devices` (their driver ordinals)
+    resources: dict[str, int] = field(default_factory=dict)  # sim: live resources of each kind
+
+
+@dataclass
+class Manifest:
+    pid: int
+    created: str
+    host: str
+    kernel: str
+    npusnap_version: str
+    criu_version: str
+    command: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    processes: list[ProcessEntry] = field(default_factory=list)
+    device: DeviceState = field(default_factory=DeviceState)
+    phases: list[PhaseTiming] = field(default_factory=list)
+    files: list[FileEntry] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ImageInvalid("manifest.yaml is not a mapping")
+        try:
+            _check_version(d)
+            fields = {f.name for f in dataclasses.fields(cls)}
+            kw = {k: v for k, v in d.items() if k in fields}
+            kw["processes"] = [ProcessEntry(**p) for p in d.get("processes", [])]
+            kw["device"] = DeviceState(**d.get("device", {}))
+            kw["phases"] = [PhaseTiming(**p) for p in d.get("phases", [])]
+            kw["files"] = [FileEntry(**f) for f in d.get("files", [])]
+            m = cls(**kw)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e
+        m._check_types()
+        return m
+
+    def _check_types(self) -> None:
+        """Refuse values of the wrong type, so later code never trips on them."""
+        def bad(what: str, value: Any) -> ImageInvalid:
+            return ImageInvalid(f"manifest.yaml is malformed: {what} is {type(value).__name__} {value!r}")
+
+        if not isinstance(self.pid, int) or isinstance(self.pid, bool):
+            raise bad("pid", self.pid)
+        for f in self.files:
+            if not isinstance(f.path, str) or not isinstance(f.checksum, str):
+                raise bad("a file's path or checksum", f.path)
+            if not isinstance(f.size, int) or f.size < 0:
+                raise bad(f"{f.path}'s size", f.size)
+        for p in self.processes:
+            if not all(isinstance(v, int) for v in (p.pid, p.ppid, p.threads)):
+                raise bad("a process entry", p)
+        for ph in self.phases:
+            if not isinstance(ph.seconds, (int, float)) or not isinstance(ph.bytes, int):
+                raise bad("a phase timing", ph)
+        dev = self.device
+        if not isinstance(dev.backend, str) or not isinstance(dev.bytes, int) or not isinstance(dev.devices, list) \
+                or not isinstance(dev.resources, dict):
+            raise bad("the device section", dev)
+        if not isinstance(self.options, dict) or not isinstance(self.command, list):
+            raise bad("options or command", self.options)
+
+
+def _size_mismatch(entry: FileEntry, size: int) -> ImageInvalid:
+    return ImageInvalid(f"{entry.path}: size {size} differs from the manifest's {entry.size} (truncated or altered)")
+
+
+def _check_version(d: dict[str, Any]) -> None:
+    try:
+        version = int(d.get("format_version", -1))
+    except (TypeError, ValueError):
+        raise ImageInvalid(f"manifest format version {d.get('format_version')!r} is not a number") from None
+    if version > FORMAT_VERSION:
+        raise ImageInvalid(
+            f"manifest format version {version} is newer than this npusnap understands ({FORMAT_VERSION})",
+            "upgrade npusnap to restore this checkpoint",
+        )
+    if version != FORMAT_VERSION:
+        raise ImageInvalid(f"unsupported manifest format version {version}")
+
+
+def new_hasher() -> Any:
+    import xxhash
+
+    return xxhash.xxh3_128()
+
+
+def checksum_file(path: Path) -> tuple[int, str]:
+    """Size and checksum of a regular file, never following a symlink."""
+    h = new_hasher()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ImageInvalid(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+                size += n
+    finally:
+        os.close(fd)
+    return size, h.hexdigest()
+
+
+def image_files(root: Path) -> Iterator[Path]:
+    """Every file under the checksummed subdirectories, relative to root, sorted."""
+    for sub in CHECKSUMMED_DIRS:
+        base = root / sub
+        if not base.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            for name in sorted(filenames):
+                yield (Path(dirpath) / name).relative_to(root)
+
+
+def safe_member(root: Path, rel: str) -> Path:
+    """Resolve a manifest path inside root; refuse anything that could escape it."""
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] not in CHECKSUMMED_DIRS:
+        raise ImageInvalid(f"manifest names a path outside the checkpoint: {rel!r}")
+    cur = root
+    for part in p.parts:
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            raise ImageInvalid(f"{rel} is missing") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ImageInvalid(f"{rel} goes through a symlink; refusing to follow it")
+    return cur
+
+
+def load_manifest(root: Path) -> Manifest:
+    import yaml
+
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise ImageInvalid(f"{root} is not a checkpoint directory (no such directory)")
+    if path.is_symlink() or not path.is_file():
+        raise ImageInvalid(f"{root} is not a checkpoint directory (no {MANIFEST})",
+                           "a checkpoint whose manifest is missing is incomplete and cannot be restored")
+    try:
+        text = path.read_text()
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ImageInvalid(f"{path} is not valid YAML: " + " ".join(str(e).split())) from e
+    if isinstance(data, dict):
+        _check_version(data)
+        _checked_body(text)
+        data.pop(MANIFEST_CHECKSUM_KEY, None)
+    return Manifest.from_dict(data)
+
+
+def manifest_text(data: dict[str, Any]) -> str:
+    """A manifest's file content: the YAML, then a checksum line covering it."""
+    return seal_manifest_text(dump_yaml(data))
+
+
+def seal_manifest_text(body: str) -> str:
+    """Append the checksum line to a manifest's YAML (dropping a stale one)."""
+    lines = [line for line in body.splitlines() if not line.startswith(f"{MANIFEST_CHECKSUM_KEY}:")]
+    body = "\n".join(lines) + "\n"
+    return f"{body}{MANIFEST_CHECKSUM_KEY}: {_text_digest(body)}\n"
+
+
+def _checked_body(text: str) -> str:
+    """The manifest's YAML without its last line, `manifest_checksum: HEX`, which must
+    match the rest: an edit anywhere in the manifest is caught, not just in the file list."""
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    key, _, digest = last.partition(":")
+    if key != MANIFEST_CHECKSUM_KEY:
+        raise ImageInvalid(f"{MANIFEST} has no {MANIFEST_CHECKSUM_KEY} line (incomplete or edited)")
+    body += "\n"
+    if _text_digest(body) != digest.strip():
+        raise ImageInvalid(f"{MANIFEST} was edited or corrupted (its checksum does not match)")
+    return body
+
+
+def _text_digest(text: str) -> str:
+    h = new_hasher()
+    h.update(text.encode())
+    return str(h.hexdigest())
+
+
+def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = ()) -> Manifest:
+    """Check every listed file's size and checksum, and that nothing unlisted was added.
+    Files under the `shallow` subdirectories get their size checked only (their reader
+    verifies their checksums while it reads them)."""
+    m = manifest or load_manifest(root)
+    listed = set()
+    for entry in m.files:
+        path = safe_member(root, entry.path)
+        listed.add(entry.path)
+        if Path(entry.path).parts[0] in shallow:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+                raise _size_mismatch(entry, st.st_size)
+            continue
+        size, digest = checksum_file(path)
+        if size != entry.size:
+            raise _size_mismatch(entry, size)
+        if digest != entry.checksum:
+            raise ImageInvalid(f"{entry.path}: checksum mismatch (the file was altered or corrupted)")
+    for rel in image_files(root):
+        if str(rel) not in listed:
+            raise ImageInvalid(f"{rel} is not listed in the manifest (added after the checkpoint)")
+    check_tree(root)
+    return m
+
+
+def check_tree(root: Path) -> None:
+    """Refuse a link or an unexpected file anywhere in the directory, logs/ included: the
+    top level holds only the manifest (and its signature) and the three subdirectories; criu/ and device/ only
+    directories and regular files (their listing is checked against the manifest); logs/
+    only LOG_NAMES and restore-* directories of LOG_NAMES. Every file must be regular."""
+    def bad(rel: str, what: str) -> ImageInvalid:
+        return ImageInvalid(f"{rel} {what}; refusing the directory (planted or tampered with?)",
+                            "remove it if you know where it came from, or restore from a trusted copy")
+
+    def kind(path: Path, rel: str) -> int:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise bad(rel, "is a symbolic link")
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise bad(rel, "is not a regular file")
+        if stat.S_ISREG(mode) and os.lstat(path).st_nlink > 1:
+            raise bad(rel, "has other hard links")
+        return mode
+
+    for name in sorted(os.listdir(root)):
+        mode = kind(root / name, name)
+        if name in (MANIFEST, SIGNATURE) and stat.S_ISREG(mode):
+            continue
+        if name not in (*CHECKSUMMED_DIRS, LOG_DIR) or not stat.S_ISDIR(mode):
+            raise bad(name, "is not part of a checkpoint")
+        if name == LOG_DIR:
+            _check_logs(root / LOG_DIR, kind, bad)
+            continue
+        for dirpath, dirnames, filenames in os.walk(root / name):
+            for n in dirnames + filenames:
+                p = Path(dirpath) / n
+                kind(p, str(p.relative_to(root)))
+
+
+def _check_logs(logs: Path, kind: Any, bad: Any) -> None:
+    for name in sorted(os.listdir(logs)):
+        rel = f"{LOG_DIR}/{name}"
+        mode = kind(logs / name, rel)
+        if stat.S_ISREG(mode) and name in LOG_NAMES:
+            continue
+        if not (stat.S_ISDIR(mode) and RESTORE_LOG_DIR.match(name)):
+            raise bad(rel, "is not a log npusnap writes")
+        for inner in sorted(os.listdir(logs / name)):
+            if not stat.S_ISREG(kind(logs / name / inner, f"{rel}/{inner}")) or inner not in LOG_NAMES:
+                raise bad(f"{rel}/{inner}", "is not a log npusnap writes")
+
+
+def restore_log_dir(root: Path) -> Path:
+    """A fresh private directory for one restore's CRIU logs, DIR/logs/restore-XXXXXXXX: CRIU
+    opens its log by name and follows links, so it only ever writes inside a directory made
+    just now. logs/ itself must be a real directory (not a link) of ours."""
+    logs = root / LOG_DIR
+    st = os.lstat(logs)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ImageInvalid(f"{logs} is not a directory of ours; refusing to write logs there")
+    return Path(tempfile.mkdtemp(prefix="restore-", dir=logs))
+
+
+def dump_yaml(data: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,435 @@
+"""Driving CRIU: find a usable binary, then speak its protobuf RPC (`criu swrk`)
+with pycriu's message definitions. Never parses CRIU's text output.
+
+We spawn `criu swrk` ourselves instead of using pycriu's helper so that every
+request has a deadline, CRIU can be killed on Ctrl-C, and its exit is reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as errno_mod
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from ..criuopts import CriuOptions
+from ..errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
+
+MIN_VERSION = (4, 1)
+INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
+SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _rpc() -> Any:
+    try:
+        from pycriu import rpc_pb2
+    except ImportError as e:
+        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
+    return rpc_pb2
+
+
+@dataclass
+class CriuBinary:
+    path: str
+    version: tuple[int, ...]
+
+    @property
+    def version_str(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def binary_version(path: str) -> tuple[int, ...]:
+    """A CRIU binary's version, asked over RPC once per binary (cached by path, size, mtime:
+    every command needs it, and a `criu swrk` round trip costs ~0.1 s)."""
+    import json
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CriuFailed(f"cannot run {path}: {e.strerror}", INSTALL_HINT) from e
+    key = f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npusnap" / "criu-versions.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), list):
+        return tuple(int(x) for x in known[key])
+    version = _ask_version(path)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: list(version)}))
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a cache we cannot write only costs time
+    return version
+
+
+def _ask_version(path: str) -> tuple[int, ...]:
+    rpc = _rpc()
+    req = rpc.criu_req(type=rpc.VERSION)
+    resp = Swrk(path).request(req, timeout=20)
+    v = resp.version
+    parts = [v.major_number, v.minor_number]
+    if v.HasField("sublevel"):
+        parts.append(v.sublevel)
+    return tuple(parts)
+
+
+def find_criu(explicit: Optional[str] = None) -> CriuBinary:
+    """The CRIU to use: NPUSNAP_CRIU / explicit path, else the first >= 4.1 on PATH.
+
+    Older binaries (Debian 12 ships 3.17, which fails on recent kernels) are
+    skipped, so they are never picked up by mistake.
+    """
+    explicit = explicit or os.environ.get("NPUSNAP_CRIU")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise EnvironmentProblem(f"CRIU binary {explicit} is not executable", INSTALL_HINT)
+        try:
+            found = CriuBinary(explicit, binary_version(explicit))
+        except CriuFailed as e:
+            raise EnvironmentProblem(f"{explicit} is not a working CRIU: {e.message}", INSTALL_HINT) from e
+        if found.version < MIN_VERSION:
+            raise EnvironmentProblem(f"CRIU {found.version_str} at {explicit} is too old (need >= 4.1)", INSTALL_HINT)
+        return found
+    seen: list[str] = []
+    dirs = os.environ.get("PATH", "").split(os.pathsep) + list(SEARCH_DIRS)
+    for d in dict.fromkeys(dirs):
+        path = os.path.join(d, "criu")
+        if not os.access(path, os.X_OK) or os.path.realpath(path) in seen:
+            continue
+        seen.append(os.path.realpath(path))
+        try:
+            version = binary_version(path)
+        except CriuFailed:
+            continue
+        if version >= MIN_VERSION:
+            return CriuBinary(path, version)
+        seen[-1] += f" ({'.'.join(map(str, version))}, too old)"
+    where = "; found " + ", ".join(seen) if seen else ""
+    raise EnvironmentProblem(f"no CRIU >= 4.1 found{where}", INSTALL_HINT)
+
+
+def clean_env() -> dict[str, str]:
+    """Our environment without the agent preloaded (a job script under `npusnap run`
+    may call npusnap; CRIU must not carry the agent into its own processes)."""
+    env = dict(os.environ)
+    preload = [p for p in env.pop("LD_PRELOAD", "").split() if "libnpusnap_agent" not in p]
+    if preload:
+        env["LD_PRELOAD"] = " ".join(preload)
+    return env
+
+
+class Swrk:
+    """One `criu swrk` process and its RPC socket."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+
+    def request(self, req: Any, timeout: Optional[float] = None, pass_fds: tuple[int, ...] = (),
+                terminal: Optional[int] = None, started: Optional[Callable[[int], None]] = None) -> Any:
+        """One request. With a terminal fd, CRIU runs in our session with that terminal
+        as stdin, as a shell-job restore needs (it hands the terminal to the restored
+        job, which joins our session and process group, as under bare `criu restore`)."""
+        rpc = _rpc()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [self.binary, "swrk", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(), *pass_fds),
+                stdin=subprocess.DEVNULL if terminal is None else terminal,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                # Otherwise a session of its own: a Ctrl-C at the terminal reaches us, not CRIU mid-dump.
+                start_new_session=terminal is None,
+                env=clean_env(),
+            )
+        except OSError as e:
+            ours.close()
+            theirs.close()
+            raise CriuFailed(f"cannot run {self.binary}: {e}", INSTALL_HINT) from e
+        theirs.close()
+        try:
+            if started is not None:
+                started(proc.pid)
+            try:
+                ours.send(req.SerializeToString())
+            except OSError:
+                pass  # it died at once; reported below as "exited without answering"
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ours.settimeout(None if remaining is None else min(remaining, 0.5))
+                try:
+                    size = len(ours.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
+                    buf = ours.recv(max(size, 1))
+                    break
+                except (ConnectionError, BrokenPipeError):
+                    buf = b""
+                    break
+                except socket.timeout:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise CriuFailed(f"CRIU did not answer within {timeout:.0f} s; it was stopped") from None
+                    if proc.poll() is not None:
+                        break
+            if not buf:
+                raise CriuFailed(f"CRIU exited without answering (status {proc.poll()})")
+            resp = rpc.criu_resp()
+            resp.ParseFromString(buf)
+            return resp
+        except KeyboardInterrupt:
+            raise Interrupted() from None
+        finally:
+            ours.close()
+            _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+# Error lines that never explain a failure: harmless on this kind of machine, or just the verdict
+# (a failed task, the pid whose files failed, the last words of a restore).
+UNINFORMATIVE = ("Can't setup RLIMIT_NOFILE", "Dumping FAILED", "Restoring FAILED", "failed with -1",
+                 "killed by signal", "exited, status=", "Failed to dump files", "Dump files (pid")
+
+# CRIU's lines that say what is wrong, with what to do about it in npusnap's terms.
+ACTIONABLE = (
+    ("Use link-remap option", "checkpoint with --link-remap (open files that were unlinked)"),
+    ("increase limit", "checkpoint with a larger --ghost-limit (e.g. --ghost-limit 64M): a deleted open file "
+                       "is larger than the limit"),
+    ("External socket is used", "checkpoint with --ext-unix-sk (a Unix socket's peer is outside the tree)"),
+    ("External socket found in image", "restore needs --ext-unix-sk; checkpoint with it again"),
+    ("Can't dump half of stream unix connection",
+     "a stream Unix socket is connected outside the tree, which CRIU cannot dump: include its peer "
+     "in the tree, or close it first (--ext-unix-sk covers datagram sockets only)"),
+    ("In-flight connection", "checkpoint with --skip-in-flight (connections not yet accepted)"),
+    ("consider using --tcp-established", "checkpoint with --tcp-established, or --tcp-close"),
+    ("Need to set the --tcp-close", "restore with --tcp-close"),
+    ("Iptables configuration failed", "use another --network-lock (`npusnap check` shows what works here)"),
+    ("Locking network failed", "use another --network-lock (`npusnap check` shows what works here)"),
+    ("has bad size", "a file changed size since the checkpoint (the workload's output, often): "
+                     "put back its size from the message (truncate -s), or restore from a copy"),
+)
+
+
+def _error_lines(log: Path) -> list[str]:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if "Error (" in line]
+
+
+def _message(line: str) -> str:
+    """An error line without CRIU's timestamp, pid and source position."""
+    head, sep, rest = line.partition("Error (")
+    if sep:
+        _, sep2, msg = rest.partition("): ")
+        if sep2:
+            return " ".join(msg.split())
+    return " ".join(line.split())
+
+
+def explain(log: Path) -> tuple[str, Optional[str]]:
+    """The line of CRIU's log that says why it failed, and the npusnap hint for it when known:
+    the first actionable line, else the last error line that is not just a verdict."""
+    errors = _error_lines(log)
+    for line in errors:
+        for needle, hint in ACTIONABLE:
+            if needle in line:
+                return _message(line), hint
+    informative = [line for line in errors if not any(h in line for h in UNINFORMATIVE)]
+    if informative:
+        return _message(informative[-1]), None
+    return (_message(errors[-1]), None) if errors else ("", None)
+
+
+def _failure(resp: Any, what: str, log: Path) -> NpusnapError:
+    err = resp.cr_errno if resp.HasField("cr_errno") else 0
+    msg = resp.cr_errmsg if resp.HasField("cr_errmsg") and resp.cr_errmsg else ""
+    line, advice = explain(log)
+    detail = line or " ".join(msg.split()) or (os.strerror(err) if err else "failed")
+    hint = f"{advice}; see {log}" if advice else f"see {log}"
+    if err == errno_mod.EEXIST and what == "restore":
+        return CriuFailed(f"CRIU restore failed: a process already uses a pid from the image ({detail})",
+                          "stop that process, or restore on another machine")
+    if err == errno_mod.ENOSPC or "No space left on device" in detail:
+        return StorageProblem(f"CRIU {what} failed: no space left on device ({detail})",
+                              "free space where the checkpoint goes, or choose another directory")
+    return CriuFailed(f"CRIU {what} failed: {detail}", hint)
+
+
+@dataclass
+class DumpOptions:
+    pid: int
+    images_dir: Path
+    log_dir: Path
+    leave_running: bool = False
+    leave_stopped: bool = False
+    shell_job: bool = False
+    tcp_established: bool = False
+    timeout: Optional[float] = None
+    log_level: int = 4
+    extra: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
+
+
+class Criu:
+    def __init__(self, binary: CriuBinary) -> None:
+        self.binary = binary
+
+    def check(self) -> tuple[bool, str]:
+        rpc = _rpc()
+        resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.CHECK), timeout=60)
+        if resp.success:
+            return True, "Looks good."
+        return False, (resp.cr_errmsg if resp.HasField("cr_errmsg") else "") or "criu check failed"
+
+    def features(self) -> dict[str, bool]:
+        """Optional kernel features as CRIU probes them (FEATURE_CHECK)."""
+        rpc = _rpc()
+        feats = rpc.criu_features(mem_track=True, lazy_pages=True, pidfd_store=True)
+        resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.FEATURE_CHECK, features=feats), timeout=60)
+        f = resp.features
+        return {name: bool(getattr(f, name)) for name in ("mem_track", "lazy_pages", "pidfd_store") if f.HasField(name)}
+
+    def dump(self, o: DumpOptions) -> None:
+        rpc = _rpc()
+        opts = rpc.criu_opts(images_dir_fd=-1)
+        opts.pid = o.pid
+        opts.leave_running = o.leave_running
+        opts.leave_stopped = o.leave_stopped
+        opts.shell_job = o.shell_job
+        opts.tcp_established = o.tcp_established
+        opts.log_level = o.log_level
+        opts.log_file = "dump.log"
+        opts.file_locks = True
+        if o.timeout:
+            opts.timeout = int(o.timeout)
+        fds = o.extra.apply(opts, rpc)
+        with _dir_fds(o.images_dir, o.log_dir) as (images_fd, log_fd):
+            opts.images_dir_fd = images_fd  # a descriptor, not a path: any byte in -D works
+            opts.work_dir_fd = log_fd
+            resp = Swrk(self.binary.path).request(
+                rpc.criu_req(type=rpc.DUMP, opts=opts),
+                timeout=None if not o.timeout else o.timeout + 30,
+                pass_fds=(images_fd, log_fd, *fds),
+            )
+        if not resp.success:
+            raise _failure(resp, "dump", o.log_dir / "dump.log")
+
+    def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
+                tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None,
+                started: Optional[Callable[[int], None]] = None) -> int:
+        """Restore the tree; returns the root pid. The restored root becomes our
+        child once `criu swrk` exits, because main() made us a child subreaper."""
+        rpc = _rpc()
+        opts = rpc.criu_opts(images_dir_fd=-1)
+        opts.shell_job = shell_job
+        opts.tcp_established = tcp_established
+        opts.log_level = log_level
+        opts.log_file = "restore.log"
+        opts.file_locks = True
+        fds = (extra or CriuOptions()).apply(opts, rpc)
+        with _dir_fds(images_dir, log_dir) as (images_fd, log_fd), _terminal(shell_job) as tty:
+            opts.images_dir_fd = images_fd
+            opts.work_dir_fd = log_fd
+            resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
+                                                  pass_fds=(images_fd, log_fd, *fds), terminal=tty,
+                                                  started=started)
+        if not resp.success:
+            error = _failure(resp, "restore", log_dir / "restore.log")
+            if shell_job and tty is None:
+                error.hint = ("a shell job is restored onto a terminal: run `npusnap restore` from one; "
+                              f"details in {log_dir / 'restore.log'}")
+            raise error
+        return int(resp.restore.pid)
+
+    def dumped_tree(self, images_dir: Path) -> list[tuple[int, int, int]]:
+        return dumped_tree(images_dir)
+
+    def release_network_lock(self, images_dir: Path, method: Optional[str], pids: list[int],
+                             warn: Callable[[str], None]) -> None:
+        """Before a dumped tree runs on: undo the network lock CRIU keeps for a tree it leaves stopped."""
+        from .. import netlock
+
+        netlock.release(images_dir, method, pids, warn=warn)
+
+
+@contextlib.contextmanager
+def _dir_fds(*dirs: Path) -> Iterator[list[int]]:
+    """The directories opened for CRIU (it reaches them as /proc/OUR_PID/fd/N), never through a link."""
+    fds: list[int] = []
+    try:
+        for d in dirs:
+            fds.append(os.open(d, os.O_DIRECTORY | os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _terminal(shell_job: bool) -> Iterator[Optional[int]]:
+    """For a shell-job restore, our terminal (stdin, else /dev/tty): the restored job
+    goes back onto it. None when not a shell job or when we have no terminal."""
+    if not shell_job:
+        yield None
+        return
+    if os.isatty(0):
+        yield 0
+        return
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def become_subreaper() -> None:
+    """Adopt orphans (the restored process, once `criu swrk` exits) so we can wait for it."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def dumped_tree(images_dir: Path) -> list[tuple[int, int, int]]:
+    """The tree CRIU froze and dumped, from its pstree.img: (pid, ppid, threads) per
+    process, root first. It, not a /proc listing taken before the freeze, is what the
+    dump holds: children forked in between are in it."""
+    try:
+        import pycriu.images  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as e:
+        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
+    try:
+        fd = os.open(images_dir / "pstree.img", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise CriuFailed(f"CRIU wrote no readable pstree.img: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        try:
+            entries = pycriu.images.load(f)["entries"]
+        except Exception as e:  # pycriu raises whatever protobuf/struct raise
+            raise CriuFailed(f"cannot read CRIU's pstree.img: {e}") from e
+    return [(int(e["pid"]), int(e.get("ppid", 0)), len(e.get("threads", [])) or 1) for e in entries]

@@ -1,0 +1,128 @@
+"""The process to checkpoint: validated up front, so bad targets fail with one clear line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import PermissionProblem, TargetNotFound, UnsupportedTarget
+from ..image.format import ProcessEntry
+
+
+@dataclass
+class Target:
+    pid: int
+    command: list[str]
+    uid: int
+
+    def tree(self) -> list[ProcessEntry]:
+        return process_tree(self.pid)
+
+    def maps(self) -> str:
+        try:
+            return Path(f"/proc/{self.pid}/maps").read_text()
+        except OSError:
+            return ""
+
+
+def parse_pid(value: str) -> int:
+    try:
+        pid = int(value)
+    except ValueError:
+        raise TargetNotFound(f"{value!r} is not a process id", "give a numeric pid") from None
+    if pid <= 0:
+        raise TargetNotFound(f"{pid} is not a process id", "give a positive pid")
+    return pid
+
+
+def _stat_fields(pid: int) -> list[str]:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    # comm may contain spaces and parentheses: split after the last ')'.
+    head, _, rest = raw.rpartition(")")
+    return [head.split("(", 1)[1]] + rest.split()
+
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat as fields (comm, state, ppid, ...), or [] when the process is gone."""
+    try:
+        return _stat_fields(pid)
+    except (OSError, IndexError):
+        return []
+
+
+def open_target(pid: int) -> Target:
+    """Check that pid names a live, user-space process we may checkpoint."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise TargetNotFound(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise PermissionProblem(f"process {pid} belongs to another user") from None
+    if pid == 1:
+        raise UnsupportedTarget("refusing to checkpoint pid 1 (init): killing it would take the system down",
+                           "checkpoint the workload's own process instead")
+    try:
+        fields = _stat_fields(pid)
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        raise TargetNotFound(f"process {pid} exited") from None
+    except PermissionError:
+        raise PermissionProblem(f"cannot read /proc/{pid}") from None
+    state = fields[1]
+    flags = int(fields[7])
+    PF_KTHREAD = 0x00200000
+    if flags & PF_KTHREAD:
+        raise UnsupportedTarget(f"pid {pid} ({fields[0]}) is a kernel thread; only user processes can be checkpointed")
+    if state in ("Z", "X"):
+        raise TargetNotFound(f"process {pid} is a zombie (it has exited; its parent has not reaped it)")
+    uid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))
+    if os.geteuid() != 0 and uid != os.geteuid():
+        raise PermissionProblem(f"process {pid} belongs to uid {uid}, not to you")
+    command = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
+    return Target(pid, command, uid)
+
+
+def process_tree(root: int) -> list[ProcessEntry]:
+    """root and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    info: dict[int, ProcessEntry] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = _stat_fields(int(d.name))
+        except (OSError, IndexError):
+            continue
+        pid, ppid = int(d.name), int(f[2])
+        info[pid] = ProcessEntry(pid=pid, ppid=ppid, comm=f[0], threads=int(f[18]))
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        if pid in info:
+            out.append(info[pid])
+            todo.extend(sorted(children.get(pid, [])))
+    return out
+
+
+def wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int]:
+    """Wait until no pid is alive (or, with zombies_count, even a zombie); return those left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if process_exists(p, zombies_count)]
+        # A restored process is our child (we are a subreaper): reap it, or its pid stays taken.
+        for p in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p, os.WNOHANG)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
+def process_exists(pid: int, zombies_count: bool) -> bool:
+    fields = proc_stat(pid)
+    return bool(fields) and (zombies_count or fields[1] not in ("Z", "X"))
