@@ -28,7 +28,7 @@ Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size
     : va(va_), size(size_), device(device_), base(base_), mapped(mapped_), fd(fd_), serial(g_serial++) {}
 
 Buffer::~Buffer() {
-  ::munmap(base, mapped);
+  if (mapped != 0) ::munmap(base, mapped);
   if (fd >= 0) ::close(fd);
 }
 
@@ -138,8 +138,12 @@ void DeviceState::release(Session &s) {
 }
 
 void DeviceState::release_locked(Session &s) {
-  for (auto &[va, buf] : s.allocs) used_[buf->device] -= buf->size;
+  for (auto &[va, buf] : s.allocs)
+    if (!buf->backing) used_[buf->device] -= buf->size;
   s.allocs.clear();
+  s.reservations.clear();
+  s.imports.clear();
+  ipc::forget(s.pid);
   for (auto [device, window] : s.windows) window_owner_[device][window] = 0;
   s.windows.clear();
 }
@@ -227,7 +231,7 @@ int32_t DeviceState::share_memory(Session &s) {
     if (s.shared_memory) return ACL_SUCCESS;
     s.shared_memory = true;  // allocations from now on are memfds
     for (auto &[va, b] : s.allocs)
-      if (b->fd < 0) anonymous.push_back(b);
+      if (b->fd < 0 && !b->backing) anonymous.push_back(b);  // an alias's memory moves with its backing
   }
   for (auto &b : anonymous)
     if (!move_to_memfd(*b)) return ACL_ERROR_RT_MEMORY_ALLOCATION;
@@ -237,7 +241,7 @@ int32_t DeviceState::share_memory(Session &s) {
 int32_t DeviceState::free(Session &s, uint64_t va) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = s.allocs.find(va);
-  if (it == s.allocs.end()) return ACL_ERROR_INVALID_PARAM;
+  if (it == s.allocs.end() || it->second->backing) return ACL_ERROR_INVALID_PARAM;  // a mapping: unmap it
   used_[it->second->device] -= it->second->size;
   s.allocs.erase(it);
   return ACL_SUCCESS;
@@ -293,7 +297,9 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
       break;
     }
     case TaskKind::RecordEvent:
-    case TaskKind::WaitEvent: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+    case TaskKind::WaitEvent:
+    case TaskKind::RecordNotify:
+    case TaskKind::WaitNotify: return on_stream ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
     case TaskKind::ValueWrite: dst_len = sizeof(uint64_t); kernel = false; break;
     case TaskKind::ValueWait:
       if (!on_stream) return ACL_ERROR_INVALID_PARAM;

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -25,7 +26,7 @@ struct SessionKernels;
 // One device allocation: memory of the daemon (anonymous, or a memfd once its client uses kernels),
 // known to clients only by its address.
 struct Buffer {
-  Buffer(uint64_t va, uint64_t size, uint32_t device, char *base, size_t mapped, int fd);
+  Buffer(uint64_t va, uint64_t size, uint32_t device, char *base, size_t mapped, int fd = -1);
   ~Buffer();
   Buffer(const Buffer &) = delete;
   Buffer &operator=(const Buffer &) = delete;
@@ -34,9 +35,18 @@ struct Buffer {
   const uint64_t size;  // rounded to va::kSizeGranule
   const uint32_t device;
   char *const base;
-  const size_t mapped;
-  int fd;                 // the memfd behind base, or -1 (anonymous): a kernel runner maps it (kernel_host.cpp)
+  const size_t mapped;  // 0 for an alias
+  int fd;                 // the memfd behind base, or -1 (anonymous, or an alias): a kernel runner maps it (kernel_host.cpp)
   const uint64_t serial;  // unique per allocation for the daemon's lifetime
+  // An alias (a VMM mapping or an IPC import) shows part of another buffer at its own address and
+  // keeps that buffer alive; it owns no memory and counts against no device's capacity.
+  std::shared_ptr<Buffer> backing;
+};
+
+// A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the
+// sessions that imported it (IPC notify), so it is atomic rather than under one session's mutex.
+struct Notify {
+  std::atomic<bool> set{false};
 };
 
 // A task with its device addresses resolved. It holds its buffers, so freeing an allocation while
@@ -64,9 +74,29 @@ struct Stream {
   std::thread worker;
 };
 
+// An IPC event's state, shared by the sessions of its exporter and openers; each touches it under
+// its own session's mutex, hence atomics.
+struct SharedEvent {
+  std::atomic<uint64_t> completed{0};
+  std::atomic<uint64_t> timestamp_ns{0};
+};
+
 struct Event {
   uint64_t completed = 0;
   uint64_t timestamp_ns = 0;
+  std::shared_ptr<SharedEvent> ipc;  // once exported or opened, the state lives there
+
+  uint64_t done() const { return ipc ? ipc->completed.load() : completed; }
+  Event state() const { return ipc ? Event{ipc->completed.load(), ipc->timestamp_ns.load(), nullptr} : *this; }
+  void complete(uint64_t now) {
+    if (!ipc) {
+      ++completed;
+      timestamp_ns = now;
+      return;
+    }
+    ipc->timestamp_ns = now;
+    ++ipc->completed;
+  }
 };
 
 // Everything one client process owns. mu/cv guard streams and events; allocations and windows are
@@ -84,6 +114,12 @@ struct Session {
   uint32_t next_id = 1;
   std::shared_ptr<kernels::SessionKernels> kernels;  // binaries, functions, the kernel runner (kernel_host.h)
   bool shared_memory = false;  // allocations are memfds, for the kernel runner (the daemon's mutex guards it)
+  std::map<uint32_t, std::shared_ptr<Notify>> notifies;  // own and imported (ipc.cpp), guarded by mu
+
+  // Virtual memory (vmm.cpp), guarded by the daemon's mutex: reserved ranges (addr -> size) in the
+  // upper half of the session's windows, and the shareable handles this session imported.
+  std::map<uint64_t, uint64_t> reservations;
+  std::map<uint64_t, std::shared_ptr<Buffer>> imports;
 
   // The direct path (export.cpp), guarded by mu: locked after a successful Drain or a Quiesce,
   // until the Quiesce of Unlock; export and import need it.
@@ -122,6 +158,18 @@ class DeviceState {
   // in address order.
   std::shared_ptr<Session> find(pid_t pid);
   std::vector<std::shared_ptr<Buffer>> buffers(Session &s);
+
+  // Virtual memory (vmm.cpp). reserve: at == 0 picks a free range, else re-creates one there.
+  int32_t reserve(Session &s, uint32_t device, uint64_t size, uint64_t align, uint64_t at, uint64_t *va);
+  int32_t unreserve(Session &s, uint64_t va);
+  // Shows [offset, offset+size) of phys at va, which must lie inside one reservation.
+  int32_t map(Session &s, uint64_t va, uint64_t size, const std::shared_ptr<Buffer> &phys, uint64_t offset);
+  int32_t unmap(Session &s, uint64_t va);
+  // The allocation of s that starts at va (null if none); the buffer holding [va, va+len) and its offset.
+  std::shared_ptr<Buffer> allocation_at(Session &s, uint64_t va);
+  std::shared_ptr<Buffer> containing(Session &s, uint64_t va, uint64_t len, uint64_t *offset);
+  // The virtual memory, IPC and notify ops (ipc.cpp), on a joined session.
+  int32_t handle_vmm_ipc(Session &s, const proto::Request &rq, proto::Reply &rp);
 
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);
@@ -166,5 +214,20 @@ int32_t event_signal(Session &s, uint32_t id);
 // Reads (set false: into *out) or sets (to value) the failure a stream's next synchronize reports.
 int32_t pending_error(Session &s, uint32_t id, bool set, uint64_t *out, uint64_t value);
 }  // namespace streams
+
+// Notify (notify.cpp), guarded by the session's mu.
+namespace notify {
+uint32_t create(Session &s, bool set);
+uint32_t adopt(Session &s, std::shared_ptr<Notify> n);  // an imported notify
+int32_t destroy(Session &s, uint32_t id);
+std::shared_ptr<Notify> find(Session &s, uint32_t id);
+}  // namespace notify
+
+// IPC share tables (ipc.cpp): what a client exported ends with its session.
+namespace ipc {
+void forget(pid_t owner);
+// An opened IPC event of importer is destroyed: its import ends.
+void drop_event_import(pid_t importer, const std::shared_ptr<SharedEvent> &event);
+}  // namespace ipc
 
 }  // namespace npusim

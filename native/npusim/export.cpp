@@ -58,7 +58,8 @@ std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s) {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<std::shared_ptr<Buffer>> out;
   out.reserve(s.allocs.size());
-  for (auto &[va, b] : s.allocs) out.push_back(b);
+  for (auto &[va, b] : s.allocs)
+    if (!b->backing) out.push_back(b);  // a mapping's data is its physical allocation's
   return out;
 }
 

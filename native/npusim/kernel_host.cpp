@@ -247,6 +247,8 @@ int32_t run(Work &w) {
     live.insert(b->va);
     auto m = k.mapped.find(b->va);
     if (m != k.mapped.end() && m->second == b->serial) continue;
+    // Not yet: a VMM mapping or an IPC import (an alias into another buffer's memfd).
+    if (b->backing) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
     if (b->fd < 0) return ACL_ERROR_RT_INTERNAL_ERROR;  // share_memory ran before any binary was loaded
     if (int32_t rc = ask(k, runner::Op::Map, b->va, b->mapped, b->size, {}, b->fd); rc != ACL_SUCCESS) return rc;
     k.mapped[b->va] = b->serial;

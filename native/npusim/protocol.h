@@ -55,6 +55,32 @@ enum class Op : uint32_t {
   BinaryUnload,    // value[0]: binary id
   FunctionLookup,  // value[0]: binary id; trailing: kernel name -> value[0]=function id
   LaunchKernel,    // stream, task (Kernel); trailing: the argument bytes
+  // Virtual memory, IPC memory and notify (vmm.cpp, ipc.cpp). A physical allocation is an ordinary
+  // allocation (Malloc) at an address the application never sees; a mapping is an alias of part
+  // of one, placed inside a reservation.
+  Reserve,        // device, size, value[0]=alignment -> value[0]=addr (the upper half of the window)
+  ReserveAt,      // device, addr, size: re-create a reservation at its address (restore)
+  Unreserve,      // addr: a reservation with no mappings left
+  Map,            // addr, size, value[0]=physical addr (flags 0) or shareable handle (flags 1), value[1]=offset
+  Unmap,          // addr: a mapping
+  ShareExport,    // addr=physical, flags: 1 no pid check, value[1]: the old handle (restore) or 0 -> value[0]=shareable handle
+  ShareSetPids,   // value[0]=shareable handle, value[1]=a pid to whitelist (one request per pid)
+  ShareImport,    // value[0]=shareable handle: the caller may map it from now on
+  ShareRelease,   // value[0]=shareable handle: drop this session's export or import
+  IpcExport,      // addr, size, flags: 1 no pid check, value[1]: the old number (restore) or 0 -> value[0]=key number
+  IpcSetPids,     // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
+  IpcImport,      // value[0]=key number, value[1]: the old address (restore) or 0 -> value[0]=addr (a mapping), value[1]=size
+  IpcClose,       // value[0]=key number, addr: an exporter withdraws the key; an importer unmaps addr
+  NotifyCreate,   // value[0]: initially recorded (restore) -> value[0]=notify id
+  NotifyDestroy,  // event=notify id, value[0]: its key number if it was imported (else 0)
+  NotifyQuery,    // event=notify id -> value[0]=1 if recorded
+  NotifyReset,    // event=notify id: clear now (aclrtNotifyBatchReset)
+  NotifyExport,   // event=notify id, flags: 1 no pid check, value[1]: the old number (restore) or 0 -> value[0]=key number
+  NotifySetPids,  // value[0]=key number, value[1]=a pid to whitelist (one request per pid)
+  NotifyImport,   // value[0]=key number -> value[0]=notify id in the caller's session
+  EventExport,    // event, value[1]: the old number (restore) or 0: an IPC event from now on -> value[0]=key number (any pid may open it)
+  EventImport,    // value[0]=key number -> value[0]=event id in the caller's session, value[1]=completed
+  ShareImporters, // flags: 0 any, 1 memory, 2 notify, 3 event -> value[0]=imports by other processes of what the caller shares, value[1]=one of their pids
 };
 
 enum class TaskKind : uint32_t {
@@ -76,6 +102,9 @@ enum class TaskKind : uint32_t {
                      // k and target: the two parameters' bytes (by value), src2: the seed
   // cann-kernels
   Kernel,            // src2: function id, m: numBlocks; arguments travel with LaunchKernel
+  // Notify (cann-ipc-vmm)
+  RecordNotify,      // event=notify id: set
+  WaitNotify,        // event=notify id, target=timeout ms (0: forever): wait until set, then clear
 };
 
 struct Task {

@@ -69,7 +69,10 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
     case Op::StreamFailureMode: return streams::set_failure_mode(s, rq.stream, rq.flags == 1);
     case Op::EventSignal: return streams::event_signal(s, rq.event);
     case Op::StreamError: return streams::pending_error(s, rq.stream, rq.flags == 1, &rp.value[0], rq.value[0]);
-    default: return ACL_ERROR_INVALID_PARAM;
+    default:
+      // Virtual memory, IPC, notify and IPC events (cann-ipc-vmm): Reserve .. ShareImporters.
+      if (rq.op >= Op::Reserve && rq.op <= Op::ShareImporters) return state.handle_vmm_ipc(s, rq, rp);
+      return ACL_ERROR_INVALID_PARAM;
   }
 }
 

@@ -78,8 +78,7 @@ aclError create_event(aclrtEvent *event, uint32_t flag, const char *api) {
   if (event == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, std::string(api) + ": event is NULL");
   if (flag == 0 || (flag & ~kEventFlags) != 0)
     return note_error(ACL_ERROR_INVALID_PARAM, std::string(api) + ": unknown event flag");
-  if ((flag & ACL_EVENT_IPC) != 0)
-    return note_error(ACL_ERROR_FEATURE_UNSUPPORTED, std::string(api) + ": IPC events are not created here");
+  // ACL_EVENT_IPC: such an event may be shared by aclrtIpcGetEventHandle (ipc_event_api.cpp).
   if (aclError rc = aclrtCreateEvent(event); rc != ACL_SUCCESS) return rc;
   std::lock_guard<std::mutex> g(runtime().mu);
   static_cast<EventObj *>(*event)->flags = flag;

@@ -19,16 +19,64 @@ uint64_t now_ns() {
 }
 
 bool head_ready(Session &s, const Work &w) {
+  if (w.task.kind == proto::TaskKind::WaitNotify) {
+    auto it = s.notifies.find(w.task.event);
+    return it == s.notifies.end() || it->second->set;
+  }
   if (w.task.kind == proto::TaskKind::ValueWait) return builtin::value_met(w);
   if (w.task.kind != proto::TaskKind::WaitEvent) return true;
   auto it = s.events.find(w.task.event);
-  return it == s.events.end() || it->second.completed >= w.task.target;
+  return it == s.events.end() || it->second.done() >= w.task.target;
+}
+
+// A notify or an IPC event may be shared with (and set by) another client's session, whose
+// streams cannot wake this one's condition variable; a stream whose head waits on one polls it.
+constexpr auto kNotifyPoll = std::chrono::milliseconds(1);
+
+bool waits_on_notify(Session &s, const Stream &st) {
+  if (st.queue.empty()) return false;
+  const proto::Task &t = st.queue.front().task;
+  if (t.kind == proto::TaskKind::WaitEvent) {  // an IPC event: another process may record it
+    auto it = s.events.find(t.event);
+    return it != s.events.end() && it->second.ipc != nullptr;
+  }
+  return t.kind == proto::TaskKind::WaitNotify;
+}
+
+// Runs a notify task at the head of st (s.mu held); false if it is a wait that is not over yet.
+// A wait past its timeout (ms; 0 waits forever) fails the stream like a failed task.
+bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point since) {
+  const proto::Task &t = st.queue.front().task;
+  if (t.kind == proto::TaskKind::WaitEvent) return head_ready(s, st.queue.front());
+  auto it = s.notifies.find(t.event);
+  if (t.kind == proto::TaskKind::RecordNotify) {
+    if (it != s.notifies.end()) it->second->set = true;
+    return true;
+  }
+  if (it == s.notifies.end() || it->second->set.exchange(false)) return true;
+  if (t.target != 0 && std::chrono::steady_clock::now() - since >= std::chrono::milliseconds(t.target)) {
+    if (st.error == ACL_SUCCESS) st.error = ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
+    return true;
+  }
+  return false;
 }
 
 void worker(Session *s, std::shared_ptr<Stream> st) {
   std::unique_lock<std::mutex> l(s->mu);
   for (;;) {
+    if (waits_on_notify(*s, *st)) {
+      const auto since = std::chrono::steady_clock::now();
+      while (!st->cancel && waits_on_notify(*s, *st) && !notify_step(*s, *st, since)) s->cv.wait_for(l, kNotifyPoll);
+      if (st->cancel) return;
+      if (waits_on_notify(*s, *st)) {  // the wait is over
+        st->queue.pop_front();
+        ++st->done;
+        s->cv.notify_all();
+      }
+      continue;
+    }
     while (!st->cancel && (st->queue.empty() || !head_ready(*s, st->queue.front()))) {
+      if (waits_on_notify(*s, *st)) break;  // polled above
       // A value wait is met by any write to device memory, and not every write wakes the stream
       // workers (a synchronous copy does not): look again every millisecond.
       if (!st->queue.empty() && st->queue.front().task.kind == proto::TaskKind::ValueWait)
@@ -37,14 +85,19 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
         s->cv.wait(l);
     }
     if (st->cancel) return;
+    if (waits_on_notify(*s, *st)) continue;
+    if (st->queue.front().task.kind == proto::TaskKind::RecordNotify) {
+      notify_step(*s, *st, {});
+      st->queue.pop_front();
+      ++st->done;
+      s->cv.notify_all();
+      continue;
+    }
     Work w = std::move(st->queue.front());
     st->queue.pop_front();
     if (w.task.kind == proto::TaskKind::RecordEvent) {
       auto it = s->events.find(w.task.event);
-      if (it != s->events.end()) {
-        ++it->second.completed;
-        it->second.timestamp_ns = now_ns();
-      }
+      if (it != s->events.end()) it->second.complete(now_ns());
     } else if (st->stop_on_failure && st->error != ACL_SUCCESS) {
       // ACL_STOP_ON_FAILURE: nothing runs after a failed task until a synchronize reports it.
     } else if (w.task.kind != proto::TaskKind::WaitEvent) {
@@ -159,6 +212,7 @@ void stop_all(Session &s) {
       st->queue.clear();
     }
     s.events.clear();
+    s.notifies.clear();
     s.cv.notify_all();
   }
   for (auto &[id, st] : stopped) st->worker.join();
@@ -167,13 +221,16 @@ void stop_all(Session &s) {
 uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns) {
   std::lock_guard<std::mutex> g(s.mu);
   uint32_t id = s.next_id++;
-  s.events[id] = Event{completed, timestamp_ns};
+  s.events[id] = Event{completed, timestamp_ns, nullptr};
   return id;
 }
 
 int32_t event_destroy(Session &s, uint32_t id) {
   std::lock_guard<std::mutex> g(s.mu);
-  if (s.events.erase(id) == 0) return ACL_ERROR_INVALID_PARAM;
+  auto it = s.events.find(id);
+  if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
+  if (it->second.ipc) ipc::drop_event_import(s.pid, it->second.ipc);  // no-op for the exporter
+  s.events.erase(it);
   s.cv.notify_all();  // streams waiting on it move on
   return ACL_SUCCESS;
 }
@@ -182,17 +239,19 @@ int32_t event_query(Session &s, uint32_t id, Event *out) {
   std::lock_guard<std::mutex> g(s.mu);
   auto it = s.events.find(id);
   if (it == s.events.end()) return ACL_ERROR_INVALID_PARAM;
-  *out = it->second;
+  *out = it->second.state();
   return ACL_SUCCESS;
 }
 
 int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
   std::unique_lock<std::mutex> l(s.mu);
   if (s.events.find(id) == s.events.end()) return ACL_ERROR_INVALID_PARAM;
-  s.cv.wait(l, [&] {
+  auto reached = [&] {
     auto it = s.events.find(id);
-    return it == s.events.end() || it->second.completed >= target;
-  });
+    return it == s.events.end() || it->second.done() >= target;
+  };
+  // An IPC event may be recorded by another process, which cannot wake this session: poll it.
+  while (!reached()) s.cv.wait_for(l, std::chrono::milliseconds(1));
   return ACL_SUCCESS;
 }
 

@@ -97,3 +97,25 @@ def kernels_so(toolkit_home: Path, tmp_path_factory: pytest.TempPathFactory) -> 
                         f"-I{toolkit_home / 'include'}", "-o", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return out
+@pytest.fixture(scope="session")
+def build_c(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """build_c("NAME"): tests/cann/NAME.c linked with -lascendcl from the same paths, with an rpath,
+    so it runs under any environment (the IPC and VMM programs run under `npusnap run`)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("a C compiler is required")
+    home = Path(device_env["ASCEND_TOOLKIT_HOME"])
+    out_dir = tmp_path_factory.mktemp("cann-vmm-bin")
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            exe = out_dir / name
+            r = subprocess.run([cc, "-O1", "-Wall", "-Werror", str(HERE / f"{name}.c"), f"-I{home / 'include'}",
+                                f"-L{home / 'lib64'}", "-lascendcl", "-lpthread", f"-Wl,-rpath,{home / 'lib64'}",
+                                "-o", str(exe)], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            built[name] = exe
+        return built[name]
+
+    return build

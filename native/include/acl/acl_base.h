@@ -25,6 +25,8 @@ typedef void *aclrtStream;
 typedef void *aclrtEvent;
 typedef void *aclrtContext;
 typedef int aclError;
+/* cann-ipc-vmm */
+typedef void *aclrtNotify;
 
 static const int ACL_ERROR_NONE = 0;
 static const int ACL_SUCCESS = 0;
