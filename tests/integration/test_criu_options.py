@@ -189,6 +189,126 @@ def test_tcp_close_is_recorded_and_restore_uses_it(peer: socket.socket, tmp_path
         w.stop()
 
 
+# ---------------------------------------------------------------- the iptables lock
+
+
+def criu_iptables_rules(port: int) -> list[str]:
+    """CRIU's DROP rules (matching packets without its mark, 0xc114) for connections to our
+    peer's port: the tables are the machine's, and another CRIU may lock its own meanwhile."""
+    out = []
+    for tool in ("iptables-save", "ip6tables-save"):
+        r = subprocess.run([tool], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+        out += [line for line in r.stdout.splitlines()
+                if "0xc114" in line and (f"--sport {port} " in line or f"--dport {port} " in line)]
+    return out
+
+
+@pytest.fixture
+def iptables(peer: socket.socket) -> int:
+    """The peer's port, once the iptables lock is known to work here."""
+    from npusnap_cli.criu import find_criu
+    from npusnap_cli.netlock import methods
+
+    m = next(m for m in methods(find_criu().path) if m.name == "iptables")
+    if not m.works:
+        pytest.skip(f"{m.detail} (scripts/install-build-deps.sh installs iptables)")
+    port = int(peer.getsockname()[1])
+    assert not criu_iptables_rules(port)
+    return port
+
+
+def test_iptables_lock_is_undone_for_a_tree_left_running(iptables: int, peer: socket.socket,
+                                                         tmp_path: Path) -> None:
+    port = iptables
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--leave-running",
+                        "--tcp-established", "--network-lock", "iptables")
+            assert r.returncode == 0, r.stderr
+            assert "could not" not in r.stderr, r.stderr  # no warning: every rule was found and removed
+            assert not criu_iptables_rules(port)
+            f.write(b"two\n")  # out of repair mode, no DROP rule: the connection lives
+            assert f.readline() == b"echo two\n"
+        assert manifest_options(tmp_path / "ck")["network_lock"] == "iptables"
+    finally:
+        w.stop()
+    assert not criu_iptables_rules(port)
+
+
+def test_iptables_lock_is_undone_when_the_checkpoint_fails_after_the_dump(iptables: int, peer: socket.socket,
+                                                                          tmp_path: Path) -> None:
+    from tests.faults.support import PausedCli
+
+    port = iptables
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    cli = None
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            cli = PausedCli(["checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-established",
+                             "--network-lock", "iptables"], "after:dump", dict(os.environ))
+            assert criu_iptables_rules(port)  # CRIU locked the connection, and keeps it locked for a restore
+            cli.proc.send_signal(signal.SIGINT)  # after a successful dump: everything is rolled back
+            assert cli.proc.wait(timeout=60) == 130
+            assert_no_checkpoint(tmp_path / "ck")
+            assert pid_alive(w.pid) and proc_state(w.pid) != "T"
+            assert not criu_iptables_rules(port)
+            f.write(b"two\n")
+            assert f.readline() == b"echo two\n"
+    finally:
+        if cli is not None and cli.proc.poll() is None:
+            cli.kill()
+        w.stop()
+    assert not criu_iptables_rules(port)
+
+
+def test_iptables_lock_is_gone_when_criu_fails(iptables: int, peer: socket.socket, tmp_path: Path) -> None:
+    # A connection CRIU must not dump (no --tcp-established): CRIU fails; nothing of its lock stays.
+    port = iptables
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--network-lock", "iptables")
+            assert r.returncode == 7 and "--tcp-established" in one_error_line(r.stderr), r.stderr
+            assert_no_checkpoint(tmp_path / "ck")
+            assert not criu_iptables_rules(port)
+            f.write(b"two\n")
+            assert f.readline() == b"echo two\n"
+    finally:
+        w.stop()
+
+
+def test_iptables_locked_connection_restores_and_runs(iptables: int, peer: socket.socket, tmp_path: Path) -> None:
+    port = iptables
+    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
+    try:
+        conn, f = accept_echo(peer, w)
+        with conn:
+            npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-established",
+                    "--network-lock", "iptables", check=True)
+            w.proc.wait(timeout=10)
+            # The dump keeps the connection locked for its restore: CRIU takes the rules away after it.
+            assert criu_iptables_rules(port)
+            r = npusnap("restore", tmp_path / "ck", "--detach")
+            assert r.returncode == 0, r.stderr
+            assert not criu_iptables_rules(port)
+            f.write(b"two\n")  # the restored process answers on the same connection
+            assert f.readline() == b"echo two\n"
+    finally:
+        w.stop()
+        # A failed restore leaves the dump's rules: take them away so other tests start clean.
+        if criu_iptables_rules(port) and (tmp_path / "ck" / "criu").is_dir():
+            from npusnap_cli import netlock
+
+            for c in netlock.dumped_connections(tmp_path / "ck" / "criu"):
+                netlock._iptables_unlock(c, lambda m: None)
+    assert not criu_iptables_rules(port)
+
+
 # ---------------------------------------------------------------- files
 
 
