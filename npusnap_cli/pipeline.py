@@ -215,8 +215,7 @@ def _run_on(images_dir: Path, extra: CriuOptions, root: int, pids: list[int], re
 
 def _restore_options(manifest: Manifest, opts: RestoreOptions) -> CriuOptions:
     """What the dump used (the manifest's options), plus restore's own additions."""
-    return CriuOptions.from_manifest(manifest.options).for_restore(
-        opts.criu.tcp_close, opts.criu.external, opts.criu.inherit_fd)
+    return CriuOptions.from_manifest(manifest.options).for_restore(opts.criu)
 
 
 def _kill(pids: list[int]) -> None:

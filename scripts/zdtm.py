@@ -57,14 +57,17 @@ QUICK = ["env00", "pipe00", "unlink_fstat03", "ghost_multi_hole00", "socket-tcp"
 KNOWN: dict[str, str] = {}
 
 # CRIU option -> how many values follow it, for those npusnap has a flag of the same spelling.
+CGROUP_FLAGS = {"--manage-cgroups": 0, "--cgroup-root": 1, "--cgroup-yard": 1}
 DUMP_FLAGS = {"--link-remap": 0, "--ghost-limit": 1, "--ext-unix-sk": 0, "--tcp-established": 0,
-              "--skip-in-flight": 0, "--tcp-close": 0, "--shell-job": 0, "--external": 1, "--network-lock": 1}
-RESTORE_FLAGS = {"--tcp-close": 0, "--external": 1}
+              "--skip-in-flight": 0, "--tcp-close": 0, "--shell-job": 0, "--external": 1, "--network-lock": 1,
+              "--force-irmap": 0, "--irmap-scan-path": 1, **CGROUP_FLAGS}
+RESTORE_FLAGS = {"--tcp-close": 0, "--external": 1, "--join-ns": 1, **CGROUP_FLAGS}
 # CRIU options npusnap has no flag for because it needs none: always on, or CRIU's internal choice ...
 NEEDLESS = {"--file-locks": 0, "--ghost-fiemap": 0, "--no-ghost-fiemap": 0}
-# ... and, on restore, those the checkpoint recorded in its manifest (restore takes them from there).
+# ... and, on restore, those the checkpoint recorded in its manifest (restore takes them from there)
+# or that mean something at dump time only.
 RECORDED = {"--tcp-established": 0, "--link-remap": 0, "--ext-unix-sk": 0, "--skip-in-flight": 0,
-            "--ghost-limit": 1, "--network-lock": 1}
+            "--ghost-limit": 1, "--network-lock": 1, "--force-irmap": 0, "--irmap-scan-path": 1}
 STEP_TIMEOUT = 60
 # What zdtm.py gives a test in host mode without a kernel freezer.
 TEST_ENV = {"ZDTM_THREAD_BOMB": "5"}
@@ -201,8 +204,8 @@ class Chooser:
     def why_not(self, test: str, desc: dict[str, Any]) -> Optional[str]:
         if test in self.excluded:
             return "excluded by zdtm.desc"
-        if desc.get("arch", self.arch) != self.arch:
-            return f"for {desc['arch']} only"
+        if desc.get("arch", self.arch) != self.arch:  # compared whole, as zdtm.py does
+            return f"arch is {desc['arch']!r}, not {self.arch!r}"
         if "noauto" in flags(desc):
             return "manual run only ('noauto')"
         missing = [f for f in str(desc.get("feature", "")).split() if not self.feature(f)]
@@ -405,8 +408,8 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
     try:
         if way == "npusnap":  # before starting: an option npusnap lacks is a failure, not a crash
             dump_flags = translate(dump_opts, DUMP_FLAGS, NEEDLESS)
-            # The .desc's common opts were recorded by the checkpoint: restore must take them from there.
-            restore_flags = translate(str(desc.get("ropts", "")).split(), RESTORE_FLAGS, {**NEEDLESS, **RECORDED})
+            # Of the common opts, those the checkpoint recorded restore must take from the manifest.
+            restore_flags = translate(restore_opts, RESTORE_FLAGS, {**NEEDLESS, **RECORDED})
         # As root: zdtm.py would drop the test to an unprivileged uid, but without CAP_SYS_RESOURCE
         # (containers) CRIU then cannot read its rlimits, bare or not.
         pid = start(tree, static, test, desc, logfile)

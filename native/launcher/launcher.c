@@ -50,14 +50,11 @@ __asm__(".text\n"
 #error "NPUSNAP_PYTHON (the interpreter the package is installed for) must be defined"
 #endif
 
-/* sys.path[0] is the working directory under -c: drop it, as a console script's
- * (its own bin/ directory) would never shadow the installed package. */
-static const char BOOT[] =
-    "import sys\n"
-    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
-    "sys.argv[0] = 'npusnap'\n"
-    "from npusnap_cli.cli import main\n"
-    "sys.exit(main())\n";
+/* sys.path[0] is the working directory ('') under -c: drop it, as a console script's
+ * (its own bin/ directory) would never shadow the installed package. One short line,
+ * since `ps` shows it. */
+static const char BOOT[] = "import sys;'' in sys.path and sys.path.remove('');sys.argv[0]='npusnap';"
+                           "from npusnap_cli.cli import main;sys.exit(main())";
 
 /* The interpreter the package was built for; else a python3 beside this launcher
  * (a copied wheel), as pip's own scripts name theirs by absolute path too. */
