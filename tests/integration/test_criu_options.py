@@ -11,14 +11,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.helpers import (
-    WORKLOADS,
     Workload,
     kill_and_wait,
     npusnap,
@@ -29,9 +27,14 @@ from tests.helpers import (
 )
 from tests.pipeline.support import assert_no_checkpoint, one_error_line
 
-pytestmark = requires_criu
+from .netlock_support import (
+    PROG,
+    accept_echo,
+    criu_iptables_rules,
+    nft_tables,
+)
 
-PROG = [sys.executable, str(WORKLOADS / "criu_opts.py")]
+pytestmark = requires_criu
 
 
 def manifest_options(ck: Path) -> dict:
@@ -44,46 +47,6 @@ def count_after(w: Workload, prefix: str, start: int) -> None:
     w.wait_for_line(start + 2)
     tail = w.lines()[start:]
     assert all(line.startswith(prefix) for line in tail if line.strip()), tail
-
-
-@pytest.fixture
-def peer() -> Iterator[socket.socket]:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
-def accept_echo(srv: socket.socket, w: Workload) -> tuple[socket.socket, object]:
-    srv.settimeout(20)
-    conn, _ = srv.accept()
-    conn.settimeout(20)
-    f = conn.makefile("rwb", buffering=0)
-    assert f.readline() == b"ready\n"
-    f.write(b"one\n")
-    assert f.readline() == b"echo one\n"
-    return conn, f
-
-
-def nft_tables() -> str:
-    from npusnap_cli import netlock
-
-    lib = netlock._nft_lib()
-    assert lib is not None
-    import ctypes
-
-    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
-    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
-    ctx = lib.nft_ctx_new(0)
-    try:
-        lib.nft_ctx_buffer_output(ctx)
-        assert lib.nft_run_cmd_from_buffer(ctx, b"list tables") == 0
-        return (lib.nft_ctx_get_output_buffer(ctx) or b"").decode()
-    finally:
-        lib.nft_ctx_free(ctx)
 
 
 def lock_method() -> str:
@@ -205,32 +168,6 @@ def test_tcp_close_is_recorded_and_restore_uses_it(peer: socket.socket, tmp_path
 # ---------------------------------------------------------------- the iptables lock
 
 
-def criu_iptables_rules(port: int) -> list[str]:
-    """CRIU's DROP rules (matching packets without its mark, 0xc114) for connections to our
-    peer's port: the tables are the machine's, and another CRIU may lock its own meanwhile."""
-    out = []
-    for tool in ("iptables-save", "ip6tables-save"):
-        r = subprocess.run([tool], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-        assert r.returncode == 0, r.stderr
-        out += [line for line in r.stdout.splitlines()
-                if "0xc114" in line and (f"--sport {port} " in line or f"--dport {port} " in line)]
-    return out
-
-
-@pytest.fixture
-def iptables(peer: socket.socket) -> int:
-    """The peer's port, once the iptables lock is known to work here."""
-    from npusnap_cli.criu import find_criu
-    from npusnap_cli.netlock import methods
-
-    m = next(m for m in methods(find_criu().path) if m.name == "iptables")
-    if not m.works:
-        pytest.skip(f"{m.detail} (scripts/install-build-deps.sh installs iptables)")
-    port = int(peer.getsockname()[1])
-    assert not criu_iptables_rules(port)
-    return port
-
-
 def test_iptables_lock_is_undone_for_a_tree_left_running(iptables: int, peer: socket.socket,
                                                          tmp_path: Path) -> None:
     port = iptables
@@ -249,50 +186,6 @@ def test_iptables_lock_is_undone_for_a_tree_left_running(iptables: int, peer: so
     finally:
         w.stop()
     assert not criu_iptables_rules(port)
-
-
-def test_iptables_lock_is_undone_when_the_checkpoint_fails_after_the_dump(iptables: int, peer: socket.socket,
-                                                                          tmp_path: Path) -> None:
-    from tests.faults.support import PausedCli
-
-    port = iptables
-    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
-    cli = None
-    try:
-        conn, f = accept_echo(peer, w)
-        with conn:
-            cli = PausedCli(["checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-established",
-                             "--network-lock", "iptables"], "after:dump", dict(os.environ))
-            assert criu_iptables_rules(port)  # CRIU locked the connection, and keeps it locked for a restore
-            cli.proc.send_signal(signal.SIGINT)  # after a successful dump: everything is rolled back
-            assert cli.proc.wait(timeout=60) == 130
-            assert_no_checkpoint(tmp_path / "ck")
-            assert pid_alive(w.pid) and proc_state(w.pid) != "T"
-            assert not criu_iptables_rules(port)
-            f.write(b"two\n")
-            assert f.readline() == b"echo two\n"
-    finally:
-        if cli is not None and cli.proc.poll() is None:
-            cli.kill()
-        w.stop()
-    assert not criu_iptables_rules(port)
-
-
-def test_iptables_lock_is_gone_when_criu_fails(iptables: int, peer: socket.socket, tmp_path: Path) -> None:
-    # A connection CRIU must not dump (no --tcp-established): CRIU fails; nothing of its lock stays.
-    port = iptables
-    w = Workload([*PROG, "tcp", str(port)], tmp_path / "out")
-    try:
-        conn, f = accept_echo(peer, w)
-        with conn:
-            r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--network-lock", "iptables")
-            assert r.returncode == 7 and "--tcp-established" in one_error_line(r.stderr), r.stderr
-            assert_no_checkpoint(tmp_path / "ck")
-            assert not criu_iptables_rules(port)
-            f.write(b"two\n")
-            assert f.readline() == b"echo two\n"
-    finally:
-        w.stop()
 
 
 def test_iptables_locked_connection_restores_and_runs(iptables: int, peer: socket.socket, tmp_path: Path) -> None:
