@@ -315,6 +315,49 @@ def run(cmd: list[str], what: str, logfile: Path, criu_log: Optional[Path] = Non
         raise Failed(f"{what} failed (exit {r.returncode}): {last[:300]}")
 
 
+# ---------------------------------------------------------------- CRIU's network lock
+
+
+def lock_state() -> set[str]:
+    """CRIU's network lock as it stands on the machine: its iptables DROP rules (they spare
+    packets with its mark, 0xc114) and its nftables tables (CRIU-*)."""
+    out = set()
+    for tool in ("iptables-save", "ip6tables-save"):
+        if shutil.which(tool):
+            r = subprocess.run([tool, "-t", "filter"], capture_output=True, text=True, timeout=STEP_TIMEOUT,
+                               stdin=subprocess.DEVNULL)
+            out |= {f"{tool.replace('-save', '')}\t{x}" for x in r.stdout.splitlines() if "0xc114" in x}
+    from npusnap_cli import netlock
+
+    lib = netlock._nft_lib()
+    if lib is not None:
+        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+        ctx = lib.nft_ctx_new(0)
+        try:
+            lib.nft_ctx_buffer_output(ctx)
+            lib.nft_ctx_buffer_error(ctx)
+            if lib.nft_run_cmd_from_buffer(ctx, b"list tables") == 0:
+                text = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
+                out |= {f"nft\t{x.strip()}" for x in text.splitlines() if " CRIU-" in x}
+        finally:
+            lib.nft_ctx_free(ctx)
+    return out
+
+
+def remove_lock(items: set[str]) -> None:
+    """Take away lock rules a test left (a failed restore keeps the dump's lock, as CRIU must)."""
+    from npusnap_cli import netlock
+
+    for item in items:
+        tool, _, rule = item.partition("\t")
+        if tool == "nft":
+            netlock.nft(f"delete {rule}")
+        elif rule.startswith("-A "):
+            subprocess.run([tool, "-w", "-t", "filter", "-D", *shlex.split(rule)[1:]], capture_output=True,
+                           timeout=STEP_TIMEOUT, stdin=subprocess.DEVNULL)
+
+
 # ---------------------------------------------------------------- one test, one way
 
 
@@ -404,6 +447,8 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
     logfile = work / f"{test}.{way}.log"
     images = work / f"{test}.{way}.img"
     clean(static, test)
+    # Lock rules that appear while the test runs are its own: tests run one at a time (locked()).
+    locks_before = lock_state()
     pid = 0
     try:
         if way == "npusnap":  # before starting: an option npusnap lacks is a failure, not a crash
@@ -445,6 +490,9 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
         if "PASS" not in text.split():
             last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
             raise Failed(f"test says: {last[0][:200]}")
+        left = lock_state() - locks_before
+        if left and way == "npusnap":  # a tree that runs on must have its connections unlocked
+            raise Failed(f"CRIU's network lock was left behind: {sorted(left)[0].partition(chr(9))[2][:150]}")
         return Outcome(True)
     except Failed as e:
         return Outcome(False, str(e))
@@ -456,6 +504,7 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
         with contextlib.suppress(Failed):
             hook(tree, test, "--clean", {}, logfile)
         kill_leftovers()
+        remove_lock(lock_state() - locks_before)
         with contextlib.suppress(OSError):
             if images.exists():
                 shutil.rmtree(images, ignore_errors=True)
