@@ -418,23 +418,33 @@ def hook(tree: Path, test: str, stage: str, env: dict[str, str], logfile: Path) 
 
 
 def start(tree: Path, static: Path, test: str, desc: dict[str, Any], logfile: Path) -> int:
-    """`make NAME.pid` (the test daemonizes once ready), its post-start hook meanwhile, as zdtm.py does."""
+    """`make NAME.pid` (the test daemonizes once ready), its post-start hook meanwhile, as zdtm.py does.
+    Output to the log file, not a pipe, which a test that never got ready might hold open."""
     timeout = max(STEP_TIMEOUT, int(desc.get("timeout") or 0))
-    make = subprocess.Popen(["make", "--no-print-directory", "-C", str(static), f"{test}.pid"],
-                            env={**os.environ, **TEST_ENV}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    with open(logfile, "a") as f:
+        f.write(f"$ make {test}.pid\n")
+        f.flush()
+        start_at = f.tell()
+        make = subprocess.Popen(["make", "--no-print-directory", "-C", str(static), f"{test}.pid"],
+                                env={**os.environ, **TEST_ENV}, stdin=subprocess.DEVNULL, stdout=f, stderr=f)
     try:
         hook(tree, test, "--post-start", {}, logfile)
-        _, err = make.communicate(timeout=timeout)
+        make.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         raise Failed("start timed out") from None
     finally:
         if make.poll() is None:
             make.kill()
-            make.communicate()
+            make.wait()
     pidfile = static / f"{test}.pid"
     if make.returncode != 0 or not pidfile.exists():
-        raise Failed(f"start failed: {(err.strip().splitlines() or ['?'])[-1][:200]}")
+        with open(logfile, errors="replace") as f:
+            f.seek(start_at)
+            last = [x for x in f.read().splitlines() if x.strip()][-1:] or [f"exit {make.returncode}"]
+        out = static / f"{test}.out"  # the test's own reason, when it gave one (its first error)
+        said = [x for x in out.read_text(errors="replace").splitlines() if "ERR:" in x or "FAIL:" in x][:1] \
+            if out.exists() else []
+        raise Failed(f"start failed: {(said or last)[0][:200]}")
     return int(pidfile.read_text().split()[0])
 
 
