@@ -7,7 +7,7 @@
 set -euo pipefail
 pkgs=(libxxhash-dev cmake g++ iptables)
 if [ "${1:-}" = zdtm ]; then
-    pkgs+=(libaio-dev libnl-route-3-dev)
+    pkgs+=(libaio-dev libnl-route-3-dev nftables)
 fi
 need=()
 for pkg in "${pkgs[@]}"; do

@@ -361,7 +361,18 @@ def remove_lock(items: set[str]) -> None:
 # ---------------------------------------------------------------- one test, one way
 
 
+def unmount_leftovers(static: Path, test: str) -> None:
+    """What a test mounted under its own NAME.test paths and left (cgroup tests that failed
+    halfway): unmounted, deepest first, or the next test of its kind finds the hierarchy busy."""
+    prefix = f"{static}/{test}."
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=STEP_TIMEOUT, stdin=subprocess.DEVNULL)
+
+
 def clean(static: Path, test: str) -> None:
+    unmount_leftovers(static, test)
     for suffix in (".pid", ".out", ".out.inprogress", ".out.external"):
         with contextlib.suppress(FileNotFoundError):
             (static / f"{test}{suffix}").unlink()
@@ -448,9 +459,25 @@ def start(tree: Path, static: Path, test: str, desc: dict[str, Any], logfile: Pa
     return int(pidfile.read_text().split()[0])
 
 
+PATH_OPTS = ("--cgroup-yard",)  # .desc options whose value may be a relative path
+
+
+def absolute(opts: list[str], tree: Path, test: str) -> list[str]:
+    """zdtm.py runs CRIU in the images directory, test/dump/zdtm/static/NAME/PID/1: a relative
+    path in a .desc means one from there (cgroup_yard's six ../ reach test/)."""
+    images = tree / "test" / "dump" / "zdtm" / "static" / test / "PID" / "1"
+    out = list(opts)
+    for i, opt in enumerate(out[:-1]):
+        if opt in PATH_OPTS and not out[i + 1].startswith("/"):
+            out[i + 1] = os.path.normpath(images / out[i + 1])
+    return out
+
+
 def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str, criu: str,
             lock: str, work: Path) -> Outcome:
     static = tree / "test" / "zdtm" / "static"
+    desc = {k: " ".join(absolute(str(v).split(), tree, test)) if k in ("opts", "dopts", "ropts") else v
+            for k, v in desc.items()}
     opts = str(desc.get("opts", "")).split()
     dump_opts = opts + str(desc.get("dopts", "")).split()
     restore_opts = opts + str(desc.get("ropts", "")).split()

@@ -6,7 +6,6 @@
  * as npusnap's own one line (exit 130) or as the command's real outcome. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -56,23 +55,25 @@ __asm__(".text\n"
 static const char BOOT[] = "import sys;'' in sys.path and sys.path.remove('');sys.argv[0]='npusnap';"
                            "from npusnap_cli.cli import main;sys.exit(main())";
 
-/* The interpreter the package was built for; else a python3 beside this launcher
- * (a copied wheel), as pip's own scripts name theirs by absolute path too. */
+/* The interpreter to run. In a virtualenv (pyvenv.cfg above this launcher's directory)
+ * its own python3, the one pip installed the package for; elsewhere the one the package
+ * was built for, named by absolute path as pip's console scripts name theirs; failing
+ * both, a python3 beside this launcher. */
 static const char *find_python(char *buf, size_t len) {
-    if (access(NPUSNAP_PYTHON, X_OK) == 0)
-        return NPUSNAP_PYTHON;
-    ssize_t n = readlink("/proc/self/exe", buf, len - 1);
-    if (n > 0) {
-        buf[n] = '\0';
-        char *dir = dirname(buf);
-        size_t used = strlen(dir);
-        if (dir == buf && used + sizeof "/python3" <= len) {
-            memcpy(buf + used, "/python3", sizeof "/python3");
-            if (access(buf, X_OK) == 0)
-                return buf;
-        }
+    char dir[PATH_MAX], cfg[PATH_MAX + 16];
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    char *slash = n > 0 ? (dir[n] = '\0', strrchr(dir, '/')) : NULL;
+    int sibling = 0;
+    if (slash != NULL) {
+        *slash = '\0';
+        sibling = snprintf(buf, len, "%s/python3", dir) < (int)len && access(buf, X_OK) == 0;
+        if (sibling && snprintf(cfg, sizeof cfg, "%s/../pyvenv.cfg", dir) < (int)sizeof cfg &&
+            access(cfg, F_OK) == 0)
+            return buf;
     }
-    return NPUSNAP_PYTHON;
+    if (access(NPUSNAP_PYTHON, X_OK) == 0 || !sibling)
+        return NPUSNAP_PYTHON;
+    return buf;
 }
 
 int main(int argc, char **argv) {
