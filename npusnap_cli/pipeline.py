@@ -480,6 +480,7 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
                                        tcp_established=bool(manifest.options.get("tcp_established")),
                                        extra=_restore_options(manifest, opts),
                                        started=guardian.wait_for_criu)
+                _unlock_closed_connections(root / CRIU_DIR, manifest, opts, report)
                 if manifest.device.backend != "none" and not opts.criu_only:
                     _finish_device(pid, manifest, root, opts, phase, signals, report)
                 else:
@@ -492,6 +493,19 @@ def restore(opts: RestoreOptions, report: Report = _quiet) -> RestoreResult:
     finally:
         guardian.release()
     return RestoreResult(pid, manifest, phase.timings)
+
+
+def _unlock_closed_connections(images_dir: Path, manifest: Manifest, opts: RestoreOptions, report: Report) -> None:
+    """CRIU restores a dump's established connections closed under --tcp-close and then leaves
+    the dump's network lock on them (it unlocks only connections it repaired): rules that would
+    drop a later connection on the same addresses and ports. Taken away here."""
+    extra = _restore_options(manifest, opts)
+    if not (extra.tcp_close and manifest.options.get("tcp_established")):
+        return
+    try:
+        netlock.drop_lock(images_dir, extra.network_lock, warn=lambda m: report("warn", m))
+    except Exception as e:  # the restore stands; the rules are the machine's to clean then
+        report("warn", f"could not undo CRIU's network lock of the closed connections: {e}")
 
 
 def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOptions, phase: Phases,

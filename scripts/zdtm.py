@@ -318,30 +318,26 @@ def run(cmd: list[str], what: str, logfile: Path, criu_log: Optional[Path] = Non
 # ---------------------------------------------------------------- CRIU's network lock
 
 
-def lock_state() -> set[str]:
-    """CRIU's network lock as it stands on the machine: its iptables DROP rules (they spare
-    packets with its mark, 0xc114) and its nftables tables (CRIU-*)."""
+def lock_left(images: Path) -> set[str]:
+    """CRIU's network lock still standing for the connections this dump locked: iptables DROP
+    rules for their ports (sparing packets with CRIU's mark, 0xc114) and the dump's nftables
+    table. Only the dump's own: other users of the machine lock their connections meanwhile."""
+    from npusnap_cli import netlock
+
+    if not (images / "files.img").exists():
+        return set()
+    ports = {f"--sport {a} --dport {b} " for c in netlock.dumped_connections(images)
+             for a, b in ((c.sport, c.dport), (c.dport, c.sport))}
     out = set()
-    for tool in ("iptables-save", "ip6tables-save"):
+    for tool in ("iptables-save", "ip6tables-save") if ports else ():
         if shutil.which(tool):
             r = subprocess.run([tool, "-t", "filter"], capture_output=True, text=True, timeout=STEP_TIMEOUT,
                                stdin=subprocess.DEVNULL)
-            out |= {f"{tool.replace('-save', '')}\t{x}" for x in r.stdout.splitlines() if "0xc114" in x}
-    from npusnap_cli import netlock
-
-    lib = netlock._nft_lib()
-    if lib is not None:
-        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
-        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
-        ctx = lib.nft_ctx_new(0)
-        try:
-            lib.nft_ctx_buffer_output(ctx)
-            lib.nft_ctx_buffer_error(ctx)
-            if lib.nft_run_cmd_from_buffer(ctx, b"list tables") == 0:
-                text = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
-                out |= {f"nft\t{x.strip()}" for x in text.splitlines() if " CRIU-" in x}
-        finally:
-            lib.nft_ctx_free(ctx)
+            out |= {f"{tool.replace('-save', '')}\t{x}" for x in r.stdout.splitlines()
+                    if "0xc114" in x and any(p in x + " " for p in ports)}
+    run_id = netlock.dump_run_id(images)
+    if run_id and netlock.nft(f"list table {netlock.nft_table(run_id)}")[0]:
+        out.add(f"nft\ttable {netlock.nft_table(run_id)}")
     return out
 
 
@@ -484,8 +480,7 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
     logfile = work / f"{test}.{way}.log"
     images = work / f"{test}.{way}.img"
     clean(static, test)
-    # Lock rules that appear while the test runs are its own: tests run one at a time (locked()).
-    locks_before = lock_state()
+    criu_images = images if way == "bare" else images / "criu"
     pid = 0
     try:
         if way == "npusnap":  # before starting: an option npusnap lacks is a failure, not a crash
@@ -507,14 +502,14 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
             hook(tree, test, "--pre-restore", env, logfile)
             run([criu, "restore", "-d", "-D", str(images), "-o", "restore.log", "-v4", *locking, *restore_opts],
                 "criu restore", logfile, images / "restore.log")
-            env["ZDTM_IMG_DIR"] = str(images)
+            env["ZDTM_IMG_DIR"] = str(criu_images)
         else:
             run([npusnap, "checkpoint", str(pid), "-D", str(images), "--device", "none", *dump_flags],
                 "npusnap checkpoint", logfile)
             wait_gone(pid, 10)
             hook(tree, test, "--pre-restore", env, logfile)
             run([npusnap, "restore", str(images), "--detach", *restore_flags], "npusnap restore", logfile)
-            env["ZDTM_IMG_DIR"] = str(images / "criu")
+            env["ZDTM_IMG_DIR"] = str(criu_images)
         hook(tree, test, "--post-restore", env, logfile)
         if not alive(pid):
             raise Failed("the restored test is not running")
@@ -527,7 +522,7 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
         if "PASS" not in text.split():
             last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
             raise Failed(f"test says: {last[0][:200]}")
-        left = lock_state() - locks_before
+        left = lock_left(criu_images)
         if left and way == "npusnap":  # a tree that runs on must have its connections unlocked
             raise Failed(f"CRIU's network lock was left behind: {sorted(left)[0].partition(chr(9))[2][:150]}")
         return Outcome(True)
@@ -541,7 +536,7 @@ def run_one(tree: Path, test: str, desc: dict[str, Any], way: str, npusnap: str,
         with contextlib.suppress(Failed):
             hook(tree, test, "--clean", {}, logfile)
         kill_leftovers()
-        remove_lock(lock_state() - locks_before)
+        remove_lock(lock_left(criu_images))
         with contextlib.suppress(OSError):
             if images.exists():
                 shutil.rmtree(images, ignore_errors=True)

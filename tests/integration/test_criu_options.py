@@ -215,6 +215,34 @@ def test_iptables_locked_connection_restores_and_runs(iptables: int, peer: socke
     assert not criu_iptables_rules(port)
 
 
+def test_tcp_close_restore_of_an_established_dump_leaves_no_lock(iptables: int, peer: socket.socket,
+                                                                tmp_path: Path) -> None:
+    # CRIU restores the connection closed and unlocks nothing itself (it unlocks only connections
+    # it repaired): without npusnap its DROP rules would stay on the machine for good.
+    port = iptables
+    w = Workload([*PROG, "waitclose", str(port)], tmp_path / "out")
+    try:
+        peer.settimeout(20)
+        conn, _ = peer.accept()
+        with conn:
+            w.wait_for_line("ready")
+            npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none", "--tcp-established",
+                    "--network-lock", "iptables", check=True)
+            w.proc.wait(timeout=10)
+            assert criu_iptables_rules(port)  # kept for the restore
+            r = npusnap("restore", tmp_path / "ck", "--detach", "--tcp-close")
+            assert r.returncode == 0 and "could not" not in r.stderr, r.stderr
+            w.wait_for_line("closed")
+            assert not criu_iptables_rules(port)
+    finally:
+        w.stop()
+        if criu_iptables_rules(port):  # this test failed: take CRIU's rules away for the next ones
+            from npusnap_cli import netlock
+
+            for c in netlock.dumped_connections(tmp_path / "ck" / "criu"):
+                netlock._iptables_unlock(c, lambda m: None)
+
+
 # ---------------------------------------------------------------- files
 
 
