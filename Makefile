@@ -3,7 +3,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 PYTHON ?= python3
-SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' 2>/dev/null) pyproject.toml CMakeLists.txt
+SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' -not -name _protocol.py 2>/dev/null) \
+           pyproject.toml CMakeLists.txt scripts/gen_protocol.py
 
 .PHONY: setup demo test faults bench bench-quick criu zdtm completions man docs clean
 
@@ -64,4 +65,4 @@ man: $(VENV)/bin/python
 docs: completions man
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) npusnap_cli/_protocol.py

@@ -43,7 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     def progress(msg: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    from npusnap_cli.criu import find_criu
+    from npusnap_cli.platform.criu import find_criu
 
     criu = find_criu().path
     become_subreaper()

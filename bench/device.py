@@ -66,7 +66,7 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
     """repeat checkpoint/restore cycles of one workload: each sample checkpoints the
     process the previous sample restored (same pid, same state), which saves starting
     a fresh workload (interpreter, numpy, filling memory) for every sample."""
-    from npusnap_cli.agent import AgentClient
+    from npusnap_cli.platform.agent import AgentClient
 
     env = child_env({"NPUSIM_SOCKET": sock})
     tag = f"dev-{dev >> 20}m-{storage}"
@@ -129,11 +129,11 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
 
 
 def start_daemon(res: Resources, workdir: Path, memory: int) -> str:
-    from npusnap_cli import simdevice
+    from npusnap_cli.platform import simdaemon
 
     sock = str(workdir / "npusim.sock")
     res.daemons.append(sock)
-    simdevice.start(sock, devices=1, memory=memory)
+    simdaemon.start(sock, devices=1, memory=memory)
     return sock
 
 

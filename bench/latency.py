@@ -12,7 +12,7 @@ from .util import Resources, child_env, median, npusnap_exe, percentile, start_w
 
 
 def agent_round_trip(res: Resources, workdir: Path, count: int) -> dict[str, Any]:
-    from npusnap_cli.agent import AgentClient
+    from npusnap_cli.platform.agent import AgentClient
 
     argv = [*npusnap_exe(), "run", "--", *workload_argv(1 << 20, cpu_only=True)]
     w = start_workload(res, argv, workdir / "ping.out", env=child_env())

@@ -80,7 +80,7 @@ def machine(workdir: Path, tmpfs_dir: Path, preset: str, repeat: int) -> dict[st
             cpu_model = line.partition(":")[2].strip()
             break
     try:
-        from npusnap_cli.criu import find_criu
+        from npusnap_cli.platform.criu import find_criu
 
         criu_version = find_criu().version_str
     except Exception as e:  # recorded, not fatal: the CRIU runs would have failed already

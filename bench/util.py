@@ -99,11 +99,11 @@ class Resources:
             kill_and_reap(pid)
         self.pids.clear()
         if self.daemons:
-            from npusnap_cli import simdevice
+            from npusnap_cli.platform import simdaemon
 
             for sock in self.daemons:
                 with contextlib.suppress(Exception):
-                    simdevice.stop(sock)
+                    simdaemon.stop(sock)
             self.daemons.clear()
         for d in reversed(self.dirs):
             shutil.rmtree(d, ignore_errors=True)
@@ -145,7 +145,7 @@ def reap(pid: int, timeout: float = 30) -> None:
 def become_subreaper() -> None:
     """Restored processes (orphaned when `criu restore -d` or `npusnap restore --detach`
     exits) are re-parented to us, so we can kill and reap them."""
-    from npusnap_cli.criu import become_subreaper as _b
+    from npusnap_cli.platform.criu import become_subreaper as _b
 
     _b()
 

@@ -140,7 +140,7 @@ class CriuOptions:
 
 
 def parse_ghost_limit(text: "str | int") -> int:
-    from .simdevice import parse_size
+    from .platform.simdaemon import parse_size
 
     if isinstance(text, int) and not isinstance(text, bool):
         value = text

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ._protocol import AGENT_SOCKET_PREFIX
+
 
 def _native_dir() -> Path:
     """The built native parts: beside this file once installed. Run from a source
@@ -47,4 +49,4 @@ DEFAULT_NPUSIM_SOCKET = default_npusim_socket()
 
 def agent_socket_name(pid: int) -> str:
     """The agent's abstract Unix socket name (leading NUL included)."""
-    return f"\0npusnap-agent-{pid}"
+    return f"\0{AGENT_SOCKET_PREFIX}{pid}"

@@ -56,7 +56,7 @@ class Size(click.types.StringParamType):
         self.max = max
 
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
-        from .simdevice import parse_size
+        from .platform.simdaemon import parse_size
 
         try:
             size = parse_size(str(value))

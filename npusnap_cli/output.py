@@ -13,11 +13,13 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import Progress as RichProgress
+
+    from .core.progress import Event, Progress
 
 JSON_SCHEMA_VERSION = 1
 
@@ -27,6 +29,7 @@ class Terminal:
         self.json_mode = json_mode
         self._out: Optional[Console] = None
         self._err: Optional[Console] = None
+        self.warnings: list[str] = []  # what the pipeline warned about, for the --json document
 
     @property
     def out(self) -> Console:
@@ -60,29 +63,37 @@ class Terminal:
         self.err.print(f"[red]error:[/red] {_escape(shown(message))}")
 
     @contextlib.contextmanager
-    def reporter(self, live: bool = True) -> Iterator[Callable[[str, str], None]]:
-        """The pipeline's callback. On a terminal each phase is a live line, with bytes and
-        rate where the pipeline names a directory it fills ("watch"); scripts get no progress.
-        live=False when the terminal is a shell job's too (--shell-job): a live display hides
-        the cursor and redraws lines over what the job writes, and after a restore the job owns
-        the terminal; only plain messages go there then."""
+    def reporter(self, live: bool = True) -> Iterator[Progress]:
+        """The pipeline's progress callback. On a terminal each phase is a live line, with bytes
+        and rate where the phase fills a directory of a known size (BytesExpected); scripts get
+        no progress. Warnings go to stderr, and with --json into the document as well
+        (self.warnings). live=False when the terminal is a shell job's too (--shell-job): a live
+        display hides the cursor and redraws lines over what the job writes, and after a restore
+        the job owns the terminal; only plain messages go there then."""
+        from .core.progress import BytesExpected, Level, Message, PhaseFinished, PhaseStarted
+
         with self.progress(live) as progress:
             watch: Optional[_Watch] = None
 
-            def report(event: str, message: str) -> None:
+            def report(event: Event) -> None:
                 nonlocal watch
-                if event == "warn":
-                    self.warn(message)
-                elif event == "phase":
+                if isinstance(event, Message):
+                    if event.level == Level.WARNING:
+                        self.warnings.append(event.text)
+                        self.warn(event.text)
+                    else:
+                        self.info(event.text)
+                elif isinstance(event, PhaseStarted):
                     if watch is not None:
                         watch.stop()
-                    watch = _Watch(progress, message) if progress is not None else None
-                elif event == "watch":
-                    if watch is not None:
-                        path, _, total = message.rpartition("\t")  # the path may hold a tab itself
-                        watch.follow(Path(path), int(total or 0))
-                else:
-                    self.info(message)
+                    watch = _Watch(progress, event.name) if progress is not None else None
+                elif isinstance(event, PhaseFinished):
+                    if watch is not None and watch.name == event.name:
+                        watch.stop()
+                        watch = None
+                elif isinstance(event, BytesExpected):
+                    if watch is not None and watch.name == event.phase:
+                        watch.follow(event.directory, event.total)
 
             try:
                 yield report
@@ -101,7 +112,7 @@ class Terminal:
         self.out.print(renderable)
 
     @contextlib.contextmanager
-    def progress(self, live: bool = True) -> Iterator[Optional[Progress]]:
+    def progress(self, live: bool = True) -> Iterator[Optional[RichProgress]]:
         """A rich Progress on stderr when a person is watching, else None."""
         if self.json_mode or not live or not sys.stderr.isatty():
             yield None
@@ -122,8 +133,9 @@ class Terminal:
 class _Watch:
     """One phase's progress line; with a directory to follow, the bytes written into it."""
 
-    def __init__(self, progress: "Progress", name: str) -> None:
+    def __init__(self, progress: "RichProgress", name: str) -> None:
         self.progress = progress
+        self.name = name
         self.task = progress.add_task(name, total=None, bytes="")
         self.stopped = threading.Event()
         self.thread: Optional[threading.Thread] = None
@@ -144,6 +156,8 @@ class _Watch:
         self.progress.update(self.task, completed=done, bytes=f"{human_bytes(done)}{rate}")
 
     def stop(self) -> None:
+        if self.stopped.is_set():
+            return
         self.stopped.set()
         if self.thread is not None:
             self.thread.join()

@@ -309,7 +309,7 @@ def run(cmd: list[str], what: str, logfile: Path, criu_log: Optional[Path] = Non
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         if criu_log is not None:
-            from npusnap_cli.criu import explain
+            from npusnap_cli.platform.criu import explain
 
             last = explain(criu_log)[0] or last
         raise Failed(f"{what} failed (exit {r.returncode}): {last[:300]}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -68,6 +69,19 @@ class NpuSimDaemon:
         self.stop()
         self.start()
 
+    @contextlib.contextmanager
+    def running(self, monkeypatch: Optional[pytest.MonkeyPatch] = None) -> Iterator["NpuSimDaemon"]:
+        """Started for the with-block and always stopped; .env (and, with monkeypatch, our own
+        environment) names its socket in NPUSIM_SOCKET."""
+        self.env = {**os.environ, "NPUSIM_SOCKET": self.socket}
+        if monkeypatch is not None:
+            monkeypatch.setenv("NPUSIM_SOCKET", self.socket)
+        try:
+            self.start()
+            yield self
+        finally:
+            self.stop()
+
 
 def _socket_dir(tmp_path: Path) -> tuple[Path, Optional[tempfile.TemporaryDirectory]]:
     # Unix socket paths are short; fall back to a private /tmp directory for long test names.
@@ -81,13 +95,9 @@ def _socket_dir(tmp_path: Path) -> tuple[Path, Optional[tempfile.TemporaryDirect
 def npusim_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NpuSimDaemon]:
     """A private npusimd (2 devices, 1 GiB each); NPUSIM_SOCKET is exported to child processes."""
     directory, cleanup = _socket_dir(tmp_path)
-    daemon = NpuSimDaemon(socket=str(directory / "npusim.sock"))
-    daemon.env = {**os.environ, "NPUSIM_SOCKET": daemon.socket}
-    monkeypatch.setenv("NPUSIM_SOCKET", daemon.socket)
     try:
-        daemon.start()
-        yield daemon
+        with NpuSimDaemon(socket=str(directory / "npusim.sock")).running(monkeypatch) as daemon:
+            yield daemon
     finally:
-        daemon.stop()
         if cleanup is not None:
             cleanup.cleanup()

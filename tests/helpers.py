@@ -37,7 +37,7 @@ def npusnap(*args: object, timeout: float = 120, env: Optional[dict[str, str]] =
 @functools.lru_cache(maxsize=None)
 def criu_works() -> bool:
     try:
-        from npusnap_cli.criu import Criu, find_criu
+        from npusnap_cli.platform.criu import Criu, find_criu
 
         return Criu(find_criu()).check()[0]
     except Exception:
@@ -55,6 +55,11 @@ def proc_state(pid: int) -> str:
     except OSError:
         return "gone"
     return stat.rpartition(")")[2].split()[0]
+
+
+def running(pid: int) -> bool:
+    """Alive and not stopped: what a rollback must leave a workload."""
+    return proc_state(pid) in ("R", "S", "D")
 
 
 def agent_status(pid: int, env: Optional[dict[str, str]] = None) -> dict:

@@ -5,7 +5,8 @@
  * (npusnap attach, see inject.c). The constructor only starts one detached
  * control thread, with every signal blocked; everything else happens there.
  *
- * Protocol (native/README.md, "agent <-> CLI"): abstract Unix socket
+ * Protocol (native/README.md, "agent <-> CLI"; its names and codes are defined once, in
+ * native/include/npusnap/agent.h, and Python's come from there): abstract Unix socket
  * "@npusnap-agent-<pid>" (or "@npusnap-agent-<pid>-<random hex>" when someone
  * squats that name), peers must be this process's uid or root (SO_PEERCRED); one request line per connection, one JSON line back, then
  * the agent closes. Requests: ping, status, lock <timeout_ms> [<lease_ms>],
@@ -13,7 +14,7 @@
  * aclrtSnapShotProcess*(getpid(), NULL) of the runtime, found lazily at the
  * first command that needs it. `backup external` / `restore external` take
  * npusim's direct path (npusimSnapshotSetDataPath: metadata only, the daemon
- * exports/imports the data); refused with AGENT_E_UNSUPPORTED elsewhere.
+ * exports/imports the data); refused with NPUSNAP_AGENT_E_UNSUPPORTED elsewhere.
  *
  * Lease: `lock T L` (L > 0) holds the lock on a lease of L ms; `renew L`
  * extends it; `unlock` ends it. If the lease runs out while the process is
@@ -25,7 +26,7 @@
  * stopped) does not eat the lease, and neither does a long backup or restore
  * (the ticker waits for the mutex the command holds).
  *
- * Fencing: once a lease has run out, `renew` answers AGENT_E_LEASE_LOST
+ * Fencing: once a lease has run out, `renew` answers NPUSNAP_AGENT_E_LEASE_LOST
  * (until the next lock), so a CLI that was stopped past its lease learns that
  * it no longer owns the next step. After an external (direct-path) backup the
  * device data lives only in files the agent cannot read: expiry then leaves
@@ -33,7 +34,7 @@
  * awaiting an import) for the CLI's rollback or `npusnap recover`.
  *
  * Reply "code" is the runtime's aclError, 507905 for a lock timeout, or one
- * of the agent's own negative codes (AGENT_E_*) for requests the agent
+ * of the agent's own negative codes (NPUSNAP_AGENT_E_*, npusnap/agent.h) for requests the agent
  * refused without calling the runtime.
  *
  * Nothing is exported: every symbol is static and the library is built with
@@ -61,17 +62,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ACL_LOCK_TIMEOUT 507905 /* what CANN returns when a lock times out */
+#include "acl/npusim.h"      /* NPUSIM_DATA_PATH_* (the agent links no runtime: dlsym) */
+#include "npusnap/agent.h"   /* the protocol: requests, reply fields, codes, states, socket name */
 
-/* The agent's own refusals (never passed to the runtime). */
-#define AGENT_E_REQUEST (-1)   /* malformed or unknown request */
-#define AGENT_E_NORUNTIME (-2) /* no device runtime loaded */
-#define AGENT_E_STATE (-3)     /* wrong order for the current state */
-#define AGENT_E_BUSY (-4)      /* an abandoned lock is still inside the runtime */
-#define AGENT_E_DENIED (-5)    /* peer uid is neither ours nor root */
-#define AGENT_E_INTERNAL (-6)  /* resource failure inside the agent */
-#define AGENT_E_UNSUPPORTED (-7) /* the runtime lacks what the request needs (direct path) */
-#define AGENT_E_LEASE_LOST (-8) /* renew after the lease ran out: the CLI no longer owns the lock */
+_Static_assert(NPUSNAP_AGENT_LOCK_TIMEOUT == ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT,
+               "the agent reports CANN's own lock timeout code");
 
 #define IO_TIMEOUT_S 5          /* per-connection read/write bound */
 #define DEFAULT_LOCK_MS 30000   /* "lock" without an argument */
@@ -88,7 +83,7 @@ typedef int (*set_path_fn)(int external);
 typedef int (*get_path_fn)(void);
 
 enum state { ST_RUNNING, ST_LOCKED, ST_BACKED_UP };
-static const char *const state_names[] = {"RUNNING", "LOCKED", "BACKED_UP"};
+static const char *const state_names[] = {NPUSNAP_STATE_RUNNING, NPUSNAP_STATE_LOCKED, NPUSNAP_STATE_BACKED_UP};
 
 static struct {
     pthread_mutex_t mu;
@@ -326,6 +321,12 @@ static void sync_state(const char *info)
     }
 }
 
+/* Under g.mu: the backup held now was taken on npusim's direct path (its data is in files). */
+static int backup_is_external(void)
+{
+    return g.get_data_path && (g.get_data_path() & NPUSIM_DATA_PATH_HELD_EXTERNAL);
+}
+
 /* ---------------------------------------------------------------- lock */
 
 static void *lock_worker(void *arg)
@@ -373,7 +374,7 @@ static int do_lock(long timeout_ms, const char **err)
     if (e) {
         g.lock_pending = 0;
         *err = "could not start the lock worker thread";
-        return AGENT_E_INTERNAL;
+        return NPUSNAP_AGENT_E_INTERNAL;
     }
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
@@ -388,7 +389,7 @@ static int do_lock(long timeout_ms, const char **err)
             g.lock_abandoned = 1; /* the worker undoes the lock if it ever succeeds */
             *err = "lock did not complete within the timeout; the agent will unlock if the "
                    "runtime's lock returns later";
-            return ACL_LOCK_TIMEOUT;
+            return NPUSNAP_AGENT_LOCK_TIMEOUT;
         }
     }
     g.lock_pending = 0;
@@ -425,7 +426,7 @@ static void lease_expire(void)
         lease_disarm();
         return;
     }
-    if (st == ST_BACKED_UP && g.get_data_path && (g.get_data_path() & 2)) {
+    if (st == ST_BACKED_UP && backup_is_external()) {
         lease_disarm();
         log_line("lease expired while BACKED_UP externally: the device data is in files; "
                  "left for the CLI or `npusnap recover --device-images`");
@@ -497,12 +498,72 @@ static void start_lease_ticker(void)
     pthread_attr_destroy(&a);
 }
 
-/* ---------------------------------------------------------------- commands */
+/* ---------------------------------------------------------------- replies */
+
+/* One reply, whoever writes it: a command's outcome or the refusal of a peer. */
+struct reply {
+    int ok;
+    int code;
+    const char *state;   /* NULL: null */
+    const char *error;   /* NULL: null */
+    double elapsed_ms;
+    const char *runtime; /* NULL: null */
+    long lease_ms_left;  /* < 0: null (no lease armed) */
+    int lease_lost;      /* the field appears only when set */
+    const char *device;  /* a JSON object; NULL or empty: null */
+};
+
+/* `"key": ` with the separator the previous field needs. */
+static void json_key(struct buf *b, const char *key)
+{
+    if (b->len > 0 && b->p[b->len - 1] != '{')
+        buf_add(b, ", ", 2);
+    buf_json_str(b, key);
+    buf_add(b, ": ", 2);
+}
+
+/* The reply as one JSON line (native/include/npusnap/agent.h names the fields). */
+static void write_reply(struct buf *out, const struct reply *r)
+{
+    buf_add(out, "{", 1);
+    json_key(out, NPUSNAP_AGENT_REPLY_OK);
+    buf_add(out, r->ok ? "true" : "false", r->ok ? 4 : 5);
+    json_key(out, NPUSNAP_AGENT_REPLY_CODE);
+    buf_printf(out, "%d", r->code);
+    json_key(out, NPUSNAP_AGENT_REPLY_STATE);
+    buf_json_str(out, r->state);
+    json_key(out, NPUSNAP_AGENT_REPLY_ERROR);
+    buf_json_str(out, r->error);
+    json_key(out, NPUSNAP_AGENT_REPLY_ELAPSED_MS);
+    buf_printf(out, "%.3f", r->elapsed_ms);
+    json_key(out, NPUSNAP_AGENT_REPLY_PID);
+    buf_printf(out, "%d", (int)getpid());
+    json_key(out, NPUSNAP_AGENT_REPLY_RUNTIME);
+    buf_json_str(out, r->runtime);
+    json_key(out, NPUSNAP_AGENT_REPLY_LEASE_MS_LEFT);
+    if (r->lease_ms_left >= 0)
+        buf_printf(out, "%ld", r->lease_ms_left);
+    else
+        buf_add(out, "null", 4);
+    if (r->lease_lost) {
+        json_key(out, NPUSNAP_AGENT_REPLY_LEASE_LOST);
+        buf_add(out, "true", 4);
+    }
+    json_key(out, NPUSNAP_AGENT_REPLY_DEVICE);
+    if (r->device && r->device[0])
+        buf_add(out, r->device, strlen(r->device));
+    else
+        buf_add(out, "null", 4);
+    buf_add(out, "}\n", 2);
+}
+
+/* ---------------------------------------------------------------- requests */
 
 struct request {
     char cmd[16];
     long arg, arg2;
-    int has_arg, has_arg2;
+    int nargs;    /* numeric arguments given: 0, 1 or 2 */
+    int external; /* `backup external` / `restore external`: npusim's direct path */
 };
 
 static int parse_number(const char *s, long *out)
@@ -516,22 +577,195 @@ static int parse_number(const char *s, long *out)
 static int parse_request(const char *line, struct request *rq)
 {
     memset(rq, 0, sizeof *rq);
+    /* The direct path's modifier (the device data is moved by the daemon itself, not through
+     * this process); then the request is parsed as the plain backup/restore. */
+    if (!strcmp(line, NPUSNAP_AGENT_CMD_BACKUP " " NPUSNAP_AGENT_ARG_EXTERNAL) ||
+        !strcmp(line, NPUSNAP_AGENT_CMD_RESTORE " " NPUSNAP_AGENT_ARG_EXTERNAL)) {
+        rq->external = 1;
+        snprintf(rq->cmd, sizeof rq->cmd, "%.*s", (int)strcspn(line, " "), line);
+        return 0;
+    }
     char extra[2];
     char argbuf[32] = "", arg2buf[32] = "";
     int n = sscanf(line, "%15s %31s %31s %1s", rq->cmd, argbuf, arg2buf, extra);
     if (n < 1 || n > 3)
         return -1;
-    if (n >= 2) {
-        if (parse_number(argbuf, &rq->arg) < 0)
-            return -1;
-        rq->has_arg = 1;
-    }
-    if (n == 3) {
-        if (parse_number(arg2buf, &rq->arg2) < 0)
-            return -1;
-        rq->has_arg2 = 1;
-    }
+    if (n >= 2 && parse_number(argbuf, &rq->arg) < 0)
+        return -1;
+    if (n == 3 && parse_number(arg2buf, &rq->arg2) < 0)
+        return -1;
+    rq->nargs = n - 1;
     return 0;
+}
+
+/* ---------------------------------------------------------------- commands */
+
+/* What a command did: 0 and no error, or a code and a message. */
+struct outcome {
+    int code;
+    const char *err;
+    char info[DEVICE_INFO_MAX]; /* the device's view (npusimSnapshotInfo), "" when unknown */
+};
+
+static void refuse(struct outcome *o, int code, const char *err)
+{
+    o->code = code;
+    o->err = err;
+}
+
+static void cmd_ping(const struct request *rq, struct outcome *o)
+{
+    (void)rq;
+    (void)o;
+}
+
+static void cmd_status(const struct request *rq, struct outcome *o)
+{
+    (void)rq;
+    (void)o;
+    resolve_runtime(); /* status reports the runtime when there is one */
+}
+
+static void cmd_renew(const struct request *rq, struct outcome *o)
+{
+    if (rq->nargs < 1 || rq->arg <= 0)
+        refuse(o, NPUSNAP_AGENT_E_REQUEST, "renew takes one argument: lease_ms > 0");
+    else if (g.lease_lost)
+        refuse(o, NPUSNAP_AGENT_E_LEASE_LOST,
+               "renew refused: the lease ran out; the agent took the process back");
+    else if (!g.lease_armed)
+        refuse(o, NPUSNAP_AGENT_E_STATE,
+               "renew refused: no lease is armed (lock with a lease first)");
+    else
+        g.lease_left_ms = (double)(rq->arg > MAX_LOCK_MS ? MAX_LOCK_MS : rq->arg);
+}
+
+static void cmd_lock(const struct request *rq, struct outcome *o)
+{
+    long ms = rq->nargs >= 1 ? rq->arg : DEFAULT_LOCK_MS;
+    long lease = rq->nargs >= 2 ? rq->arg2 : 0;
+    if (ms > MAX_LOCK_MS)
+        ms = MAX_LOCK_MS;
+    if (lease > MAX_LOCK_MS)
+        lease = MAX_LOCK_MS;
+    if (g.state != ST_RUNNING) {
+        refuse(o, NPUSNAP_AGENT_E_STATE, "lock refused: the process is already locked");
+        return;
+    }
+    o->code = do_lock(ms, &o->err);
+    if (o->code == 0)
+        g.lease_lost = 0;
+    if (o->code == 0 && lease > 0)
+        lease_arm(lease);
+    else
+        lease_disarm();
+}
+
+static void cmd_backup(const struct request *rq, struct outcome *o)
+{
+    if (g.state != ST_LOCKED) {
+        refuse(o, NPUSNAP_AGENT_E_STATE, g.state == ST_RUNNING
+                                             ? "backup refused: lock the process first"
+                                             : "backup refused: already backed up (restore first)");
+        return;
+    }
+    if (rq->external && !g.set_data_path) {
+        refuse(o, NPUSNAP_AGENT_E_UNSUPPORTED,
+               "backup external refused: this device runtime has no direct data path "
+               "(npusimSnapshotSetDataPath); it only offers the in-process backup");
+        return;
+    }
+    if (g.set_data_path)
+        g.set_data_path(rq->external); /* one backup; plain `backup` resets it */
+    if ((o->code = g.backup(getpid(), NULL)) == 0) {
+        g.state = ST_BACKED_UP;
+        return;
+    }
+    if (g.set_data_path)
+        g.set_data_path(0);
+    o->err = "the runtime's backup failed";
+}
+
+static void cmd_restore(const struct request *rq, struct outcome *o)
+{
+    if (g.state != ST_BACKED_UP)
+        refuse(o, NPUSNAP_AGENT_E_STATE, "restore refused: nothing is backed up (backup first)");
+    else if (rq->external && !g.set_data_path)
+        refuse(o, NPUSNAP_AGENT_E_UNSUPPORTED,
+               "restore external refused: this device runtime has no direct data path "
+               "(npusimSnapshotSetDataPath); it only offers the in-process restore");
+    else if (rq->external != backup_is_external())
+        refuse(o, NPUSNAP_AGENT_E_STATE,
+               rq->external ? "restore external refused: the device was backed up in-process "
+                              "(use restore)"
+                            : "restore refused: the device was backed up externally (its data "
+                              "is in files): use restore external, then import the data");
+    else if ((o->code = g.restore(getpid(), NULL)) == 0)
+        g.state = ST_LOCKED;
+    else
+        o->err = "the runtime's restore failed";
+}
+
+/* From LOCKED or BACKED_UP, as in CANN. */
+static void cmd_unlock(const struct request *rq, struct outcome *o)
+{
+    (void)rq;
+    if (g.state == ST_RUNNING) {
+        refuse(o, NPUSNAP_AGENT_E_STATE, "unlock refused: the process is not locked");
+    } else if ((o->code = g.unlock(getpid(), NULL)) == 0) {
+        g.state = ST_RUNNING;
+        lease_disarm();
+    } else {
+        o->err = "the runtime's unlock failed";
+    }
+}
+
+static const struct command {
+    const char *name;
+    int max_args; /* numeric arguments it takes */
+    int device;   /* calls the runtime: it must be resolved, free, and its state read first */
+    void (*run)(const struct request *, struct outcome *);
+} commands[] = {
+    {NPUSNAP_AGENT_CMD_PING, 0, 0, cmd_ping},
+    {NPUSNAP_AGENT_CMD_STATUS, 0, 0, cmd_status},
+    {NPUSNAP_AGENT_CMD_RENEW, 1, 0, cmd_renew},
+    {NPUSNAP_AGENT_CMD_LOCK, 2, 1, cmd_lock},
+    {NPUSNAP_AGENT_CMD_BACKUP, 0, 1, cmd_backup},
+    {NPUSNAP_AGENT_CMD_RESTORE, 0, 1, cmd_restore},
+    {NPUSNAP_AGENT_CMD_UNLOCK, 0, 1, cmd_unlock},
+};
+
+#define EXPECTED_REQUESTS                                                                          \
+    "expected one of: ping, status, lock <timeout_ms> [<lease_ms>], renew <lease_ms>, backup, "    \
+    "restore, unlock"
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
+}
+
+/* Under g.mu: the request's shape and the runtime's readiness; 0 when the command may run. */
+static int admit(const struct request *rq, const struct command *c, struct outcome *o)
+{
+    const char *why;
+    if (rq->nargs > 1 && (!c || c->max_args < 2))
+        refuse(o, NPUSNAP_AGENT_E_REQUEST, "too many arguments");
+    else if (!c)
+        refuse(o, NPUSNAP_AGENT_E_REQUEST, "unknown request; " EXPECTED_REQUESTS);
+    else if (rq->nargs > c->max_args)
+        refuse(o, NPUSNAP_AGENT_E_REQUEST, "this request takes no argument");
+    else if (c->device && (why = resolve_runtime()) != NULL)
+        refuse(o, NPUSNAP_AGENT_E_NO_RUNTIME, why);
+    else if (c->device && g.lock_pending)
+        refuse(o, NPUSNAP_AGENT_E_BUSY,
+               "an earlier lock that timed out is still inside the runtime; retry shortly "
+               "(the agent unlocks it when it returns)");
+    else
+        return 0;
+    return -1;
 }
 
 /* Executes one request; writes the JSON reply into out. */
@@ -539,177 +773,47 @@ static void execute(const char *line, struct buf *out)
 {
     double t0 = now_ms();
     struct request rq;
-    const char *err = NULL;
-    int code = 0;
-    char info[DEVICE_INFO_MAX];
-    info[0] = '\0';
-
-    /* "backup external" / "restore external": npusim's direct path (the device data is moved
-     * by the daemon itself, not through this process). Parsed here, then run as backup/restore. */
-    int external = 0;
-    char plain[16];
-    const char *cmdline = line;
-    if (!strcmp(line, "backup external") || !strcmp(line, "restore external")) {
-        external = 1;
-        snprintf(plain, sizeof plain, "%s", line[0] == 'b' ? "backup" : "restore");
-        cmdline = plain;
-    }
+    struct outcome o = {0};
 
     pthread_mutex_lock(&g.mu);
-    if (parse_request(cmdline, &rq) < 0) {
-        code = AGENT_E_REQUEST;
-        err = "malformed request; expected one of: ping, status, lock <timeout_ms> [<lease_ms>], "
-              "renew <lease_ms>, backup, restore, unlock";
-    } else if (rq.has_arg2 && strcmp(rq.cmd, "lock") != 0) {
-        code = AGENT_E_REQUEST;
-        err = "too many arguments";
-    } else if (!strcmp(rq.cmd, "renew")) {
-        if (!rq.has_arg || rq.arg <= 0) {
-            code = AGENT_E_REQUEST;
-            err = "renew takes one argument: lease_ms > 0";
-        } else if (g.lease_lost) {
-            code = AGENT_E_LEASE_LOST;
-            err = "renew refused: the lease ran out; the agent took the process back";
-        } else if (!g.lease_armed) {
-            code = AGENT_E_STATE;
-            err = "renew refused: no lease is armed (lock with a lease first)";
-        } else {
-            g.lease_left_ms = (double)(rq.arg > MAX_LOCK_MS ? MAX_LOCK_MS : rq.arg);
-        }
-    } else if (!strcmp(rq.cmd, "ping") || !strcmp(rq.cmd, "status")) {
-        if (rq.has_arg) {
-            code = AGENT_E_REQUEST;
-            err = "this request takes no argument";
-        } else if (!strcmp(rq.cmd, "status")) {
-            resolve_runtime(); /* status reports the runtime when there is one */
-        }
-    } else if (!strcmp(rq.cmd, "lock") || !strcmp(rq.cmd, "backup") ||
-               !strcmp(rq.cmd, "restore") || !strcmp(rq.cmd, "unlock")) {
-        int is_lock = !strcmp(rq.cmd, "lock");
-        if (rq.has_arg && !is_lock) {
-            code = AGENT_E_REQUEST;
-            err = "this request takes no argument";
-        } else if ((err = resolve_runtime()) != NULL) {
-            code = AGENT_E_NORUNTIME;
-        } else if (g.lock_pending) {
-            code = AGENT_E_BUSY;
-            err = "an earlier lock that timed out is still inside the runtime; retry shortly "
-                  "(the agent unlocks it when it returns)";
-        } else {
-            device_info(info, sizeof info);
-            sync_state(info);
-            enum state st = g.state;
-            if (is_lock) {
-                long ms = rq.has_arg ? rq.arg : DEFAULT_LOCK_MS;
-                if (ms > MAX_LOCK_MS)
-                    ms = MAX_LOCK_MS;
-                long lease = rq.has_arg2 ? rq.arg2 : 0;
-                if (lease > MAX_LOCK_MS)
-                    lease = MAX_LOCK_MS;
-                if (st != ST_RUNNING) {
-                    code = AGENT_E_STATE;
-                    err = "lock refused: the process is already locked";
-                } else {
-                    code = do_lock(ms, &err);
-                    if (code == 0)
-                        g.lease_lost = 0;
-                    if (code == 0 && lease > 0)
-                        lease_arm(lease);
-                    else
-                        lease_disarm();
-                }
-            } else if (!strcmp(rq.cmd, "backup")) {
-                if (st != ST_LOCKED) {
-                    code = AGENT_E_STATE;
-                    err = st == ST_RUNNING ? "backup refused: lock the process first"
-                                           : "backup refused: already backed up (restore first)";
-                } else if (external && !g.set_data_path) {
-                    code = AGENT_E_UNSUPPORTED;
-                    err = "backup external refused: this device runtime has no direct data path "
-                          "(npusimSnapshotSetDataPath); it only offers the in-process backup";
-                } else {
-                    if (g.set_data_path)
-                        g.set_data_path(external); /* one backup; plain `backup` resets it */
-                    if ((code = g.backup(getpid(), NULL)) == 0) {
-                        g.state = ST_BACKED_UP;
-                    } else {
-                        if (g.set_data_path)
-                            g.set_data_path(0);
-                        err = "the runtime's backup failed";
-                    }
-                }
-            } else if (!strcmp(rq.cmd, "restore")) {
-                int ext_backup = g.get_data_path && (g.get_data_path() & 2);
-                if (st != ST_BACKED_UP) {
-                    code = AGENT_E_STATE;
-                    err = "restore refused: nothing is backed up (backup first)";
-                } else if (external && !g.set_data_path) {
-                    code = AGENT_E_UNSUPPORTED;
-                    err = "restore external refused: this device runtime has no direct data path "
-                          "(npusimSnapshotSetDataPath); it only offers the in-process restore";
-                } else if (external != ext_backup) {
-                    code = AGENT_E_STATE;
-                    err = external ? "restore external refused: the device was backed up in-process "
-                                     "(use restore)"
-                                   : "restore refused: the device was backed up externally (its data "
-                                     "is in files): use restore external, then import the data";
-                } else if ((code = g.restore(getpid(), NULL)) == 0) {
-                    g.state = ST_LOCKED;
-                } else {
-                    err = "the runtime's restore failed";
-                }
-            } else { /* unlock: from LOCKED or BACKED_UP, as in CANN */
-                if (st == ST_RUNNING) {
-                    code = AGENT_E_STATE;
-                    err = "unlock refused: the process is not locked";
-                } else if ((code = g.unlock(getpid(), NULL)) == 0) {
-                    g.state = ST_RUNNING;
-                    lease_disarm();
-                } else {
-                    err = "the runtime's unlock failed";
-                }
-            }
-        }
+    if (parse_request(line, &rq) < 0) {
+        refuse(&o, NPUSNAP_AGENT_E_REQUEST, "malformed request; " EXPECTED_REQUESTS);
     } else {
-        code = AGENT_E_REQUEST;
-        err = "unknown request; expected one of: ping, status, lock <timeout_ms> [<lease_ms>], "
-              "renew <lease_ms>, backup, restore, unlock";
+        const struct command *c = find_command(rq.cmd);
+        if (admit(&rq, c, &o) == 0) {
+            if (c->device) { /* the runtime is authoritative about its state */
+                device_info(o.info, sizeof o.info);
+                sync_state(o.info);
+            }
+            c->run(&rq, &o);
+        }
     }
     /* Fresh device view after the command (state may have moved). Skipped while
      * an abandoned lock is inside the runtime: the info call might wait for it. */
     if (g.lock && !g.lock_pending)
-        device_info(info, sizeof info);
-    if (code == 0)
-        sync_state(info);
+        device_info(o.info, sizeof o.info);
+    if (o.code == 0)
+        sync_state(o.info);
     if (g.state == ST_RUNNING && g.lease_armed)
         lease_disarm(); /* nothing left to guard */
-    int ok = code == 0 && !err;
-    double elapsed = now_ms() - t0;
 
-    buf_printf(out, "{\"ok\": %s, \"code\": %d, \"state\": ", ok ? "true" : "false", code);
-    buf_json_str(out, state_names[g.state]);
-    buf_add(out, ", \"error\": ", 11);
-    buf_json_str(out, ok ? NULL : err);
-    buf_printf(out, ", \"elapsed_ms\": %.3f, \"pid\": %d, \"runtime\": ", elapsed, (int)getpid());
-    buf_json_str(out, g.runtime[0] ? g.runtime : NULL);
-    if (g.lease_armed)
-        buf_printf(out, ", \"lease_ms_left\": %ld",
-                   g.lease_left_ms > 0 ? (long)(g.lease_left_ms + 0.5) : 0L);
-    else
-        buf_add(out, ", \"lease_ms_left\": null", 23);
-    if (g.lease_lost)
-        buf_add(out, ", \"lease_lost\": true", 20);
-    buf_add(out, ", \"device\": ", 12);
-    if (info[0])
-        buf_add(out, info, strlen(info));
-    else
-        buf_add(out, "null", 4);
-    buf_add(out, "}\n", 2);
-    const char *st_name = state_names[g.state];
+    long lease_left = g.lease_left_ms > 0 ? (long)(g.lease_left_ms + 0.5) : 0L;
+    struct reply r = {
+        .ok = o.code == 0 && !o.err,
+        .code = o.code,
+        .state = state_names[g.state],
+        .elapsed_ms = now_ms() - t0,
+        .runtime = g.runtime[0] ? g.runtime : NULL,
+        .lease_ms_left = g.lease_armed ? lease_left : -1,
+        .lease_lost = g.lease_lost,
+        .device = o.info,
+    };
+    r.error = r.ok ? NULL : o.err;
+    write_reply(out, &r);
     pthread_mutex_unlock(&g.mu);
 
-    log_line("%.40s -> ok=%d code=%d state=%s elapsed_ms=%.3f%s%s", line, ok, code, st_name,
-             elapsed, ok ? "" : " error=", ok ? "" : err);
+    log_line("%.40s -> ok=%d code=%d state=%s elapsed_ms=%.3f%s%s", line, r.ok, r.code, r.state,
+             r.elapsed_ms, r.ok ? "" : " error=", r.ok ? "" : r.error);
 }
 
 static void write_all(int fd, const char *p, size_t n)
@@ -746,11 +850,11 @@ static void serve(int c)
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof brief);
         ssize_t r = recv(c, sink, sizeof sink, 0);
         (void)r;
-        buf_printf(&out,
-                   "{\"ok\": false, \"code\": %d, \"state\": null, \"error\": \"permission "
-                   "denied: only uid %u or root may control process %d\", \"elapsed_ms\": 0, "
-                   "\"pid\": %d, \"runtime\": null, \"device\": null}\n",
-                   AGENT_E_DENIED, (unsigned)getuid(), (int)getpid(), (int)getpid());
+        char msg[128];
+        snprintf(msg, sizeof msg, "permission denied: only uid %u or root may control process %d",
+                 (unsigned)getuid(), (int)getpid());
+        struct reply denied = {.code = NPUSNAP_AGENT_E_DENIED, .error = msg, .lease_ms_left = -1};
+        write_reply(&out, &denied);
         write_all(c, out.p, out.len);
         log_line("refused a peer with uid %d", crlen == sizeof cr ? (int)cr.uid : -1);
         return;
@@ -796,6 +900,58 @@ static int held_by_us(const struct sockaddr_un *sa, socklen_t salen)
     return ours;
 }
 
+/* Binds and listens on the agent's name (npusnap/sockets.h); the socket, or -1 when the agent
+ * must not start (logged). The plain name first. Anyone may bind any abstract name, so when
+ * another process squats ours take a random suffix instead: the CLI finds us through this
+ * process's own descriptors (/proc/PID/fd + /proc/PID/net/unix) and checks SO_PEERCRED, never by
+ * name alone. */
+static int listen_on_agent_name(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        log_line("socket: %s; agent not started", strerror(errno));
+        return -1;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    socklen_t salen = 0;
+    int bound = 0, e = 0;
+    for (int attempt = 0; attempt < 8 && !bound; attempt++) {
+        char suffix[24] = "";
+        if (attempt > 0) {
+            uint64_t r = 0;
+            if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+                r = ((uint64_t)now_ms() << 20) ^ (uint64_t)getpid() ^ ((uint64_t)attempt << 56);
+            snprintf(suffix, sizeof suffix, "-%0*llx", NPUSNAP_AGENT_SOCKET_SUFFIX_HEX,
+                     (unsigned long long)r);
+        }
+        int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1,
+                           NPUSNAP_AGENT_SOCKET_PREFIX "%d%s", (int)getpid(), suffix);
+        salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
+        if (bind(fd, (struct sockaddr *)&sa, salen) == 0) {
+            bound = 1;
+            break;
+        }
+        e = errno;
+        if (e != EADDRINUSE)
+            break;
+        if (attempt == 0 && held_by_us(&sa, salen)) {
+            log_line("@%s: another copy of the agent already serves this process; agent not started",
+                     sa.sun_path + 1);
+            close(fd);
+            return -1;
+        }
+        log_line("@%s is taken by another process%s", sa.sun_path + 1,
+                 attempt == 0 ? "; binding a random name instead" : "; trying another");
+    }
+    if (!bound || listen(fd, 8) < 0) {
+        log_line("bind/listen @%s: %s; agent not started", sa.sun_path + 1, strerror(bound ? errno : e));
+        close(fd);
+        return -1;
+    }
+    log_line("listening on @%s", sa.sun_path + 1);
+    return fd;
+}
+
 static void *control_main(void *arg)
 {
     (void)arg;
@@ -808,53 +964,10 @@ static void *control_main(void *arg)
     pthread_condattr_destroy(&ca);
     start_lease_ticker(); /* inherits our all-blocked signal mask */
 
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        log_line("socket: %s; agent not started", strerror(errno));
+    int fd = listen_on_agent_name();
+    if (fd < 0)
         return NULL;
-    }
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    socklen_t salen = 0;
-    int bound = 0, e = 0;
-    /* The plain name first. Anyone may bind any abstract name, so when another
-     * process squats ours take a random suffix instead: the CLI finds us through
-     * this process's own descriptors (/proc/PID/fd + /proc/PID/net/unix) and checks
-     * SO_PEERCRED, never by name alone. */
-    for (int attempt = 0; attempt < 8 && !bound; attempt++) {
-        char suffix[24] = "";
-        if (attempt > 0) {
-            uint64_t r = 0;
-            if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-                r = ((uint64_t)now_ms() << 20) ^ (uint64_t)getpid() ^ ((uint64_t)attempt << 56);
-            snprintf(suffix, sizeof suffix, "-%016llx", (unsigned long long)r);
-        }
-        int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "npusnap-agent-%d%s", (int)getpid(),
-                           suffix);
-        salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
-        if (bind(fd, (struct sockaddr *)&sa, salen) == 0) {
-            bound = 1;
-        } else {
-            e = errno;
-            if (e != EADDRINUSE)
-                break;
-            if (attempt == 0 && held_by_us(&sa, salen)) {
-                log_line("@%s: another copy of the agent already serves this process; agent not started",
-                         sa.sun_path + 1);
-                close(fd);
-                return NULL;
-            }
-            log_line("@%s is taken by another process%s", sa.sun_path + 1,
-                     attempt == 0 ? "; binding a random name instead" : "; trying another");
-        }
-    }
-    if (!bound || listen(fd, 8) < 0) {
-        log_line("bind/listen @%s: %s; agent not started", sa.sun_path + 1, strerror(bound ? errno : e));
-        close(fd);
-        return NULL;
-    }
     g.listen_fd = fd;
-    log_line("listening on @%s", sa.sun_path + 1);
-
     for (;;) {
         int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
         if (c < 0) {

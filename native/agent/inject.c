@@ -28,9 +28,12 @@
  * so it is never left stopped. Termination signals are blocked while we hold
  * the target. All waits are bounded.
  *
- * Exit status: 0 loaded; 2 usage; 3 no such process; 4 permission denied;
- * 5 the target ran dlopen and it failed (message from dlerror); 6 other
- * failure, target left running as it was; 7 the target may be damaged.
+ * main() runs these as stages: resolve (1), attach (2), call (3), detach (4).
+ *
+ * Exit status (native/include/npusnap/inject.h): 0 loaded; 2 usage; 3 no such
+ * process; 4 permission denied; 5 the target ran dlopen and it failed (message
+ * from dlerror); 6 other failure, target left running as it was; 7 the target
+ * may be damaged.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -57,8 +60,7 @@
 #error "npusnap-inject supports x86_64 only"
 #endif
 
-enum { EX_OK = 0, EX_USAGE = 2, EX_NOPROC = 3, EX_PERM = 4, EX_DLOPEN = 5, EX_FAIL = 6,
-       EX_DAMAGED = 7 };
+#include "npusnap/inject.h" /* the exit statuses, shared with the CLI */
 
 #define RED_ZONE 128
 #define XSAVE_MAX (64 * 1024)
@@ -106,7 +108,7 @@ __attribute__((noreturn, format(printf, 2, 3))) static void die(int code, const 
                 "npusnap-inject: %s; moreover the target could not be restored cleanly "
                 "(hint: check process %d, it may need a restart)\n",
                 msg, (int)pid);
-        exit(EX_DAMAGED);
+        exit(NPUSNAP_INJECT_DAMAGED);
     }
     fprintf(stderr, "npusnap-inject: %s\n", msg);
     exit(code);
@@ -409,8 +411,9 @@ static uintptr_t remote_call(uintptr_t fn, uintptr_t sp_top, uintptr_t a0, uintp
     uintptr_t sp = (sp_top & ~(uintptr_t)15) - 8; /* rsp % 16 == 8 at function entry */
     const uintptr_t zero = 0;
     if (poke(sp, &zero, sizeof zero) < 0)
-        die(EX_FAIL, "cannot write the return address on the target's stack at %#" PRIxPTR ": %s",
-            sp, strerror(errno));
+        die(NPUSNAP_INJECT_FAILED,
+            "cannot write the return address on the target's stack at %#" PRIxPTR ": %s", sp,
+            strerror(errno));
     struct user_regs_struct r = saved;
     r.rip = fn;
     r.rsp = sp;
@@ -421,21 +424,21 @@ static uintptr_t remote_call(uintptr_t fn, uintptr_t sp_top, uintptr_t a0, uintp
     r.eflags &= ~(0x400ULL | 0x100ULL); /* DF clear per the ABI, no single-step */
     regs_dirty = 1;
     if (ptrace(PTRACE_SETREGS, pid, 0, &r) < 0)
-        die(EX_FAIL, "PTRACE_SETREGS: %s", strerror(errno));
+        die(NPUSNAP_INJECT_FAILED, "PTRACE_SETREGS: %s", strerror(errno));
     int deliver = 0;
     long deadline = mono_ms() + timeout_ms;
     for (;;) {
         if (ptrace(PTRACE_CONT, pid, 0, (void *)(long)deliver) < 0)
-            die(EX_FAIL, "PTRACE_CONT: %s", strerror(errno));
+            die(NPUSNAP_INJECT_FAILED, "PTRACE_CONT: %s", strerror(errno));
         stopped = 0;
         deliver = 0;
         int st;
         long left = deadline - mono_ms();
         int w = wait_event(&st, left > 0 ? left : 0);
         if (w < 0)
-            die(EX_DAMAGED, "the target exited while running %s", what);
+            die(NPUSNAP_INJECT_DAMAGED, "the target exited while running %s", what);
         if (w == 0)
-            die(EX_DAMAGED,
+            die(NPUSNAP_INJECT_DAMAGED,
                 "%s did not return within %ld ms (the interrupted thread may hold a lock "
                 "dlopen needs); registers were put back, but the library may be half loaded",
                 what, timeout_ms);
@@ -447,17 +450,41 @@ static uintptr_t remote_call(uintptr_t fn, uintptr_t sp_top, uintptr_t a0, uintp
         if (sig == SIGSEGV) {
             struct user_regs_struct now;
             if (ptrace(PTRACE_GETREGS, pid, 0, &now) < 0)
-                die(EX_FAIL, "PTRACE_GETREGS: %s", strerror(errno));
+                die(NPUSNAP_INJECT_FAILED, "PTRACE_GETREGS: %s", strerror(errno));
             if (now.rip == 0)
                 return (uintptr_t)now.rax;
-            die(EX_FAIL, "the target crashed (SIGSEGV at %#llx) inside %s; registers were put "
-                         "back and the crash suppressed",
+            die(NPUSNAP_INJECT_FAILED,
+                "the target crashed (SIGSEGV at %#llx) inside %s; registers were put back and the "
+                "crash suppressed",
                 now.rip, what);
         }
         if (sig == SIGBUS || sig == SIGILL || sig == SIGFPE)
-            die(EX_FAIL, "the target got signal %d inside %s; registers were put back", sig, what);
+            die(NPUSNAP_INJECT_FAILED, "the target got signal %d inside %s; registers were put back",
+                sig, what);
         deliver = sig; /* an ordinary signal for the program: let its handler run */
     }
+}
+
+/* Saves the stopped thread's general and floating-point registers (restore_and_detach puts
+ * them back). */
+static void save_registers(void)
+{
+    if (ptrace(PTRACE_GETREGS, pid, 0, &saved) < 0)
+        die(NPUSNAP_INJECT_FAILED, "PTRACE_GETREGS: %s", strerror(errno));
+    if (saved.cs != 0x33)
+        die(NPUSNAP_INJECT_FAILED, "process %d runs 32-bit code; only x86_64 targets are supported",
+            (int)pid);
+    struct iovec iov = {xsave, sizeof xsave};
+    if (ptrace(PTRACE_GETREGSET, pid, (void *)NT_X86_XSTATE, &iov) == 0) {
+        xsave_len = iov.iov_len;
+        fp_kind = 1;
+    } else if (ptrace(PTRACE_GETFPREGS, pid, 0, &fpsaved) == 0) {
+        fp_kind = 2;
+    } else {
+        die(NPUSNAP_INJECT_FAILED, "cannot read the floating-point registers: %s", strerror(errno));
+    }
+    debug("stopped at rip %#llx rsp %#llx orig_rax %lld rax %lld", saved.rip, saved.rsp,
+          (long long)saved.orig_rax, (long long)saved.rax);
 }
 
 /* ------------------------------------------------------------------ main */
@@ -475,7 +502,7 @@ __attribute__((noreturn)) static void die_permission(int e)
     if (scope >= 1)
         snprintf(yama, sizeof yama, "; Yama ptrace_scope is %d, 0 allows same-user attach",
                  scope);
-    die(EX_PERM,
+    die(NPUSNAP_INJECT_PERMISSION,
         "ptrace not permitted on process %d: %s (hint: run as root or with CAP_SYS_PTRACE, "
         "or as the process's owner%s)",
         (int)pid, strerror(e), yama);
@@ -484,39 +511,182 @@ __attribute__((noreturn)) static void die_permission(int e)
 static void usage(void)
 {
     fprintf(stderr, "usage: npusnap-inject [-v] [--timeout SECONDS] PID /absolute/path/lib.so\n");
-    exit(EX_USAGE);
+    exit(NPUSNAP_INJECT_USAGE);
 }
 
-int main(int argc, char **argv)
+/* What main() works out before touching the target, and what the call needs. */
+struct plan {
+    const char *lib;
+    size_t liblen;
+    long timeout_ms;
+    uintptr_t r_dlopen, r_dlerror; /* in the target; r_dlerror 0: no message on failure */
+    int libc_mode;                 /* glibc < 2.34: __libc_dlopen_mode lives in libc.so.6 */
+};
+
+/* Sets pid, the library and the timeout from the command line; exits on bad usage. */
+static void parse_args(int argc, char **argv, struct plan *p)
 {
-    long timeout_ms = 20000;
+    p->timeout_ms = 20000;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "-v"))
             verbose = 1;
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
-            timeout_ms = (long)(atof(argv[++i]) * 1000);
+            p->timeout_ms = (long)(atof(argv[++i]) * 1000);
         else
             usage();
     }
-    if (argc - i != 2 || timeout_ms <= 0)
+    if (argc - i != 2 || p->timeout_ms <= 0)
         usage();
     char *end;
     long lp = strtol(argv[i], &end, 10);
     if (*end || lp <= 0 || lp > INT32_MAX)
         usage();
     pid = (pid_t)lp;
-    const char *lib = argv[i + 1];
+    p->lib = argv[i + 1];
     struct stat sb;
-    if (lib[0] != '/')
-        die(EX_USAGE, "library path must be absolute: %s", lib);
-    if (stat(lib, &sb) < 0)
-        die(EX_USAGE, "library not found: %s: %s", lib, strerror(errno));
+    if (p->lib[0] != '/')
+        die(NPUSNAP_INJECT_USAGE, "library path must be absolute: %s", p->lib);
+    if (stat(p->lib, &sb) < 0)
+        die(NPUSNAP_INJECT_USAGE, "library not found: %s: %s", p->lib, strerror(errno));
     if (!S_ISREG(sb.st_mode))
-        die(EX_USAGE, "library is not a regular file: %s", lib);
-    size_t liblen = strlen(lib);
-    if (liblen > 4000)
-        die(EX_USAGE, "library path too long");
+        die(NPUSNAP_INJECT_USAGE, "library is not a regular file: %s", p->lib);
+    p->liblen = strlen(p->lib);
+    if (p->liblen > 4000)
+        die(NPUSNAP_INJECT_USAGE, "library path too long");
+}
+
+/* The target exists, runs, is traced by nobody, and we may read its maps. */
+static void check_target(void)
+{
+    char st = proc_state(pid);
+    if (!st)
+        die(NPUSNAP_INJECT_NO_PROCESS, "no such process %d (hint: check the pid with `ps -p %d`)",
+            (int)pid, (int)pid);
+    if (st == 'Z' || st == 'X')
+        die(NPUSNAP_INJECT_NO_PROCESS, "process %d has exited (zombie)", (int)pid);
+    if (st == 'T')
+        die(NPUSNAP_INJECT_FAILED,
+            "process %d is stopped (hint: resume it with `kill -CONT %d` first)", (int)pid, (int)pid);
+    int tp = tracer_pid(pid);
+    if (tp || st == 't')
+        die(NPUSNAP_INJECT_FAILED, "process %d is already traced by process %d (hint: detach the "
+                                   "debugger or strace first)",
+            (int)pid, tp);
+
+    /* Reading the maps needs the same rights as ptrace: a clear message first. */
+    char maps_path[64];
+    snprintf(maps_path, sizeof maps_path, "/proc/%d/maps", (int)pid);
+    FILE *mf = fopen(maps_path, "re");
+    if (!mf && (errno == EACCES || errno == EPERM))
+        die_permission(errno);
+    if (!mf)
+        die(NPUSNAP_INJECT_NO_PROCESS, "no such process %d", (int)pid);
+    fclose(mf);
+}
+
+/* Stage 1, resolve: dlopen (and dlerror) in the target, before touching it. */
+static void resolve(struct plan *p)
+{
+    void *my_dlopen = dlsym(RTLD_DEFAULT, "dlopen");
+    void *my_dlerror = dlsym(RTLD_DEFAULT, "dlerror");
+    struct mapping obj;
+    char why[1024];
+    if (!my_dlopen || remote_address(my_dlopen, &p->r_dlopen, &obj, why, sizeof why) < 0) {
+        void *alt = dlsym(RTLD_DEFAULT, "__libc_dlopen_mode");
+        char why2[1024];
+        if (!alt || remote_address(alt, &p->r_dlopen, &obj, why2, sizeof why2) < 0)
+            die(NPUSNAP_INJECT_FAILED, "cannot locate dlopen in process %d: %s", (int)pid, why);
+        p->libc_mode = 1;
+    } else if (my_dlerror) {
+        struct mapping o2;
+        if (remote_address(my_dlerror, &p->r_dlerror, &o2, why, sizeof why) < 0)
+            p->r_dlerror = 0;
+    }
+    debug("dlopen in %d at %#" PRIxPTR " (%s)", (int)pid, p->r_dlopen, obj.path);
+}
+
+/* Stage 2, attach: seize the main thread, stop it, save its registers. */
+static void attach(void)
+{
+    if (ptrace(PTRACE_SEIZE, pid, 0, 0) < 0) {
+        int e = errno;
+        if (e == ESRCH)
+            die(NPUSNAP_INJECT_NO_PROCESS, "no such process %d", (int)pid);
+        if (e == EPERM || e == EACCES)
+            die_permission(e);
+        die(NPUSNAP_INJECT_FAILED, "PTRACE_SEIZE %d: %s", (int)pid, strerror(e));
+    }
+    attached = 1;
+
+    if (ptrace(PTRACE_INTERRUPT, pid, 0, 0) < 0)
+        die(NPUSNAP_INJECT_FAILED, "PTRACE_INTERRUPT: %s", strerror(errno));
+    int status;
+    int w = wait_event(&status, 5000);
+    if (w < 0)
+        die(NPUSNAP_INJECT_NO_PROCESS, "process %d exited while we attached", (int)pid);
+    if (w == 0)
+        die(NPUSNAP_INJECT_FAILED, "process %d did not stop within 5 s (hint: a thread in "
+                                   "uninterruptible sleep, state D?)",
+            (int)pid);
+    stopped = 1;
+    sigstop_kind = !is_event_stop(status);
+    if (!sigstop_kind && WSTOPSIG(status) != SIGTRAP)
+        die(NPUSNAP_INJECT_FAILED,
+            "process %d is job-control stopped (hint: `kill -CONT %d` first)", (int)pid, (int)pid);
+    if (sigstop_kind)
+        pending_sig = WSTOPSIG(status); /* delivered when we detach */
+    save_registers();
+}
+
+/* Stage 3, call: dlopen(lib) in the stopped thread; the handle, or 0 with dlerror's message in
+ * err when it could be read. */
+static uintptr_t call_dlopen(const struct plan *p, char *err, size_t errlen)
+{
+    /* Scratch area: below the red zone, the path string, then the call frame. */
+    uintptr_t area = (uintptr_t)saved.rsp - RED_ZONE - 256;
+    uintptr_t path_at = (area - (p->liblen + 1)) & ~(uintptr_t)15;
+    if (poke(path_at, p->lib, p->liblen + 1) < 0)
+        die(NPUSNAP_INJECT_FAILED, "cannot write to the target's stack at %#" PRIxPTR ": %s",
+            path_at, strerror(errno));
+    uintptr_t frame_top = path_at - 64;
+
+    int mode = RTLD_NOW;
+    uintptr_t handle = remote_call(p->r_dlopen, frame_top, path_at,
+                                   p->libc_mode ? (uintptr_t)(mode | 0x80000000u) : (uintptr_t)mode,
+                                   p->timeout_ms, "dlopen");
+    err[0] = '\0';
+    if (!handle && p->r_dlerror && !p->libc_mode) {
+        uintptr_t msg = remote_call(p->r_dlerror, frame_top, 0, 0, 5000, "dlerror");
+        if (msg)
+            peek_string(msg, err, errlen);
+    }
+    return handle;
+}
+
+/* Stage 4, detach: put the registers back, let the target go, report. The exit status. */
+static int detach(const struct plan *p, uintptr_t handle, const char *err)
+{
+    if (restore_and_detach() < 0) {
+        fprintf(stderr,
+                "npusnap-inject: could not restore process %d's registers after dlopen "
+                "(hint: check the process, it may need a restart)\n",
+                (int)pid);
+        return NPUSNAP_INJECT_DAMAGED;
+    }
+    if (!handle) {
+        fprintf(stderr, "npusnap-inject: process %d could not load %s: %s\n", (int)pid, p->lib,
+                err[0] ? err : "dlopen returned NULL");
+        return NPUSNAP_INJECT_DLOPEN_FAILED;
+    }
+    debug("loaded %s into %d (handle %#" PRIxPTR ")", p->lib, (int)pid, handle);
+    return NPUSNAP_INJECT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    struct plan plan = {0};
+    parse_args(argc, argv, &plan);
 
     /* Keep Ctrl-C & co from killing us while the target is in our hands. */
     sigset_t block;
@@ -528,125 +698,10 @@ int main(int argc, char **argv)
     sigaddset(&block, SIGPIPE);
     sigprocmask(SIG_BLOCK, &block, NULL);
 
-    char st = proc_state(pid);
-    if (!st)
-        die(EX_NOPROC, "no such process %d (hint: check the pid with `ps -p %d`)", (int)pid,
-            (int)pid);
-    if (st == 'Z' || st == 'X')
-        die(EX_NOPROC, "process %d has exited (zombie)", (int)pid);
-    if (st == 'T')
-        die(EX_FAIL, "process %d is stopped (hint: resume it with `kill -CONT %d` first)",
-            (int)pid, (int)pid);
-    int tp = tracer_pid(pid);
-    if (tp || st == 't')
-        die(EX_FAIL, "process %d is already traced by process %d (hint: detach the debugger or "
-                     "strace first)",
-            (int)pid, tp);
-
-    /* Reading the maps needs the same rights as ptrace: a clear message first. */
-    char maps_path[64];
-    snprintf(maps_path, sizeof maps_path, "/proc/%d/maps", (int)pid);
-    FILE *mf = fopen(maps_path, "re");
-    if (!mf && (errno == EACCES || errno == EPERM))
-        die_permission(errno);
-    if (!mf)
-        die(EX_NOPROC, "no such process %d", (int)pid);
-    fclose(mf);
-
-    /* Resolve dlopen/dlerror in the target before touching it. */
-    void *my_dlopen = dlsym(RTLD_DEFAULT, "dlopen");
-    void *my_dlerror = dlsym(RTLD_DEFAULT, "dlerror");
-    int libc_mode = 0; /* glibc < 2.34: __libc_dlopen_mode lives in libc.so.6 */
-    uintptr_t r_dlopen = 0, r_dlerror = 0;
-    struct mapping obj;
-    char why[1024];
-    if (!my_dlopen || remote_address(my_dlopen, &r_dlopen, &obj, why, sizeof why) < 0) {
-        void *alt = dlsym(RTLD_DEFAULT, "__libc_dlopen_mode");
-        char why2[1024];
-        if (!alt || remote_address(alt, &r_dlopen, &obj, why2, sizeof why2) < 0)
-            die(EX_FAIL, "cannot locate dlopen in process %d: %s", (int)pid, why);
-        libc_mode = 1;
-    } else if (my_dlerror) {
-        struct mapping o2;
-        if (remote_address(my_dlerror, &r_dlerror, &o2, why, sizeof why) < 0)
-            r_dlerror = 0;
-    }
-    debug("dlopen in %d at %#" PRIxPTR " (%s)", (int)pid, r_dlopen, obj.path);
-
-    if (ptrace(PTRACE_SEIZE, pid, 0, 0) < 0) {
-        int e = errno;
-        if (e == ESRCH)
-            die(EX_NOPROC, "no such process %d", (int)pid);
-        if (e == EPERM || e == EACCES)
-            die_permission(e);
-        die(EX_FAIL, "PTRACE_SEIZE %d: %s", (int)pid, strerror(e));
-    }
-    attached = 1;
-
-    if (ptrace(PTRACE_INTERRUPT, pid, 0, 0) < 0)
-        die(EX_FAIL, "PTRACE_INTERRUPT: %s", strerror(errno));
-    int status;
-    int w = wait_event(&status, 5000);
-    if (w < 0)
-        die(EX_NOPROC, "process %d exited while we attached", (int)pid);
-    if (w == 0)
-        die(EX_FAIL, "process %d did not stop within 5 s (hint: a thread in uninterruptible "
-                     "sleep, state D?)",
-            (int)pid);
-    stopped = 1;
-    sigstop_kind = !is_event_stop(status);
-    if (!sigstop_kind && WSTOPSIG(status) != SIGTRAP)
-        die(EX_FAIL, "process %d is job-control stopped (hint: `kill -CONT %d` first)", (int)pid,
-            (int)pid);
-    if (sigstop_kind)
-        pending_sig = WSTOPSIG(status); /* delivered when we detach */
-
-    if (ptrace(PTRACE_GETREGS, pid, 0, &saved) < 0)
-        die(EX_FAIL, "PTRACE_GETREGS: %s", strerror(errno));
-    if (saved.cs != 0x33)
-        die(EX_FAIL, "process %d runs 32-bit code; only x86_64 targets are supported", (int)pid);
-    struct iovec iov = {xsave, sizeof xsave};
-    if (ptrace(PTRACE_GETREGSET, pid, (void *)NT_X86_XSTATE, &iov) == 0) {
-        xsave_len = iov.iov_len;
-        fp_kind = 1;
-    } else if (ptrace(PTRACE_GETFPREGS, pid, 0, &fpsaved) == 0) {
-        fp_kind = 2;
-    } else {
-        die(EX_FAIL, "cannot read the floating-point registers: %s", strerror(errno));
-    }
-    debug("stopped at rip %#llx rsp %#llx orig_rax %lld rax %lld", saved.rip, saved.rsp,
-          (long long)saved.orig_rax, (long long)saved.rax);
-
-    /* Scratch area: below the red zone, the path string, then the call frame. */
-    uintptr_t area = (uintptr_t)saved.rsp - RED_ZONE - 256;
-    uintptr_t path_at = (area - (liblen + 1)) & ~(uintptr_t)15;
-    if (poke(path_at, lib, liblen + 1) < 0)
-        die(EX_FAIL, "cannot write to the target's stack at %#" PRIxPTR ": %s", path_at,
-            strerror(errno));
-    uintptr_t frame_top = path_at - 64;
-
-    int mode = RTLD_NOW;
-    uintptr_t handle = remote_call(r_dlopen, frame_top, path_at,
-                                   libc_mode ? (uintptr_t)(mode | 0x80000000u) : (uintptr_t)mode,
-                                   timeout_ms, "dlopen");
-    char err[512] = "";
-    if (!handle && r_dlerror && !libc_mode) {
-        uintptr_t msg = remote_call(r_dlerror, frame_top, 0, 0, 5000, "dlerror");
-        if (msg)
-            peek_string(msg, err, sizeof err);
-    }
-    if (restore_and_detach() < 0) {
-        fprintf(stderr,
-                "npusnap-inject: could not restore process %d's registers after dlopen "
-                "(hint: check the process, it may need a restart)\n",
-                (int)pid);
-        return EX_DAMAGED;
-    }
-    if (!handle) {
-        fprintf(stderr, "npusnap-inject: process %d could not load %s: %s\n", (int)pid, lib,
-                err[0] ? err : "dlopen returned NULL");
-        return EX_DLOPEN;
-    }
-    debug("loaded %s into %d (handle %#" PRIxPTR ")", lib, (int)pid, handle);
-    return EX_OK;
+    check_target();
+    resolve(&plan);
+    attach();
+    char err[512];
+    uintptr_t handle = call_dlopen(&plan, err, sizeof err);
+    return detach(&plan, handle, err);
 }

@@ -5,7 +5,7 @@
  *
  * The real driver serves cuCheckpointProcess*(pid, ...) through its own threads inside the target
  * process. Here the npusim client runtime in the target plays that part: it listens on the
- * abstract socket @npusim-ctl-<pid> (native/npusim/ctl.cpp) and runs its own
+ * abstract socket @npusim-ctl-<pid> (native/npusim/ctl.cpp, protocol in npusnap/ctl.h) and runs its own
  * Lock/Backup/Restore/Unlock. Each call below is one request line and one reply line on a fresh
  * connection. Devices are the npusim daemon's (asked through the runtime's npusimDaemonStatus on
  * $NPUSIM_SOCKET); their UUIDs are fixed: bytes "NPUSIM" 0x00.. then the device index.
@@ -27,6 +27,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "acl/error_codes/rt_error_codes.h" /* the aclError codes the runtime's snapshot calls return */
+#include "npusnap/ctl.h"                    /* the control listener's requests, codes and states */
+
 #define EXPORT __attribute__((visibility("default")))
 
 typedef int CUresult;
@@ -45,7 +48,13 @@ typedef struct {
 _Static_assert(sizeof(CUcheckpointRestoreArgs) == 64, "CUcheckpointRestoreArgs is 64 bytes");
 _Static_assert(sizeof(CUcheckpointLockArgs) == 64, "CUcheckpointLockArgs is 64 bytes");
 
-enum { RUNNING = 0, LOCKED = 1, CHECKPOINTED = 2, FAILED = 3 };
+/* CUprocessState */
+enum {
+    CU_PROCESS_STATE_RUNNING = 0,
+    CU_PROCESS_STATE_LOCKED = 1,
+    CU_PROCESS_STATE_CHECKPOINTED = 2,
+    CU_PROCESS_STATE_FAILED = 3,
+};
 
 enum {
     CUDA_SUCCESS = 0,
@@ -61,9 +70,6 @@ enum {
     CUDA_ERROR_TIMEOUT = 909,
     CUDA_ERROR_UNKNOWN = 999,
 };
-
-/* aclError codes the runtime's snapshot calls return (acl/error_codes). */
-#define ACL_LOCK_TIMEOUT 507905
 
 static int g_initialized;
 
@@ -178,6 +184,33 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDevice
 
 /* ------------------------------------------------------------------ checkpoint */
 
+/* The control listener's state word as a CUprocessState. */
+static int process_state(const char *name)
+{
+    if (!strcmp(name, NPUSNAP_STATE_RUNNING))
+        return CU_PROCESS_STATE_RUNNING;
+    if (!strcmp(name, NPUSNAP_STATE_LOCKED))
+        return CU_PROCESS_STATE_LOCKED;
+    if (!strcmp(name, NPUSNAP_STATE_CHECKPOINTED))
+        return CU_PROCESS_STATE_CHECKPOINTED;
+    return CU_PROCESS_STATE_FAILED;
+}
+
+/* The one translation of the control listener's codes into the driver's. */
+static CUresult cuda_result(int ctl_code)
+{
+    switch (ctl_code) {
+    case NPUSNAP_CTL_OK: return CUDA_SUCCESS;
+    case NPUSNAP_CTL_E_REQUEST: return CUDA_ERROR_INVALID_VALUE;
+    case NPUSNAP_CTL_E_STATE: return CUDA_ERROR_ILLEGAL_STATE;
+    case NPUSNAP_CTL_E_UNSUPPORTED: return CUDA_ERROR_NOT_SUPPORTED;
+    case NPUSNAP_CTL_E_FAILED: return CUDA_ERROR_ILLEGAL_STATE; /* FAILED: GetState says so */
+    case NPUSNAP_CTL_E_DENIED: return CUDA_ERROR_NOT_PERMITTED;
+    case ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT: return CUDA_ERROR_TIMEOUT;
+    default: return CUDA_ERROR_UNKNOWN;
+    }
+}
+
 /* One request to the target's control listener; *state gets the state it reports. */
 static CUresult ctl(int pid, const char *request, int *state)
 {
@@ -189,7 +222,7 @@ static CUresult ctl(int pid, const char *request, int *state)
     if (fd < 0)
         return CUDA_ERROR_OPERATING_SYSTEM;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "npusim-ctl-%d", pid);
+    int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, NPUSNAP_CTL_SOCKET_PREFIX "%d", pid);
     socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
     if (connect(fd, (struct sockaddr *)&sa, salen) < 0) {
         close(fd);
@@ -220,43 +253,33 @@ static CUresult ctl(int pid, const char *request, int *state)
     if (sscanf(line, "%d %31s", &code, name) != 2)
         return CUDA_ERROR_OPERATING_SYSTEM;
     if (state)
-        *state = !strcmp(name, "RUNNING") ? RUNNING : !strcmp(name, "LOCKED") ? LOCKED
-               : !strcmp(name, "CHECKPOINTED") ? CHECKPOINTED : FAILED;
-    switch (code) {
-    case 0: return CUDA_SUCCESS;
-    case -1: return CUDA_ERROR_INVALID_VALUE;
-    case -2: return CUDA_ERROR_ILLEGAL_STATE;
-    case -3: return CUDA_ERROR_NOT_SUPPORTED;
-    case -4: return CUDA_ERROR_ILLEGAL_STATE; /* FAILED: GetState says so */
-    case -101: return CUDA_ERROR_NOT_PERMITTED;
-    case ACL_LOCK_TIMEOUT: return CUDA_ERROR_TIMEOUT;
-    default: return CUDA_ERROR_UNKNOWN;
-    }
+        *state = process_state(name);
+    return cuda_result(code);
 }
 
 EXPORT CUresult cuCheckpointProcessGetState(int pid, int *state)
 {
     if (!state)
         return CUDA_ERROR_INVALID_VALUE;
-    return ctl(pid, "state", state);
+    return ctl(pid, NPUSNAP_CTL_CMD_STATE, state);
 }
 
 EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     char rq[32];
-    snprintf(rq, sizeof rq, "lock %u", args ? args->timeoutMs : 0u);
+    snprintf(rq, sizeof rq, NPUSNAP_CTL_CMD_LOCK " %u", args ? args->timeoutMs : 0u);
     return ctl(pid, rq, NULL);
 }
 
 EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
     (void)args;
-    return ctl(pid, "checkpoint", NULL);
+    return ctl(pid, NPUSNAP_CTL_CMD_CHECKPOINT, NULL);
 }
 
 EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
-    char rq[300] = "restore";
+    char rq[300] = NPUSNAP_CTL_CMD_RESTORE;
     if (args && args->gpuPairsCount) {
         if (!args->gpuPairs || args->gpuPairsCount > 32)
             return CUDA_ERROR_INVALID_VALUE;
@@ -274,7 +297,7 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
 EXPORT CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
     (void)args;
-    return ctl(pid, "unlock", NULL);
+    return ctl(pid, NPUSNAP_CTL_CMD_UNLOCK, NULL);
 }
 
 EXPORT CUresult cuGetErrorName(CUresult error, const char **name)

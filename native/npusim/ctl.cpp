@@ -10,8 +10,9 @@
 //   state | lock <timeout_ms> | checkpoint | restore [<old>:<new>,...] | unlock
 //   -> "<code> <RUNNING|LOCKED|CHECKPOINTED|FAILED>\n"
 //
-// <code> is 0, an aclError of the runtime's own snapshot call, or one of the negative CTL_E_*
-// codes below. The work is done in-process by the runtime's own Lock/Backup/Restore/Unlock,
+// <code> is 0, an aclError of the runtime's own snapshot call, or one of the negative
+// NPUSNAP_CTL_E_* codes. The requests, codes, state words and the socket's name are defined once,
+// in native/include/npusnap/ctl.h, which the CUDA shim (the client) includes too. The work is done in-process by the runtime's own Lock/Backup/Restore/Unlock,
 // exactly what the agent would call; a test shim (native/cudashim) turns it into libcuda's API.
 // NPUSIM_CTL_FAULT=lock (test-only fault injection) makes a lock request fail and leave the
 // process FAILED, the state a real driver reports after an unrecoverable checkpoint error.
@@ -30,16 +31,12 @@
 #include <ctime>
 #include <string>
 
+#include "npusnap/ctl.h"
 #include "runtime.h"
 
 using namespace npusim::rt;
 
 namespace {
-
-constexpr int CTL_E_REQUEST = -1;      // malformed request
-constexpr int CTL_E_STATE = -2;        // not allowed in the current state
-constexpr int CTL_E_UNSUPPORTED = -3;  // a device remapping the software NPU cannot do
-constexpr int CTL_E_FAILED = -4;       // the process is FAILED
 
 std::atomic<bool> g_started{false};
 std::atomic<bool> g_failed{false};
@@ -47,13 +44,13 @@ std::atomic<int> g_listen_fd{-1};
 bool g_fault_lock = false;
 
 const char *state_name() {
-  if (g_failed.load()) return "FAILED";
+  if (g_failed.load()) return NPUSNAP_STATE_FAILED;
   Runtime &r = runtime();
   std::lock_guard<std::mutex> g(r.mu);
   switch (r.state) {
-    case State::Running: return "RUNNING";
-    case State::Locked: return "LOCKED";
-    default: return "CHECKPOINTED";
+    case State::Running: return NPUSNAP_STATE_RUNNING;
+    case State::Locked: return NPUSNAP_STATE_LOCKED;
+    default: return NPUSNAP_STATE_CHECKPOINTED;
   }
 }
 
@@ -61,6 +58,14 @@ State current() {
   Runtime &r = runtime();
   std::lock_guard<std::mutex> g(r.mu);
   return r.state;
+}
+
+// line is `cmd` alone (then "") or `cmd ARGS` (then ARGS); nullptr for another request.
+const char *arguments(const char *line, const char *cmd) {
+  const size_t n = std::strlen(cmd);
+  if (std::strncmp(line, cmd, n) != 0) return nullptr;
+  if (line[n] == '\0') return line + n;
+  return line[n] == ' ' ? line + n + 1 : nullptr;
 }
 
 // "0:0,1:1": the software NPU restores every allocation on the device it came from.
@@ -79,34 +84,36 @@ bool identity_map(const char *map) {
 }
 
 int execute(const char *line) {
-  if (g_failed.load()) return std::strcmp(line, "state") == 0 ? 0 : CTL_E_FAILED;
+  if (g_failed.load())
+    return std::strcmp(line, NPUSNAP_CTL_CMD_STATE) == 0 ? NPUSNAP_CTL_OK : NPUSNAP_CTL_E_FAILED;
   const int pid = static_cast<int>(::getpid());
-  if (std::strcmp(line, "state") == 0) return 0;
-  if (std::strncmp(line, "lock ", 5) == 0) {
+  const char *args = nullptr;
+  if (std::strcmp(line, NPUSNAP_CTL_CMD_STATE) == 0) return NPUSNAP_CTL_OK;
+  if ((args = arguments(line, NPUSNAP_CTL_CMD_LOCK)) != nullptr) {
     char *end = nullptr;
-    long long ms = std::strtoll(line + 5, &end, 10);
-    if (end == line + 5 || *end != '\0' || ms < 0) return CTL_E_REQUEST;
-    if (current() != State::Running) return CTL_E_STATE;
+    long long ms = std::strtoll(args, &end, 10);
+    if (end == args || *end != '\0' || ms < 0) return NPUSNAP_CTL_E_REQUEST;
+    if (current() != State::Running) return NPUSNAP_CTL_E_STATE;
     if (g_fault_lock) {
       g_failed = true;
-      return CTL_E_FAILED;
+      return NPUSNAP_CTL_E_FAILED;
     }
     return snapshot_lock(ms == 0 ? (1LL << 40) : ms);  // 0: no timeout, as in CUcheckpointLockArgs
   }
-  if (std::strcmp(line, "checkpoint") == 0) {
-    if (current() != State::Locked) return CTL_E_STATE;
+  if (std::strcmp(line, NPUSNAP_CTL_CMD_CHECKPOINT) == 0) {
+    if (current() != State::Locked) return NPUSNAP_CTL_E_STATE;
     return aclrtSnapShotProcessBackup(pid, nullptr);
   }
-  if (std::strncmp(line, "restore", 7) == 0 && (line[7] == '\0' || line[7] == ' ')) {
-    if (line[7] == ' ' && !identity_map(line + 8)) return CTL_E_UNSUPPORTED;
-    if (current() != State::BackedUp) return CTL_E_STATE;
+  if ((args = arguments(line, NPUSNAP_CTL_CMD_RESTORE)) != nullptr) {
+    if (!identity_map(args)) return NPUSNAP_CTL_E_UNSUPPORTED;
+    if (current() != State::BackedUp) return NPUSNAP_CTL_E_STATE;
     return aclrtSnapShotProcessRestore(pid, nullptr);
   }
-  if (std::strcmp(line, "unlock") == 0) {
-    if (current() != State::Locked) return CTL_E_STATE;  // CUDA: a checkpointed process is restored first
+  if (std::strcmp(line, NPUSNAP_CTL_CMD_UNLOCK) == 0) {
+    if (current() != State::Locked) return NPUSNAP_CTL_E_STATE;  // CUDA: a checkpointed process is restored first
     return aclrtSnapShotProcessUnlock(pid, nullptr);
   }
-  return CTL_E_REQUEST;
+  return NPUSNAP_CTL_E_REQUEST;
 }
 
 void serve(int c) {
@@ -131,7 +138,7 @@ void serve(int c) {
   int code;
   if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
       (cr.uid != 0 && cr.uid != ::getuid() && cr.uid != ::geteuid()))
-    code = CTL_E_REQUEST - 100;  // -101: permission denied
+    code = NPUSNAP_CTL_E_DENIED;
   else
     code = execute(line);
   char reply[64];
@@ -152,7 +159,8 @@ void *ctl_main(void *) {
   if (fd < 0) return nullptr;
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
-  int len = std::snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "npusim-ctl-%d", static_cast<int>(::getpid()));
+  int len = std::snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, NPUSNAP_CTL_SOCKET_PREFIX "%d",
+                          static_cast<int>(::getpid()));
   const socklen_t salen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<size_t>(len));
   if (::bind(fd, reinterpret_cast<sockaddr *>(&sa), salen) < 0 || ::listen(fd, 8) < 0) {
     ::close(fd);  // EADDRINUSE: another listener already serves this pid

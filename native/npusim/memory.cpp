@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "resources.h"
 #include "runtime.h"
 #include "va.h"
 #include "wire.h"
@@ -178,3 +179,68 @@ aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t c
 }
 
 }  // extern "C"
+
+// Snapshot: each allocation's data goes to private anonymous host memory and comes back to the
+// same device address (after a daemon restart too: MallocAt).
+namespace {
+
+void unmap_backup(Alloc &a) {
+  if (a.backup != nullptr) ::munmap(a.backup, a.size);
+  a.backup = nullptr;
+}
+
+std::vector<std::pair<uint64_t, Alloc *>> all_allocs() {
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  std::vector<std::pair<uint64_t, Alloc *>> out;
+  for (auto &[va, a] : r.allocs) out.emplace_back(va, &a);
+  return out;
+}
+
+int32_t backup_memory(const SnapshotPass &pass) {
+  if (pass.external) return ACL_SUCCESS;  // the daemon has written the data to files
+  for (auto &[va, a] : all_allocs()) {
+    unmap_backup(*a);
+    void *p = ::mmap(nullptr, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    a->backup = p;
+    proto::Task t{};
+    t.kind = proto::TaskKind::DeviceToHost;
+    t.dst = reinterpret_cast<uint64_t>(p);
+    t.src = va;
+    t.size = a->size;
+    if (submit(t, nullptr) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+  }
+  return ACL_SUCCESS;
+}
+
+int32_t restore_memory(const SnapshotPass &pass) {
+  Runtime &r = runtime();
+  for (auto &[va, a] : all_allocs()) {
+    proto::Request rq = wire::request(proto::Op::MallocAt);
+    rq.device = a->device;
+    rq.addr = va;
+    rq.size = a->size;
+    if (r.pool.call(rq) != ACL_SUCCESS || (a->backup == nullptr && !pass.external)) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    if (pass.external) continue;  // the daemon imports the data (npusimDaemonImport) before Unlock
+    proto::Task t{};
+    t.kind = proto::TaskKind::HostToDevice;
+    t.dst = va;
+    t.src = reinterpret_cast<uint64_t>(a->backup);
+    t.size = a->size;
+    if (submit(t, nullptr) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  }
+  return ACL_SUCCESS;
+}
+
+void drop_memory() {
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  for (auto &[va, a] : r.allocs) unmap_backup(a);
+}
+
+const ResourceKind kMemory{"memory", 10, nullptr, backup_memory, restore_memory, drop_memory,
+                           [] { return runtime().allocs.size(); }};
+NPUSIM_RESOURCE_KIND(kMemory);
+
+}  // namespace

@@ -93,4 +93,9 @@ struct Reply {
   uint64_t value[3];
 };
 
+// Op::Quiesce's flags: what the client's runtime tells the daemon about its own lock (export.h).
+constexpr uint32_t kQuiesceUnlocking = 0;       // about to unlock
+constexpr uint32_t kQuiesceLocked = 1;          // locked and drained (after a restore)
+constexpr uint32_t kQuiesceAwaitingImport = 2;  // locked, allocations awaiting an import (external restore)
+
 }  // namespace npusim::proto

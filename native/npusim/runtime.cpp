@@ -18,6 +18,13 @@ namespace {
 thread_local int32_t t_device = -1;
 }  // namespace
 
+namespace {
+thread_local std::string recent_error_message;
+}
+
+void note_error(const std::string &message) { recent_error_message = message; }
+const std::string &recent_error() { return recent_error_message; }
+
 Runtime &runtime() {
   // Never destroyed: threads may still be inside the runtime while the process exits.
   static Runtime *r = new Runtime;

@@ -121,6 +121,9 @@ int32_t device_restore();
 void drop_backups();
 // Lock with an explicit timeout (aclrtSnapShotProcessLock uses 60 s or NPUSIM_LOCK_TIMEOUT_MS).
 int32_t snapshot_lock(int64_t timeout_ms);
+// Remembers why the calling thread's last call failed (aclGetRecentErrMsg reports it).
+void note_error(const std::string &message);
+const std::string &recent_error();
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.
 void start_ctl();
 

@@ -1,11 +1,9 @@
 // The CANN snapshot API: Lock / Backup / Restore / Unlock and stage callbacks.
 //
-// Backup copies every allocation into private host memory, saves event state and then releases
-// the device entirely (daemon resources freed, every connection closed), so CRIU sees an ordinary
-// process. Restore reconnects to whatever daemon now answers on the remembered socket, re-creates
-// each allocation at its old address, each stream and event under its old handle, and copies the
-// data back.
-#include <sys/mman.h>
+// Backup has every resource kind (resources.h: memory, streams, events, ...) save itself, then
+// releases the device entirely (daemon resources freed, every connection closed), so CRIU sees an
+// ordinary process. Restore reconnects to whatever daemon now answers on the remembered socket and
+// has each kind re-create itself behind the handles the application holds, in the kinds' order.
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +14,8 @@
 
 #include "acl/npusim.h"
 #include "direct.h"
+#include "npusnap/states.h"
+#include "resources.h"
 #include "runtime.h"
 #include "wire.h"
 
@@ -33,9 +33,9 @@ int64_t lock_timeout_ms() {
 
 const char *state_name(State s) {
   switch (s) {
-    case State::Running: return "RUNNING";
-    case State::Locked: return "LOCKED";
-    default: return "BACKED_UP";
+    case State::Running: return NPUSNAP_STATE_RUNNING;
+    case State::Locked: return NPUSNAP_STATE_LOCKED;
+    default: return NPUSNAP_STATE_BACKED_UP;
   }
 }
 
@@ -55,43 +55,17 @@ int32_t invoke(aclrtSnapShotStage stage) {
   return ACL_SUCCESS;
 }
 
-void unmap_backup(Alloc &a) {
-  if (a.backup != nullptr) ::munmap(a.backup, a.size);
-  a.backup = nullptr;
-}
-
 int32_t device_backup() {
   Runtime &r = runtime();
   if (!r.pool.connected()) return ACL_SUCCESS;  // no device in use: nothing to save
-  std::vector<std::pair<uint64_t, Alloc *>> allocs;
-  std::vector<EventObj *> events;
+  SnapshotPass pass;
   {
     std::lock_guard<std::mutex> g(r.mu);
-    // Direct path: the daemon has exported the data already; save only what re-creates it.
-    if (!data_path().next_external)
-      for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
-    events.assign(r.events.begin(), r.events.end());
+    pass.external = data_path().next_external;  // the daemon has exported the data already
   }
-  for (auto &[va, a] : allocs) {
-    unmap_backup(*a);
-    void *p = ::mmap(nullptr, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
-    a->backup = p;
-    proto::Task t{};
-    t.kind = proto::TaskKind::DeviceToHost;
-    t.dst = reinterpret_cast<uint64_t>(p);
-    t.src = va;
-    t.size = a->size;
-    if (submit(t, nullptr) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
-  }
-  for (EventObj *e : events) {
-    proto::Request rq = wire::request(proto::Op::EventQuery);
-    rq.event = e->id;
-    proto::Reply rp{};
-    if (r.pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
-    e->completed = rp.value[0];
-    e->timestamp_ns = rp.value[1];
-  }
+  for (const ResourceKind *k : resource_kinds())
+    if (k->backup != nullptr)
+      if (int32_t rc = k->backup(pass); rc != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
   r.pool.call(wire::request(proto::Op::Release));
   r.pool.close_all();
   return ACL_SUCCESS;
@@ -99,54 +73,34 @@ int32_t device_backup() {
 
 int32_t restore_resources() {
   Runtime &r = runtime();
-  std::vector<std::pair<uint64_t, Alloc *>> allocs;
-  std::vector<StreamObj *> streams;
-  std::vector<EventObj *> events;
-  bool external;
+  SnapshotPass pass;
   {
     std::lock_guard<std::mutex> g(r.mu);
-    external = data_path().backup_external;
+    pass.external = data_path().backup_external;
     for (auto &[d, ctx] : r.devices)
       if (static_cast<uint32_t>(d) >= r.pool.device_count) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
-    for (auto &[va, a] : r.allocs) allocs.emplace_back(va, &a);
-    streams.assign(r.streams.begin(), r.streams.end());
-    events.assign(r.events.begin(), r.events.end());
   }
-  for (auto &[va, a] : allocs) {
-    proto::Request rq = wire::request(proto::Op::MallocAt);
-    rq.device = a->device;
-    rq.addr = va;
-    rq.size = a->size;
-    if (r.pool.call(rq) != ACL_SUCCESS || (a->backup == nullptr && !external)) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
-    if (external) continue;  // the daemon imports the data (npusimDaemonImport) before Unlock
-    proto::Task t{};
-    t.kind = proto::TaskKind::HostToDevice;
-    t.dst = va;
-    t.src = reinterpret_cast<uint64_t>(a->backup);
-    t.size = a->size;
-    if (submit(t, nullptr) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
-  }
-  for (StreamObj *s : streams) {
-    proto::Request rq = wire::request(proto::Op::StreamCreate);
-    rq.device = s->device;
-    proto::Reply rp{};
-    if (r.pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
-    s->id = static_cast<uint32_t>(rp.value[0]);
-  }
-  for (EventObj *e : events) {
-    proto::Request rq = wire::request(proto::Op::EventCreate);
-    rq.value[0] = e->completed;  // a recorded event stays recorded
-    rq.value[1] = e->timestamp_ns;
-    proto::Reply rp{};
-    if (r.pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
-    e->id = static_cast<uint32_t>(rp.value[0]);
-    e->records = e->completed;
-  }
+  for (const ResourceKind *k : resource_kinds())
+    if (k->restore != nullptr)
+      if (int32_t rc = k->restore(pass); rc != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   // Restored processes are LOCKED: say so to the daemon, which then allows an export or import,
   // and after an external backup refuses our Unlock until the data has been imported.
   proto::Request rq = wire::request(proto::Op::Quiesce);
-  rq.flags = external ? 2 : 1;
-  if (r.pool.call(rq) != ACL_SUCCESS && external) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  rq.flags = pass.external ? proto::kQuiesceAwaitingImport : proto::kQuiesceLocked;
+  if (r.pool.call(rq) != ACL_SUCCESS && pass.external) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  return ACL_SUCCESS;
+}
+
+// At Lock, once quiet: every kind must be one the snapshot can carry.
+int32_t check_resources() {
+  for (const ResourceKind *k : resource_kinds()) {
+    std::string why;
+    if (k->check != nullptr)
+      if (int32_t rc = k->check(&why); rc != ACL_SUCCESS) {
+        note_error("snapshot: cannot carry " + std::string(k->name) + (why.empty() ? "" : ": " + why));
+        return rc;
+      }
+  }
   return ACL_SUCCESS;
 }
 
@@ -179,9 +133,18 @@ int32_t device_restore() {
 }
 
 void drop_backups() {
-  Runtime &r = runtime();
-  std::lock_guard<std::mutex> g(r.mu);
-  for (auto &[va, a] : r.allocs) unmap_backup(a);
+  for (const ResourceKind *k : resource_kinds())
+    if (k->drop != nullptr) k->drop();
+}
+
+void register_kind(const ResourceKind *kind) {
+  auto &all = const_cast<std::vector<const ResourceKind *> &>(resource_kinds());
+  all.insert(std::upper_bound(all.begin(), all.end(), kind, [](auto *a, auto *b) { return a->order < b->order; }), kind);
+}
+
+const std::vector<const ResourceKind *> &resource_kinds() {
+  static std::vector<const ResourceKind *> all;  // filled at load time, before any call
+  return all;
 }
 
 }  // namespace npusim::rt
@@ -225,6 +188,7 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
         rq.timeout_ms = std::max<int64_t>(0, left.count());
         rc = r.pool.call(rq);
       }
+      if (rc == ACL_SUCCESS) rc = check_resources();
       l.lock();
       if (rc == ACL_SUCCESS) return ACL_SUCCESS;
       if (rc != ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT) rc = ACL_ERROR_SNAPSHOT_LOCK_FAILED;
@@ -300,7 +264,7 @@ aclError aclrtSnapShotProcessUnlock(int pid, void *reserve) {
   if (r.pool.connected()) {
     // The daemon refuses while an import is awaited or an export/import runs.
     proto::Request rq = wire::request(proto::Op::Quiesce);
-    rq.flags = 0;
+    rq.flags = proto::kQuiesceUnlocking;
     if (r.pool.call(rq) == ACL_ERROR_SNAPSHOT_UNLOCK_FAILED) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
   }
   {
@@ -353,7 +317,13 @@ int npusimSnapshotInfo(char *buf, size_t len) {
     }
     o << "], \"allocations\": " << r.allocs.size() << ", \"bytes\": " << bytes << ", \"streams\": " << r.streams.size()
       << ", \"events\": " << r.events.size() << ", \"connected\": " << (connected ? "true" : "false") << ", \"direct\": true, \"data_path\": \""
-      << (data_path().backup_external ? "external" : "in-process") << "\"}";
+      << (data_path().backup_external ? "external" : "in-process") << "\", \"resources\": {";
+    first = true;
+    for (const ResourceKind *k : resource_kinds()) {
+      o << (first ? "" : ", ") << "\"" << k->name << "\": " << (k->count != nullptr ? k->count() : 0);
+      first = false;
+    }
+    o << "}}";
   }
   const std::string s = o.str();
   if (s.size() + 1 > len) return -ACL_ERROR_INVALID_PARAM;

@@ -2,6 +2,7 @@
 // Restore gives them new ids without changing the handles.
 #include <algorithm>
 
+#include "resources.h"
 #include "runtime.h"
 #include "wire.h"
 
@@ -186,3 +187,56 @@ aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endE
 }
 
 }  // extern "C"
+
+// Snapshot: streams and events get new daemon ids behind the same handles; a recorded event
+// stays recorded (its completed count and timestamp are saved).
+namespace {
+
+template <typename T>
+std::vector<T *> snapshot_of(const std::set<T *> &live) {
+  std::lock_guard<std::mutex> g(runtime().mu);
+  return std::vector<T *>(live.begin(), live.end());
+}
+
+int32_t restore_streams(const SnapshotPass &) {
+  for (StreamObj *s : snapshot_of(runtime().streams)) {
+    proto::Request rq = wire::request(proto::Op::StreamCreate);
+    rq.device = s->device;
+    proto::Reply rp{};
+    if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    s->id = static_cast<uint32_t>(rp.value[0]);
+  }
+  return ACL_SUCCESS;
+}
+
+int32_t backup_events(const SnapshotPass &) {
+  for (EventObj *e : snapshot_of(runtime().events)) {
+    EventState st{};
+    if (query_event(e, &st) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+    e->completed = st.completed;
+    e->timestamp_ns = st.timestamp_ns;
+  }
+  return ACL_SUCCESS;
+}
+
+int32_t restore_events(const SnapshotPass &) {
+  for (EventObj *e : snapshot_of(runtime().events)) {
+    proto::Request rq = wire::request(proto::Op::EventCreate);
+    rq.value[0] = e->completed;
+    rq.value[1] = e->timestamp_ns;
+    proto::Reply rp{};
+    if (runtime().pool.call(rq, &rp) != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    e->id = static_cast<uint32_t>(rp.value[0]);
+    e->records = e->completed;
+  }
+  return ACL_SUCCESS;
+}
+
+const ResourceKind kStreams{"streams", 30, nullptr, nullptr, restore_streams, nullptr,
+                            [] { return runtime().streams.size(); }};
+const ResourceKind kEvents{"events", 40, nullptr, backup_events, restore_events, nullptr,
+                           [] { return runtime().events.size(); }};
+NPUSIM_RESOURCE_KIND(kStreams);
+NPUSIM_RESOURCE_KIND(kEvents);
+
+}  // namespace

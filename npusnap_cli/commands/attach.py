@@ -16,9 +16,8 @@ def attach(term: Terminal, pid: str) -> None:
     The process is stopped only for the injection and never left stopped.
     Attaching twice is harmless.
     """
-    from ..agent import AgentClient, AgentProblem, has_agent, inject
-    from ..backends import agent_error
-    from ..target import open_target, parse_pid
+    from ..platform.agent import AgentClient, AgentProblem, agent_error, has_agent, inject
+    from ..platform.procfs import open_target, parse_pid
 
     target = open_target(parse_pid(pid))
     already = has_agent(target.pid)

@@ -15,7 +15,7 @@ from . import criu_option, json_option
 def check(term: Terminal, criu_path: Optional[str]) -> None:
     """Check that this machine can checkpoint and restore, and say how to fix what is missing."""
     from ..errors import EnvironmentProblem
-    from ..probe import probe
+    from ..platform.probe import probe
 
     report = probe(criu_path)
     if term.json_mode:

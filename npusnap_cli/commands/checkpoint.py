@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from ..backends import BACKENDS
+from ..backends import BACKENDS, DATA_PATHS
 from ..criuopts import CriuOptions
 from ..numbers import Seconds
 from ..output import Terminal, human_bytes
@@ -22,7 +22,7 @@ from .criu_flags import dump_flags
 @click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
 @click.option("--device", type=click.Choice(BACKENDS), default="auto",
               show_default=True, help="Device backend (auto: found from the process).")
-@click.option("--data-path", type=click.Choice(["auto", "direct", "in-process"]), default="auto", show_default=True,
+@click.option("--data-path", type=click.Choice(DATA_PATHS), default="auto", show_default=True,
               help="Device memory: straight from the device to DIR/device (direct, where the runtime allows), "
                    "or staged in the process and dumped by CRIU (in-process, the vendor way).")
 @click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0, show_default=True,
@@ -48,27 +48,30 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     `criu dump`); with --leave-running it carries on. A failure at any point leaves
     the process running and unlocked, and no checkpoint directory behind.
     """
-    from ..pipeline import CheckpointOptions
-    from ..pipeline import checkpoint as run_checkpoint
-    from ..target import parse_pid
+    from ..backends import BackendName, DataPathChoice
+    from ..core.checkpoint import CheckpointOptions
+    from ..core.checkpoint import checkpoint as run_checkpoint
+    from ..platform.procfs import parse_pid
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
-                             tcp_established=tcp_established, device=device, data_path=data_path,
+                             tcp_established=tcp_established, device=BackendName(device),
+                             data_path=DataPathChoice(data_path),
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
                              criu=criu_opts)
-    from ..signing import Signer
+    from ..image.signing import Signer
 
     signer = Signer(sign_key) if sign_key else None  # a bad key fails before anything starts
     with term.reporter(live=not shell_job) as report:
-        m = run_checkpoint(parse_pid(pid), opts, report=report)
+        m = run_checkpoint(parse_pid(pid), opts, progress=report)
     if signer:
         signer.sign(directory.absolute())
     size = sum(f.size for f in m.files)
     if term.json_mode:
         term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,
                                  "left_running": leave_running, "bytes": size,
-                                 "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases]})
+                                 "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases],
+                                 "warnings": term.warnings})
         return
     phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
     term.success(f"checkpointed {m.pid} into {directory} ({human_bytes(size)}; {phases})")

@@ -21,7 +21,7 @@ from . import json_option
 def demo(term: Terminal, steps: int, checkpoint_at: int, workdir: Optional[Path]) -> None:
     """Checkpoint a training loop on the software NPU mid-run, restart the device,
     restore it, and show it finishes exactly as an uninterrupted run."""
-    from ..demo import run_demo
+    from ..core.demo import run_demo
     from ..errors import NpusnapError
 
     if checkpoint_at >= steps:

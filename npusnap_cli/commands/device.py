@@ -29,13 +29,13 @@ def device() -> None:
 @click.pass_obj
 def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group: Optional[str]) -> None:
     """Start the daemon (does nothing if one already runs on the socket)."""
-    from .. import simdevice
+    from ..platform import simdaemon
 
     try:
-        size = simdevice.parse_size(memory)
+        size = simdaemon.parse_size(memory)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--memory") from None
-    path = simdevice.socket_path(sock)
+    path = simdaemon.socket_path(sock)
     if group is not None:
         import grp
 
@@ -43,7 +43,7 @@ def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group:
             grp.getgrnam(group)
         except KeyError:
             raise click.BadParameter(f"no such group: {group}", param_hint="--group") from None
-    pid, started = simdevice.start(path, devices, size, group=group)
+    pid, started = simdaemon.start(path, devices, size, group=group)
     if term.json_mode:
         term.data("device-start", {"socket": path, "pid": pid, "started": started})
     elif started:
@@ -58,10 +58,10 @@ def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group:
 @click.pass_obj
 def stop(term: Terminal, sock: Optional[str]) -> None:
     """Stop the daemon."""
-    from .. import simdevice
+    from ..platform import simdaemon
 
-    path = simdevice.socket_path(sock)
-    pid = simdevice.stop(path)
+    path = simdaemon.socket_path(sock)
+    pid = simdaemon.stop(path)
     if term.json_mode:
         term.data("device-stop", {"socket": path, "pid": pid, "stopped": pid is not None})
     else:
@@ -74,11 +74,11 @@ def stop(term: Terminal, sock: Optional[str]) -> None:
 @click.pass_obj
 def status(term: Terminal, sock: Optional[str]) -> None:
     """Show devices, memory used/free, and client processes."""
-    from .. import simdevice
     from ..errors import DeviceFailed
+    from ..platform import simdaemon
 
-    path = simdevice.socket_path(sock)
-    st = simdevice.status(path)
+    path = simdaemon.socket_path(sock)
+    st = simdaemon.status(path)
     if st is None:
         raise DeviceFailed(f"no npusim daemon answers on {path}", "start one with `npusnap device start`")
     if term.json_mode:
@@ -106,7 +106,7 @@ def status(term: Terminal, sock: Optional[str]) -> None:
 @socket_option
 def env(sock: Optional[str]) -> None:
     """Print shell exports for the simulated CANN toolkit: eval "$(npusnap device env)"."""
-    from .. import simdevice
+    from ..platform import simdaemon
 
-    for key, value in simdevice.shell_env(simdevice.socket_path(sock)).items():
+    for key, value in simdaemon.shell_env(simdaemon.socket_path(sock)).items():
         click.echo(f"export {key}={shlex.quote(value)}")

@@ -11,7 +11,7 @@ from . import json_option
 if TYPE_CHECKING:
     from rich.tree import Tree
 
-    from ..inspection import Inspection, MemoryInfo, ProcessInfo
+    from ..image.inspection import Inspection, MemoryInfo, ProcessInfo
 
 LARGEST_IMAGES = 8   # image files listed one by one in the tree (--json lists them all)
 
@@ -26,7 +26,7 @@ def inspect(term: Terminal, directory: Path) -> None:
 
     Only reads: nothing in DIRECTORY is executed and no symlink in it is followed.
     """
-    from ..inspection import inspect as read_checkpoint
+    from ..image.inspection import inspect as read_checkpoint
 
     result = read_checkpoint(directory)
     if term.json_mode:
@@ -142,8 +142,10 @@ def _memory(parent: Tree, m: MemoryInfo) -> None:
 
 
 def _device(root: Tree, ins: Inspection) -> None:
+    from ..backends import BackendName
+
     d = ins.device
-    if d.backend == "none":
+    if d.backend == BackendName.NONE:
         root.add(_t("[bold]Device[/bold]: none"))
         return
     devices = ", ".join(str(x) for x in d.devices) or "none"

@@ -20,7 +20,7 @@ def key() -> None:
 @click.pass_obj
 def generate(term: Terminal, private: Path, public: Path) -> None:
     """Write a new key pair: PRIVATE (PEM, 0600) and PUBLIC (PEM). Neither may exist yet."""
-    from ..signing import generate_keypair
+    from ..image.signing import generate_keypair
 
     fingerprint = generate_keypair(private, public)
     if term.json_mode:

@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 import click
 
-# The hidden names Staging (image.py) and prune give directories; the token is secrets.token_hex(4).
-from ..image import HIDDEN_SIBLING as HIDDEN
+# The hidden names Staging (image/staging.py) and prune give directories; the token is secrets.token_hex(4).
+from ..image.format import HIDDEN_SIBLING as HIDDEN
 from ..output import Terminal, human_bytes, shown
 from . import json_option
 
@@ -84,8 +84,8 @@ def _newest_first(e: Entry) -> tuple[float, int, str]:
 
 def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
     from ..errors import NpusnapError
-    from ..image import MANIFEST, load_manifest, safe_member
-    from ..image import verify as verify_dir
+    from ..image.format import MANIFEST, load_manifest, safe_member
+    from ..image.format import verify as verify_dir
 
     mtime, age, disk = _tree_facts(path)
     entry = Entry(name, str(path), "invalid", None, os.lstat(path / MANIFEST).st_mtime, age, disk_bytes=disk)

@@ -4,7 +4,7 @@ unlock, and recover (back to running from any intermediate state)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import click
 
@@ -15,26 +15,15 @@ from . import criu_option, json_option, pid_argument
 from .criu_flags import dump_flags
 
 
-def _agent(pid: str) -> Any:
-    from ..backends import AgentBackend, select
-    from ..errors import WrongState
-    from ..target import open_target, parse_pid
+def _step(term: Terminal, pid: str, step: str, message: str, lock_timeout: float = 60.0) -> None:
+    from ..core.runbook import Step, run_step
+    from ..platform.procfs import parse_pid
 
-    target = open_target(parse_pid(pid))
-    # The runbook stages device memory in the process; `dump` then writes it with the rest.
-    backend = select(target.pid, "auto", target.maps(), data_path="in-process")
-    if not isinstance(backend, AgentBackend):
-        raise WrongState(f"process {target.pid} has no device state to lock or back up",
-                         f"checkpoint it directly: `npusnap checkpoint {target.pid} -D DIR`")
-    return backend
-
-
-def _done(term: Terminal, kind: str, backend: Any, message: str) -> None:
-    reply = backend._last
+    done = run_step(parse_pid(pid), Step(step), lock_timeout)
     if term.json_mode:
-        term.data(kind, {"pid": backend.pid, "state": reply.state, "elapsed_ms": reply.elapsed_ms})
+        term.data(step, {"pid": done.pid, "state": done.state, "elapsed_ms": done.elapsed_ms})
     else:
-        term.success(f"{message} ({reply.elapsed_ms:.1f} ms); process {backend.pid} is now {reply.state}")
+        term.success(f"{message} ({done.elapsed_ms:.1f} ms); process {done.pid} is now {done.state}")
 
 
 @click.command()
@@ -43,21 +32,10 @@ def _done(term: Terminal, kind: str, backend: Any, message: str) -> None:
 @click.pass_obj
 def status(term: Terminal, pid: str) -> None:
     """Show which phase process PID is in, and its device state."""
-    from ..agent import AgentClient, AgentNotFound, AgentProblem
-    from ..backends import agent_error
-    from ..target import open_target, parse_pid
+    from ..core.runbook import status as read_status
+    from ..platform.procfs import parse_pid
 
-    target = open_target(parse_pid(pid))
-    try:
-        reply = AgentClient(target.pid).status()
-        doc: dict[str, Any] = {"pid": target.pid, "agent": True, "state": reply.state,
-                               "runtime": reply.runtime, "device": reply.device}
-    except AgentNotFound:
-        doc = {"pid": target.pid, "agent": False, "state": "RUNNING", "runtime": None, "device": None}
-    except AgentProblem as e:  # a squatter, or an agent that does not answer: one line, not exit 3
-        raise agent_error(e, f"asking the agent of process {target.pid}") from e
-    stat = Path(f"/proc/{target.pid}/stat").read_text().rpartition(")")[2].split()[0]
-    doc["stopped"] = stat in ("T", "t")
+    doc = read_status(parse_pid(pid)).to_dict()
     if term.json_mode:
         term.data("status", doc)
         return
@@ -67,7 +45,7 @@ def status(term: Terminal, pid: str) -> None:
     from ..output import shown
 
     agent = "agent loaded" if doc["agent"] else "no agent (npusnap run / attach to add it)"
-    term.render(f"process {target.pid}: [bold]{escape(shown(doc['state']))}[/bold]"
+    term.render(f"process {doc['pid']}: [bold]{escape(shown(doc['state']))}[/bold]"
                 f"{' (stopped)' if doc['stopped'] else ''}; {agent}")
     if doc["runtime"]:
         term.render(Text(f"  runtime: {shown(doc['runtime'])}"))
@@ -85,9 +63,7 @@ def status(term: Terminal, pid: str) -> None:
 @click.pass_obj
 def lock(term: Terminal, pid: str, timeout: float) -> None:
     """LOCK: finish queued device work and block new device calls in PID."""
-    backend = _agent(pid)
-    backend.lock(timeout)
-    _done(term, "lock", backend, "locked")
+    _step(term, pid, "lock", "locked", timeout)
 
 
 @click.command()
@@ -96,9 +72,7 @@ def lock(term: Terminal, pid: str, timeout: float) -> None:
 @click.pass_obj
 def backup(term: Terminal, pid: str) -> None:
     """BACKUP: copy PID's device state into its host memory and release the device."""
-    backend = _agent(pid)
-    backend.backup()
-    _done(term, "backup", backend, "device state backed up")
+    _step(term, pid, "backup", "device state backed up")
 
 
 @click.command(name="device-restore")
@@ -107,9 +81,7 @@ def backup(term: Terminal, pid: str) -> None:
 @click.pass_obj
 def device_restore(term: Terminal, pid: str) -> None:
     """DEVICE RESTORE: put PID's backed-up device state back on the device."""
-    backend = _agent(pid)
-    backend.restore()
-    _done(term, "device-restore", backend, "device state restored")
+    _step(term, pid, "device-restore", "device state restored")
 
 
 @click.command()
@@ -118,9 +90,7 @@ def device_restore(term: Terminal, pid: str) -> None:
 @click.pass_obj
 def unlock(term: Terminal, pid: str) -> None:
     """UNLOCK: let PID's device calls run again."""
-    backend = _agent(pid)
-    backend.unlock()
-    _done(term, "unlock", backend, "unlocked")
+    _step(term, pid, "unlock", "unlocked")
 
 
 @click.command()
@@ -138,17 +108,19 @@ def unlock(term: Terminal, pid: str) -> None:
 def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
          tcp_established: bool, replace: bool, criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """DUMP: write PID (device already backed up) to DIRECTORY with CRIU."""
-    from ..pipeline import CheckpointOptions, checkpoint
-    from ..target import parse_pid
+    from ..core.checkpoint import CheckpointOptions
+    from ..core.checkpoint import dump as run_dump
+    from ..platform.procfs import parse_pid
 
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
                              tcp_established=tcp_established, replace=replace, criu_path=criu_path,
                              criu=criu_opts)
     with term.reporter(live=not shell_job) as report:
-        m = checkpoint(parse_pid(pid), opts, report=report, device_phases=False)
+        m = run_dump(parse_pid(pid), opts, progress=report)
     if term.json_mode:
         term.data("dump", {"directory": str(directory.absolute()), "pid": m.pid,
-                           "bytes": sum(f.size for f in m.files), "left_running": leave_running})
+                           "bytes": sum(f.size for f in m.files), "left_running": leave_running,
+                           "warnings": term.warnings})
     else:
         term.success(f"dumped {m.pid} into {directory}")
 
@@ -161,11 +133,12 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 @click.pass_obj
 def recover(term: Terminal, pid: str, device_images: Optional[Path]) -> None:
     """Bring PID back to running from any intermediate phase (stopped, locked, backed up)."""
-    from ..recovery import recover as run_recover
-    from ..target import parse_pid
+    from ..backends import State
+    from ..core.recover import recover as run_recover
+    from ..platform.procfs import parse_pid
 
     done = run_recover(parse_pid(pid), device_images)
     if term.json_mode:
-        term.data("recover", {"pid": done.pid, "was": done.was, "steps": done.steps, "state": "RUNNING"})
+        term.data("recover", {"pid": done.pid, "was": done.was, "steps": done.steps, "state": State.RUNNING.value})
     else:
         term.success(f"process {done.pid} is running (was {done.was}; did: {', '.join(done.steps) or 'nothing'})")

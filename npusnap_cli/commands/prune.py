@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
-from ..image import HIDDEN_SIBLING as HIDDEN
-from ..image import hidden_sibling
+from ..image.format import HIDDEN_SIBLING as HIDDEN
+from ..image.format import hidden_sibling
 from ..numbers import Count
 from ..output import Terminal, human_bytes, shown
 from . import json_option

@@ -35,28 +35,30 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
     for the restored process and exits with its exit code; --detach returns at once.
     """
-    from ..pipeline import RestoreOptions, wait_exit_code
-    from ..pipeline import restore as run_restore
+    from ..core.restore import RestoreOptions, wait_exit_code
+    from ..core.restore import restore as run_restore
 
     term: Terminal = ctx.obj
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     with term.reporter(live=not _shell_job(directory)) as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
                                             device_map=mapping, criu=criu_opts, require_signature=require_signature,
-                                            trusted_keys=list(trusted_keys)), report=report)
+                                            trusted_keys=list(trusted_keys)), progress=report)
     if pidfile:
         _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]
     if detach:
         if term.json_mode:
-            term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases})
+            term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases,
+                                  "warnings": term.warnings})
         else:
             term.success(f"restored process {result.pid} from {directory}")
         return
     term.info(f"restored process {result.pid}; waiting for it to exit")
     code = wait_exit_code(result.pid)
     if term.json_mode:
-        term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code})
+        term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code,
+                              "warnings": term.warnings})
     ctx.exit(code)
 
 
@@ -64,7 +66,7 @@ def _shell_job(directory: Path) -> bool:
     """Whether the checkpoint is a shell job's: it is restored onto our terminal, where a
     live progress display would draw over it. Errors are left to the restore to report."""
     from ..errors import NpusnapError
-    from ..image import load_manifest
+    from ..image.format import load_manifest
 
     try:
         return bool(load_manifest(directory.absolute()).options.get("shell_job"))
@@ -101,12 +103,13 @@ def _write_pidfile(pidfile: Path, pid: int) -> None:
 
 def _device_map(directory: Path, items: tuple[str, ...]) -> dict[str, str]:
     """Parse --device-map and check it against the checkpoint and this machine, before anything starts."""
-    from .. import cuda
-    from ..image import load_manifest
+    from ..backends import BackendName
+    from ..image.format import load_manifest
+    from ..platform import cuda
 
     mapping = cuda.parse_device_map(items)
     device = load_manifest(directory.absolute()).device
-    if device.backend != "cuda":
+    if device.backend != BackendName.CUDA:
         raise cuda.DeviceMapError(f"--device-map applies to cuda checkpoints; {directory} holds "
                                   f"{device.backend} device state")
     cuda.validate_device_map(list(device.gpus), mapping, cuda.Driver.load())

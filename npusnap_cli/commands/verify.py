@@ -15,8 +15,8 @@ from . import json_option, trust_options
 @click.pass_obj
 def verify(term: Terminal, directory: Path, require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
     """Recompute every checksum in DIRECTORY; exit non-zero naming the first bad file."""
-    from ..image import verify as verify_dir
-    from ..signing import check
+    from ..image.format import verify as verify_dir
+    from ..image.signing import check
 
     signer = check(directory, trusted_keys, require_signature)
     m = verify_dir(directory)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from npusnap_cli import agent as ag
+from npusnap_cli.platform import agent as ag
 
 from .support import assert_sequence, dump_and_restore, kill_pid, python_loop_argv
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from npusnap_cli import agent as ag
+from npusnap_cli.platform import agent as ag
 
 from .support import assert_sequence, proc_state, python_loop_argv
 

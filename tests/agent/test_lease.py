@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from npusnap_cli import agent as ag
+from npusnap_cli.platform import agent as ag
 
 from .test_agent import raw_request, spawn_fake_runtime
 from .test_npusim_e2e import WORKLOAD, _installed_python, npusimd  # noqa: F401  (fixture)

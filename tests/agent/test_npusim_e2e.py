@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from npusnap_cli import agent as ag
+from npusnap_cli.platform import agent as ag
 
 from .support import dump_and_restore, kill_pid
 

@@ -14,7 +14,8 @@ from typing import Callable
 import pytest
 
 from npusnap_cli.errors import StorageProblem
-from npusnap_cli.image import DeviceState, Manifest, Staging
+from npusnap_cli.image.format import DeviceState, Manifest
+from npusnap_cli.image.staging import Staging
 from tests.helpers import Workload, npusnap, proc_state, requires_criu
 
 

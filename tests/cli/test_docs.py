@@ -15,7 +15,8 @@ import click
 
 from npusnap_cli.cli import COMMANDS, app
 from npusnap_cli.errors import EXIT_CODES
-from npusnap_cli.image import Manifest, Staging
+from npusnap_cli.image.format import Manifest
+from npusnap_cli.image.staging import Staging
 from tests.helpers import ROOT
 
 NO_JSON = {"run", "device env"}     # run execs the workload; device env prints shell code

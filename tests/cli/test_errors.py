@@ -87,7 +87,7 @@ def test_future_format_version(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "criu/../../x"])
 def test_manifest_paths_that_escape(capsys: pytest.CaptureFixture[str], tmp_path: Path, path: str) -> None:
-    from npusnap_cli.image import manifest_text
+    from npusnap_cli.image.format import manifest_text
 
     (tmp_path / "manifest.yaml").write_text(manifest_text({
         "format_version": 1, "pid": 1, "created": "x", "host": "h", "kernel": "k", "npusnap_version": "v",
@@ -97,7 +97,7 @@ def test_manifest_paths_that_escape(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_edited_manifest_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from npusnap_cli.image import manifest_text
+    from npusnap_cli.image.format import manifest_text
 
     text = manifest_text({"format_version": 1, "pid": 1, "created": "x", "host": "h", "kernel": "k",
                           "npusnap_version": "v", "criu_version": "c", "files": []})

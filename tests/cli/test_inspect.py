@@ -78,7 +78,7 @@ def relinked(ck: Checkpoint, tmp_path: Path) -> Path:
 
 def rewrite(path: Path, text: str) -> None:
     """Replace a file; a manifest is resealed, so what is tested is what follows its checksum."""
-    from npusnap_cli.image import MANIFEST, seal_manifest_text
+    from npusnap_cli.image.format import MANIFEST, seal_manifest_text
 
     path.unlink()   # break the hard link first
     path.write_text(seal_manifest_text(text) if path.name == MANIFEST else text)

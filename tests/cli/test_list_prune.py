@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from npusnap_cli.cli import main
-from npusnap_cli.image import DeviceState, Manifest, Staging
+from npusnap_cli.image.format import DeviceState, Manifest
+from npusnap_cli.image.staging import Staging
 from tests.helpers import kill_and_wait, npusnap, requires_criu
 
 
@@ -245,6 +246,6 @@ def test_prune_keep_1_after_two_quick_checkpoints(capsys: pytest.CaptureFixture[
 
 
 def load_created(path: Path) -> str:
-    from npusnap_cli.image import load_manifest
+    from npusnap_cli.image.format import load_manifest
 
     return str(load_manifest(path).created)

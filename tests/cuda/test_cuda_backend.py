@@ -11,7 +11,7 @@ import subprocess
 
 import yaml
 
-from npusnap_cli import cuda
+from npusnap_cli.platform import cuda
 from tests.helpers import Workload, npusnap, pid_alive, requires_criu
 
 from .support import SHIM, shim_env, sim_uuid, strip_ready, workload_argv

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from npusnap_cli import agent as ag
-from npusnap_cli import devicefiles, native
+from npusnap_cli import native
+from npusnap_cli.platform import agent as ag
+from npusnap_cli.platform import simimages
 
 CANN_LIKE = r"""
 int aclrtSnapShotProcessLock(int pid, void *r) { (void)pid; (void)r; return 0; }
@@ -35,7 +36,7 @@ def test_external_refused_without_the_direct_path(tmp_path):
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         ag._wait_ready(proc.pid, 10)
         c = ag.AgentClient(proc.pid)
-        assert not devicefiles.supports_direct(proc.pid)
+        assert not simimages.supports_direct(proc.pid)
         c.lock(5)
         with pytest.raises(ag.AgentError, match="no direct data path") as ei:
             c.backup(external=True)

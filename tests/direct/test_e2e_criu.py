@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from npusnap_cli import agent as ag
-from npusnap_cli import devicefiles, native
-from npusnap_cli.image import checksum_file
+from npusnap_cli import native
+from npusnap_cli.backends.direct import restore_direct
+from npusnap_cli.image.format import checksum_file
+from npusnap_cli.platform import agent as ag
+from npusnap_cli.platform import simimages
 from tests.helpers import kill_and_wait, pid_alive
 
 from ..agent.support import criu_binary
@@ -91,13 +93,13 @@ def test_direct_checkpoint_restore_through_agent_and_criu(npusim_daemon, tmp_pat
         _wait_for(out, "step 5")
         ag._wait_ready(pid, 10)
         c = ag.AgentClient(pid)
-        assert devicefiles.supports_direct(pid)
+        assert simimages.supports_direct(pid)
         root = tmp_path / "ckpt"
         (root / "device").mkdir(parents=True)
         (root / "criu").mkdir()
 
         c.lock(10)
-        exported = devicefiles.export_device(pid, root / "device")  # socket from the process's env
+        exported = simimages.export_device(pid, root / "device")  # socket from the process's env
         assert exported.allocations == 3 and exported.nonzero_bytes < exported.bytes
         assert c.backup(external=True).device["data_path"] == "external"  # type: ignore[index]
         with pytest.raises(ag.AgentError) as ei:
@@ -119,7 +121,7 @@ def test_direct_checkpoint_restore_through_agent_and_criu(npusim_daemon, tmp_pat
         assert pid_alive(pid)
 
         device_files = [f for f in files if f.path.startswith("device/")]
-        devicefiles.restore_direct(c, pid, root / "device", device_files)
+        restore_direct(c, pid, root / "device", device_files)
         assert c.status().state == "LOCKED"
         c.unlock()
 

@@ -11,9 +11,9 @@ import npusim
 import pytest
 import xxhash
 
-from npusnap_cli import devicefiles
 from npusnap_cli.errors import StorageProblem
-from npusnap_cli.image import FileEntry
+from npusnap_cli.image.format import FileEntry
+from npusnap_cli.platform import simimages
 
 from .support import ClientError, image_size
 
@@ -70,7 +70,7 @@ def test_zero_chunks_cost_nothing_on_disk(npusim_daemon, client, tmp_path):
     before = c.call("contents")
     c.call("lock")
     (tmp_path / "device").mkdir()
-    out = devicefiles.export_device(c.pid, tmp_path / "device", socket=npusim_daemon.socket)
+    out = simimages.export_device(c.pid, tmp_path / "device", socket=npusim_daemon.socket)
     assert out.bytes == 320 * MiB and out.nonzero_bytes == MiB
     size = image_size(tmp_path / "device")
     assert size == out.file_bytes and size < MiB + MiB // 100, size  # non-zero bytes + < 1%
@@ -78,7 +78,7 @@ def test_zero_chunks_cost_nothing_on_disk(npusim_daemon, client, tmp_path):
     c.call("unlock")
     c.call("scribble")
     c.call("lock")
-    devicefiles.import_device(c.pid, tmp_path / "device", out.files, socket=npusim_daemon.socket)
+    simimages.import_device(c.pid, tmp_path / "device", out.files, socket=npusim_daemon.socket)
     c.call("unlock")
     assert c.call("contents") == before  # zero chunks come back as zeros
 
@@ -112,7 +112,7 @@ def test_corrupted_image_refused(npusim_daemon, client, tmp_path):
     from npusnap_cli.errors import ImageInvalid
 
     with pytest.raises(ImageInvalid, match="checksum mismatch"):
-        devicefiles.import_device(c.pid, tmp_path, entries, socket=npusim_daemon.socket)
+        simimages.import_device(c.pid, tmp_path, entries, socket=npusim_daemon.socket)
     npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out))
     c.call("unlock")
     assert c.call("contents") == before
@@ -162,7 +162,7 @@ def test_enospc_is_clear_and_leaves_the_client_locked_and_intact(npusim_daemon, 
     assert ei.value.errno == errno.ENOSPC
     assert "No space left on device" in str(ei.value) and "dev0.img" in str(ei.value)
     with pytest.raises(StorageProblem, match="no space left"):
-        devicefiles.export_device(c.pid, small_fs, socket=npusim_daemon.socket)
+        simimages.export_device(c.pid, small_fs, socket=npusim_daemon.socket)
     assert list(small_fs.iterdir()) == []  # no partial image left behind
     assert c.state() == "LOCKED"
     c.call("unlock")

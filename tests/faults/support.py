@@ -134,7 +134,7 @@ def assert_running_intact(w: Workload, reference: Optional[Reference], env: Opti
 def wait_recovers(w: Workload, bound: float = 30, env: Optional[dict] = None) -> None:
     """Wait (bounded) until the workload is RUNNING and not stopped, with nobody's help.
     Fails at once when the agent says nothing will unlock it (locked, no lease armed)."""
-    from npusnap_cli.agent import AgentClient, AgentNotFound
+    from npusnap_cli.platform.agent import AgentClient, AgentNotFound
 
     deadline = time.monotonic() + bound
     while True:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from npusnap_cli.pipeline import CheckpointOptions
+from npusnap_cli.core.checkpoint import CheckpointOptions
 from tests.helpers import npusnap
 
 from .conftest import NOTES

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from npusnap_cli.errors import ImageInvalid
-from npusnap_cli.image import verify
+from npusnap_cli.image.format import verify
 from tests.conftest import NpuSimDaemon
 from tests.helpers import npusnap
 
@@ -61,7 +61,7 @@ def manifest(ck: Path) -> dict:
 
 def write_manifest(ck: Path, m: dict) -> None:
     """Write an edited manifest resealed with a valid checksum: what is tested is what follows."""
-    from npusnap_cli.image import manifest_text
+    from npusnap_cli.image.format import manifest_text
 
     m = {k: v for k, v in m.items() if k != "manifest_checksum"}
     (ck / "manifest.yaml").write_text(manifest_text(m))

@@ -215,9 +215,9 @@ def test_cli_killed_while_criu_restores(data_path, npusim_daemon, reference, tmp
 def test_recover_direct_path_states(state, npusim_daemon, reference, tmp_path):
     """`recover --device-images` brings a direct-path restore back from BACKED_UP and from
     LOCKED after a failed import (the daemon refuses Unlock until the data is in)."""
-    from npusnap_cli import devicefiles
-    from npusnap_cli.agent import AgentClient
     from npusnap_cli.errors import NpusnapError
+    from npusnap_cli.platform import simimages
+    from npusnap_cli.platform.agent import AgentClient
 
     env = npusim_daemon.env
     w = start_train(tmp_path, env)
@@ -237,7 +237,7 @@ def test_recover_direct_path_states(state, npusim_daemon, reference, tmp_path):
                 (bad / f.name).write_bytes(bytes(data))
             AgentClient(w.pid).restore(external=True)
             with pytest.raises(NpusnapError):
-                devicefiles.import_device(w.pid, bad, None)
+                simimages.import_device(w.pid, bad, None)
             assert AgentClient(w.pid).status().state == "LOCKED"
         r = npusnap("recover", w.pid, env=env)
         line = assert_failed_cleanly(r, {9, 11})

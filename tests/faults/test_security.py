@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from npusnap_cli import agent as ag
+from npusnap_cli.platform import agent as ag
 from tests.helpers import npusnap
 from tests.users import as_user, other_user
 
@@ -127,7 +127,7 @@ def _hostile(tmp_path: Path, pristine: Path, kind: str) -> Path:  # noqa: F811
         (ck / "manifest.yaml").write_text(
             "!!python/object/apply:os.system ['touch " + str(tmp_path / "pwned") + "']\n")
         return ck
-    from npusnap_cli.image import manifest_text  # resealed: the hostile content is what gets tested
+    from npusnap_cli.image.format import manifest_text  # resealed: the hostile content is what gets tested
 
     m.pop("manifest_checksum", None)
     (ck / "manifest.yaml").write_text(manifest_text(m))

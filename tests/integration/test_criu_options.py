@@ -50,8 +50,8 @@ def count_after(w: Workload, prefix: str, start: int) -> None:
 
 
 def lock_method() -> str:
-    from npusnap_cli.criu import find_criu
     from npusnap_cli.netlock import choose
+    from npusnap_cli.platform.criu import find_criu
 
     return choose(None, find_criu().path)
 
@@ -102,8 +102,8 @@ def test_rollback_after_the_dump_unlocks_tcp_connections(peer: socket.socket, tm
 
 
 def test_network_lock_that_cannot_work_is_refused_before_anything(peer: socket.socket, tmp_path: Path) -> None:
-    from npusnap_cli.criu import find_criu
     from npusnap_cli.netlock import methods
+    from npusnap_cli.platform.criu import find_criu
 
     env = dict(os.environ)
     broken = [m.name for m in methods(find_criu().path) if not m.works]
@@ -129,8 +129,8 @@ def test_network_lock_that_cannot_work_is_refused_before_anything(peer: socket.s
 
 
 def test_check_reports_the_network_lock_that_works() -> None:
-    from npusnap_cli.criu import find_criu
     from npusnap_cli.netlock import methods
+    from npusnap_cli.platform.criu import find_criu
 
     r = npusnap("check", "--json")
     item = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "network lock")

@@ -12,7 +12,9 @@ from tests.helpers import WORKLOADS, Workload, build_c, npusnap, pid_alive, requ
 
 pytestmark = requires_criu
 
-STEPS, SLEEP_MS, EXIT = 12, 60, 7
+# After "step 3" the workload must outlive a CLI start and CRIU's seize on a loaded machine: with
+# 60 ms steps it once finished mid-dump ("Unable to detach from PID: No such process").
+STEPS, SLEEP_MS, EXIT = 12, 150, 7
 
 
 @pytest.fixture(scope="module")

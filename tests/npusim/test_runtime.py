@@ -57,6 +57,10 @@ npusim.memset(mine, 0, 4096)
 print("isolated")
 """, npusim_daemon.env)
         assert out == "isolated\n"
+        # The second client's session ends when the daemon sees its connections close.
+        deadline = time.monotonic() + 10
+        while len(status := npusim.daemon_status(npusim_daemon.socket)["clients"]) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         status = npusim.daemon_status(npusim_daemon.socket)
         assert [c["pid"] for c in status["clients"]] == [owner.pid]
         assert status["clients"][0]["bytes"] == 4096
@@ -255,7 +259,8 @@ print("restored", json.dumps(npusim.snapshot_info()))
         info = json.loads(line.split(" ", 1)[1])
         assert info == {"state": "RUNNING", "devices": [0, 1], "allocations": 3,
                         "bytes": ((5 << 20) + 32) + (1 << 20) + 4096 * 4, "streams": 3,
-                        "events": 2, "connected": True, "direct": True, "data_path": "in-process"}
+                        "events": 2, "connected": True, "direct": True, "data_path": "in-process",
+                        "resources": {"memory": 3, "streams": 3, "events": 2}}
         status = npusim.daemon_status(npusim_daemon.socket)
         assert status["pid"] != old_pid
         assert [c["pid"] for c in status["clients"]] == [proc.pid]

@@ -43,14 +43,11 @@ def acl_threads(toolkit: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 def reference_daemon() -> Iterator[NpuSimDaemon]:
     """A daemon of its own for the uninterrupted reference runs."""
     d = tempfile.mkdtemp(prefix="npusim-ref-")
-    daemon = NpuSimDaemon(socket=os.path.join(d, "npusim.sock"))
-    daemon.env = {**os.environ, "NPUSIM_SOCKET": daemon.socket}
-    daemon.env.pop("LD_PRELOAD", None)
     try:
-        daemon.start()
-        yield daemon
+        with NpuSimDaemon(socket=os.path.join(d, "npusim.sock")).running() as daemon:
+            daemon.env.pop("LD_PRELOAD", None)
+            yield daemon
     finally:
-        daemon.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -20,12 +20,8 @@ def group_daemon(monkeypatch: pytest.MonkeyPatch) -> Iterator[NpuSimDaemon]:
     device_user()  # creates the group and its member on first use
     directory = tempfile.mkdtemp(prefix="npusim-sec-")
     os.chmod(directory, 0o755)
-    daemon = NpuSimDaemon(socket=os.path.join(directory, "daemon.sock"), group=DEVICE_GROUP)
-    daemon.env = {**os.environ, "NPUSIM_SOCKET": daemon.socket}
-    monkeypatch.setenv("NPUSIM_SOCKET", daemon.socket)
     try:
-        daemon.start()
-        yield daemon
+        with NpuSimDaemon(socket=os.path.join(directory, "daemon.sock"), group=DEVICE_GROUP).running(monkeypatch) as d:
+            yield d
     finally:
-        daemon.stop()
         shutil.rmtree(directory, ignore_errors=True)

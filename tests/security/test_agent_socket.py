@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from npusnap_cli import agent as ag
+from npusnap_cli.platform import agent as ag
 from tests.helpers import Workload, criu_works, npusnap, npusnap_cmd
 from tests.users import other_user, popen_as
 

@@ -28,8 +28,9 @@ import npusim
 import numpy as np  # imported here: the dropped child cannot read the interpreter's files
 import pytest
 
-from npusnap_cli import devicefiles, native
+from npusnap_cli import native
 from npusnap_cli.errors import PermissionProblem
+from npusnap_cli.platform import simimages
 from tests.helpers import npusnap
 from tests.users import as_user, device_user, other_user, popen_as
 
@@ -335,7 +336,7 @@ def test_root_cli_refuses_a_socket_the_target_names_in_an_untrusted_directory(sc
         while Path(f"/proc/{target.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(PermissionProblem, match="cannot be trusted"):
-            devicefiles.daemon_socket(target.pid)
+            simimages.daemon_socket(target.pid)
     finally:
         target.kill()
         target.wait()

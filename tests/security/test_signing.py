@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from npusnap_cli.image import checksum_file, manifest_text  # imported here: the attacker cannot read /root
+from npusnap_cli.image.format import checksum_file, manifest_text  # imported here: the attacker cannot read /root
 from tests.faults.support import assert_failed_cleanly
 from tests.helpers import Workload, criu_works, npusnap
 from tests.users import as_user, other_user

@@ -52,6 +52,8 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonShutdown(const char *socketPath);
  * bit 1 = the backup held now is external. */
 ACL_FUNC_VISIBILITY aclError npusimSnapshotSetDataPath(int external);
 ACL_FUNC_VISIBILITY int npusimSnapshotGetDataPath(void);
+#define NPUSIM_DATA_PATH_NEXT_EXTERNAL 1 /* npusimSnapshotGetDataPath: the next Backup is external */
+#define NPUSIM_DATA_PATH_HELD_EXTERNAL 2 /* npusimSnapshotGetDataPath: the backup held now is external */
 
 /* For tools: export / import the device memory of client pid (which must be locked and idle) into /
  * from the absolute directory dir, one file per device (dev<N>.img). expected (may be NULL):

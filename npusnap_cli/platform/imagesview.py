@@ -21,9 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .errors import CriuFailed
+from .._protocol import AGENT_SOCKET_PREFIX, AGENT_SOCKET_SUFFIX_HEX
+from ..errors import CriuFailed
 
-AGENT_NAME = re.compile(rb"\0npusnap-agent-[0-9]+(-[0-9a-f]{16})?")
+_AGENT_PREFIX = b"\0" + AGENT_SOCKET_PREFIX.encode()
+AGENT_NAME = re.compile(re.escape(_AGENT_PREFIX) + rb"([0-9]+)(-[0-9a-f]{%d})?" % AGENT_SOCKET_SUFFIX_HEX)
 SOCKET_IMAGES = ("files.img", "sk-unix.img")
 
 
@@ -60,16 +62,16 @@ class ImagesView:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def enter(self, images_dir: Path, report: Callable[[str, str], None]) -> Path:
+    def enter(self, images_dir: Path, warn: Callable[[str], None]) -> Path:
         taken = bound_abstract_names()
         for image in SOCKET_IMAGES:
             if (images_dir / image).is_file():
-                edited = self._rewrite(images_dir / image, taken, report)
+                edited = self._rewrite(images_dir / image, taken, warn)
                 if edited is not None:
                     return self._view(images_dir, image, edited)
         return images_dir
 
-    def _rewrite(self, path: Path, taken: set[bytes], report: Callable[[str, str], None]) -> Optional[Any]:
+    def _rewrite(self, path: Path, taken: set[bytes], warn: Callable[[str], None]) -> Optional[Any]:
         from pycriu import images
 
         if not taken:
@@ -85,15 +87,16 @@ class ImagesView:
             if not name.startswith(b"\0") or name not in taken:
                 continue
             shown = name[1:].decode(errors="replace")
-            if not AGENT_NAME.fullmatch(name):
+            agent_name = AGENT_NAME.fullmatch(name)
+            if not agent_name:
                 raise CriuFailed(f"the checkpoint's socket @{shown} is bound by another process on this host",
                                  "stop the process that holds that name (see /proc/net/unix), then restore")
-            pid = re.match(rb"\0npusnap-agent-([0-9]+)", name)
-            fresh = b"\0npusnap-agent-" + (pid.group(1) if pid else b"0") + b"-" + secrets.token_hex(8).encode()
+            suffix = secrets.token_hex(AGENT_SOCKET_SUFFIX_HEX // 2).encode()
+            fresh = _AGENT_PREFIX + agent_name.group(1) + b"-" + suffix
             usk["name"] = quopri.encodestring(fresh).decode()
             changed = True
-            report("warn", f"another process holds the agent's socket name @{shown}; the restored agent "
-                           f"listens on @{fresh[1:].decode()} instead")
+            warn(f"another process holds the agent's socket name @{shown}; the restored agent "
+                 f"listens on @{fresh[1:].decode()} instead")
         return img if changed else None
 
     def _view(self, images_dir: Path, edited_name: str, img: Any) -> Path:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from .criuopts import CriuOptions
-from .errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
+from ..criuopts import CriuOptions
+from ..errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
 
 MIN_VERSION = (4, 1)
 INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
@@ -359,6 +359,16 @@ class Criu:
                               f"details in {log_dir / 'restore.log'}")
             raise error
         return int(resp.restore.pid)
+
+    def dumped_tree(self, images_dir: Path) -> list[tuple[int, int, int]]:
+        return dumped_tree(images_dir)
+
+    def release_network_lock(self, images_dir: Path, method: Optional[str], pids: list[int],
+                             warn: Callable[[str], None]) -> None:
+        """Before a dumped tree runs on: undo the network lock CRIU keeps for a tree it leaves stopped."""
+        from .. import netlock
+
+        netlock.release(images_dir, method, pids, warn=warn)
 
 
 @contextlib.contextmanager

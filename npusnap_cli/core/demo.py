@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import native, simdevice
-from .errors import NpusnapError
-from .image import PhaseTiming
-from .pipeline import CheckpointOptions, RestoreOptions, checkpoint, restore, wait_exit_code
+from .. import native
+from ..errors import NpusnapError
+from ..image.format import PhaseTiming
+from ..platform import simdaemon
+from .checkpoint import CheckpointOptions, checkpoint
+from .restore import RestoreOptions, restore, wait_exit_code
 
-TRAIN = Path(__file__).resolve().parent / "examples" / "train.py"
+TRAIN = Path(__file__).resolve().parent.parent / "examples" / "train.py"  # installed beside the package's modules
 
 
 @dataclass
@@ -60,7 +62,7 @@ def run_demo(steps: int = 30, checkpoint_at: int = 10, workdir: Optional[Path] =
     sock = str(work / "npusim.sock")
     env = {**os.environ, "NPUSIM_SOCKET": sock, "LD_PRELOAD": str(native.AGENT_LIB)}
     train = [sys.executable, str(TRAIN), "--steps", str(steps)]
-    simdevice.start(sock, devices=1, memory=1 << 30)
+    simdaemon.start(sock, devices=1, memory=1 << 30)
     say(f"device: npusim daemon on {sock}")
     proc: Optional[subprocess.Popen[bytes]] = None
     try:
@@ -78,8 +80,8 @@ def run_demo(steps: int = 30, checkpoint_at: int = 10, workdir: Optional[Path] =
         m = checkpoint(proc.pid, CheckpointOptions(directory=ck))
         proc.wait(timeout=10)
         say(f"checkpoint: {ck} ({m.device.allocations} device allocations, {m.device.bytes} bytes); process killed")
-        simdevice.stop(sock)
-        simdevice.start(sock, devices=1, memory=1 << 30)
+        simdaemon.stop(sock)
+        simdaemon.start(sock, devices=1, memory=1 << 30)
         say("device: daemon restarted (the device is empty)")
         r = restore(RestoreOptions(ck))
         say(f"restore: process {r.pid} is running again; letting it finish")
@@ -94,4 +96,4 @@ def run_demo(steps: int = 30, checkpoint_at: int = 10, workdir: Optional[Path] =
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
-        simdevice.stop(sock)
+        simdaemon.stop(sock)

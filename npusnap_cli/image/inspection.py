@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import EnvironmentProblem, ImageInvalid
-from .image import CRIU_DIR, DeviceState, Manifest, load_manifest, safe_member
+from ..errors import EnvironmentProblem, ImageInvalid
+from .format import CRIU_DIR, DeviceState, Manifest, load_manifest, safe_member
 
 # CRIU's VMA status bits (criu/include/image.h) and the mmap flags we look at.
 VMA_AREA_STACK = 1 << 1
@@ -320,7 +320,7 @@ def _pycriu_images() -> Any:
     try:
         import pycriu.images  # type: ignore[import-untyped,unused-ignore]
     except ImportError as e:
-        from .criu import INSTALL_HINT
+        from ..platform.criu import INSTALL_HINT
 
         raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
     return pycriu.images

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import native
-from .errors import NpusnapError
+from .. import native
+from ..errors import NpusnapError
 
 CAP_SYS_PTRACE = 19
 CAP_CHECKPOINT_RESTORE = 40
@@ -74,7 +74,7 @@ def _criu(report: Report, criu_path: Optional[str]) -> None:
 
 def _network_lock(report: Report, criu_binary: str) -> None:
     """Which way CRIU can lock TCP connections while it dumps them (--tcp-established)."""
-    from .netlock import methods
+    from ..netlock import methods
 
     found = methods(criu_binary)
     works = [m for m in found if m.works and m.name != "skip"]

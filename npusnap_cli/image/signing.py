@@ -15,8 +15,8 @@ import stat
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .errors import ConfigProblem, ImageInvalid
-from .image import MANIFEST, SIGNATURE
+from ..errors import ConfigProblem, ImageInvalid
+from .format import MANIFEST, SIGNATURE
 
 ALGORITHM = "ed25519"
 
@@ -73,7 +73,7 @@ def generate_keypair(private: Path, public: Path) -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from .errors import StorageProblem
+    from ..errors import StorageProblem
 
     key = Ed25519PrivateKey.generate()
     blobs = ((private, 0o600, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

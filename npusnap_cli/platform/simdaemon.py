@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import native
-from .errors import DeviceFailed, EnvironmentProblem, PermissionProblem
-from .target import wait_gone
+from .. import native
+from ..errors import DeviceFailed, EnvironmentProblem, PermissionProblem
+from .procfs import wait_gone
 
 
 def socket_path(explicit: Optional[str] = None) -> str:

@@ -78,7 +78,7 @@ if words[-1:] != ["done"]:
 class Guardian:
     def __init__(self, staging: Optional[Path], pid: int) -> None:
         """staging: the partial checkpoint to remove if we die (None: a restore, nothing to remove)."""
-        from .criu import clean_env
+        from ..platform.criu import clean_env
 
         self.staging = staging
         self.proc = subprocess.Popen(

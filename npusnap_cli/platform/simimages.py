@@ -8,7 +8,7 @@ Checkpoint, in the pipeline's order (each with its undo):
     lock                      -> undo: unlock
     export_device             -> undo: none needed (the device is untouched; a failed export leaves
                                  no files and the process LOCKED: the lock's undo unlocks it)
-    backup external (agent)   -> undo: restore_direct(), i.e. restore external + import_device
+    backup external (agent)   -> undo: backends/direct.restore_direct(), i.e. restore external + import_device
                                  from the staging dir, then the lock's undo unlocks
     CRIU dump, seal (the device files' checksums come from the export: never re-read), commit
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from .errors import DeviceFailed, ImageInvalid, NpusnapError, PermissionProblem, StorageProblem, WrongState
-from .image import DEVICE_DIR, FileEntry
+from ..errors import DeviceFailed, ImageInvalid, NpusnapError, PermissionProblem, StorageProblem, WrongState
+from ..image.format import DEVICE_DIR, FileEntry
 
 ACL_ERROR_INVALID_FILE = 100003  # the daemon's code for a corrupt or altered image
 
@@ -58,14 +58,14 @@ def daemon_socket(pid: int, explicit: Optional[str] = None) -> str:
     for item in env:
         if item.startswith(b"NPUSIM_SOCKET=") and len(item) > len(b"NPUSIM_SOCKET="):
             sock = os.fsdecode(item.split(b"=", 1)[1])
-            from .simdevice import dir_problem
+            from .simdaemon import dir_problem
 
             problem = dir_problem(os.path.dirname(os.path.abspath(sock)), owner)
             if problem is not None:
                 raise PermissionProblem(f"process {pid} names an npusim socket that cannot be trusted: {problem}",
                                         "pass the daemon's socket explicitly")
             return sock
-    from .simdevice import socket_path
+    from .simdaemon import socket_path
 
     return socket_path()
 
@@ -156,17 +156,3 @@ def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEn
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device import into process {pid}") from e
     return _result(data, "read_bytes")
-
-
-def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                   socket: Optional[str] = None) -> TransferResult:
-    """`restore external` through the agent, then the import: the process ends LOCKED with its
-    device memory back (the undo of `backup external`, and the restore's device phase)."""
-    from .agent import AgentProblem
-    from .backends import agent_error
-
-    try:
-        client.restore(external=True)
-    except AgentProblem as e:
-        raise agent_error(e, f"device restore (external) of process {pid}") from e
-    return import_device(pid, device_dir, expected, socket)

@@ -6,24 +6,25 @@ machine untouched and says what is missing."""
 
 from __future__ import annotations
 
-from .errors import DeviceFailed
-from .image import DeviceState
-from .output import human_bytes
+from ..errors import DeviceFailed
+from ..image.format import DeviceState
+from ..output import human_bytes
+from .base import BackendName
 
 
 def fits(device: DeviceState) -> None:
     """Raise DeviceFailed unless the device side of the checkpoint can be restored here."""
-    if device.backend == "sim":
+    if device.backend == BackendName.SIM:
         _fits_sim(device)
     # ascend: CANN offers no query we could make from outside the process; cuda checks
     # its GPUs itself (--device-map) before the restore starts.
 
 
 def _fits_sim(device: DeviceState) -> None:
-    from . import simdevice
+    from ..platform import simdaemon
 
-    sock = simdevice.socket_path(device.endpoint)
-    status = simdevice.status(sock)
+    sock = simdaemon.socket_path(device.endpoint)
+    status = simdaemon.status(sock)
     if status is None:
         raise DeviceFailed(f"the checkpoint needs the npusim device daemon on {sock}, and none answers there",
                            f"start it: npusnap device start --socket {sock}")

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PermissionProblem, TargetNotFound, UnsupportedTarget
-from .image import ProcessEntry
+from ..errors import PermissionProblem, TargetNotFound, UnsupportedTarget
+from ..image.format import ProcessEntry
 
 
 @dataclass

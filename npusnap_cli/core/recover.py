@@ -12,15 +12,18 @@ and the guardian.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .errors import NpusnapError, WrongState
-from .target import open_target, proc_stat, process_tree
+from ..backends import BackendName, State
+from ..backends.agent import AgentBackend
+from ..backends.direct import DirectBackend
+from ..errors import NpusnapError, WrongState
+from ..platform import simimages
+from ..platform.agent import AgentClient, AgentNotFound, AgentProblem, agent_error
+from ..platform.procfs import open_target
+from .processes import resume_tree
 
 
 @dataclass
@@ -30,25 +33,9 @@ class Recovered:
     steps: list[str] = field(default_factory=list)
 
 
-def resume_tree(root: int) -> list[int]:
-    """SIGCONT root and every descendant that is stopped; returns those resumed."""
-    resumed = []
-    for p in process_tree(root):
-        fields = proc_stat(p.pid)
-        if fields and fields[1] in ("T", "t"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGCONT)
-                resumed.append(p.pid)
-    return resumed
-
-
 def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
-    from . import devicefiles
-    from .agent import AgentClient, AgentNotFound, AgentProblem
-    from .backends import AgentBackend, DirectBackend, agent_error
-
     target = open_target(pid)
-    done = Recovered(target.pid, "RUNNING")
+    done = Recovered(target.pid, State.RUNNING.value)
     if resume_tree(target.pid):
         done.steps.append("resume")
     try:
@@ -57,14 +44,16 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
         return done
     except AgentProblem as e:
         raise agent_error(e, f"asking the agent of process {target.pid}") from e
-    done.was = state = str(reply.state)
-    if state == "RUNNING":
+    state = State.parse(reply.state)
+    done.was = state.value
+    if state == State.RUNNING:
         return done
     external = (reply.device or {}).get("data_path") == "external"
-    direct = devicefiles.offers_direct(reply.device)  # an import may be awaited (after `restore external`)
+    direct = simimages.offers_direct(reply.device)  # an import may be awaited (after `restore external`)
     hint = f"its device data is in files: npusnap recover {target.pid} --device-images DIR/device"
-    backend = DirectBackend(target.pid, "sim") if external else AgentBackend(target.pid, "sim" if direct else "auto")
-    if state == "BACKED_UP":
+    backend = (DirectBackend(target.pid, BackendName.SIM) if external
+               else AgentBackend(target.pid, BackendName.SIM if direct else BackendName.AUTO))
+    if state == State.BACKED_UP:
         if external and device_images is None:
             raise WrongState(f"process {target.pid} was backed up by the direct path", hint)
         backend.restore(device_images)
@@ -73,11 +62,11 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
         backend.unlock()
     except NpusnapError as e:
         # LOCKED after `restore external` whose import failed: the daemon refuses Unlock until it is in.
-        if not direct or state != "LOCKED":
+        if not direct or state != State.LOCKED:
             raise
         if device_images is None:
             raise type(e)(e.message, hint) from e
-        devicefiles.import_device(target.pid, device_images, None)
+        simimages.import_device(target.pid, device_images, None)
         done.steps.append("device-import")
         backend.unlock()
     done.steps.append("unlock")

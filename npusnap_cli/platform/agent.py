@@ -14,8 +14,9 @@ if the CLI stops renewing it (it died), the agent puts the process back to
 RUNNING by itself once the lease has run out in the process's own run time
 (time spent frozen by CRIU or stopped by SIGSTOP does not count).
 
-The exceptions are local for now; they all derive from :class:`AgentProblem`
-and carry a ``hint`` saying how to fix the problem.
+The exceptions all derive from :class:`AgentProblem`, a DeviceFailed of npusnap's one error
+tree (errors.py), and carry a ``hint`` saying how to fix the problem; agent_error() turns them
+into the kind the CLI reports.
 """
 
 from __future__ import annotations
@@ -31,23 +32,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .native import AGENT_LIB, INJECTOR, agent_socket_name
+from .. import _protocol as P
+from ..errors import DeviceFailed, LockTimeout, NpusnapError, PermissionProblem, TargetNotFound, WrongState
+from ..native import AGENT_LIB, INJECTOR, agent_socket_name
 
-# Codes in the reply besides the runtime's own aclError values.
-ACL_SUCCESS = 0
-LOCK_TIMEOUT = 507905  # the runtime's lock did not finish in the caller's time
-E_REQUEST = -1  # the agent did not understand the request
-E_NO_RUNTIME = -2  # no device runtime is loaded in the process
-E_STATE = -3  # wrong order for the current state (e.g. backup while RUNNING)
-E_BUSY = -4  # an abandoned lock is still inside the runtime
-E_DENIED = -5  # our uid may not control the process
-E_INTERNAL = -6  # resource failure inside the agent
-E_UNSUPPORTED = -7  # the runtime lacks the direct data path (`backup external` on CANN)
-E_LEASE_LOST = -8  # renew after the lease ran out: the agent took the process back (fencing)
+# Codes in the reply besides the runtime's own aclError values (native/include/npusnap/agent.h).
+ACL_SUCCESS = P.AGENT_OK
+LOCK_TIMEOUT = P.AGENT_LOCK_TIMEOUT  # the runtime's lock did not finish in the caller's time
+E_REQUEST = P.AGENT_E_REQUEST  # the agent did not understand the request
+E_NO_RUNTIME = P.AGENT_E_NO_RUNTIME  # no device runtime is loaded in the process
+E_STATE = P.AGENT_E_STATE  # wrong order for the current state (e.g. backup while RUNNING)
+E_BUSY = P.AGENT_E_BUSY  # an abandoned lock is still inside the runtime
+E_DENIED = P.AGENT_E_DENIED  # our uid may not control the process
+E_INTERNAL = P.AGENT_E_INTERNAL  # resource failure inside the agent
+E_UNSUPPORTED = P.AGENT_E_UNSUPPORTED  # the runtime lacks the direct data path (`backup external` on CANN)
+E_LEASE_LOST = P.AGENT_E_LEASE_LOST  # renew after the lease ran out: the agent took the process back (fencing)
 
-# npusnap-inject exit statuses (native/agent/inject.c).
-INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = 2, 3, 4
-INJECT_DLOPEN_FAILED, INJECT_FAILED, INJECT_DAMAGED = 5, 6, 7
+# npusnap-inject exit statuses (native/include/npusnap/inject.h).
+INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = P.INJECT_USAGE, P.INJECT_NO_PROCESS, P.INJECT_PERMISSION
+INJECT_DLOPEN_FAILED, INJECT_FAILED, INJECT_DAMAGED = P.INJECT_DLOPEN_FAILED, P.INJECT_FAILED, P.INJECT_DAMAGED
 
 CONNECT_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 10.0  # ping, status, unlock
@@ -58,21 +61,17 @@ MAX_REPLY = 1 << 20
 _START_HINT = "start it with `npusnap run -- CMD` or inject with `npusnap attach PID`"
 
 
-class AgentProblem(Exception):
-    """Base of the agent client's errors."""
+class AgentProblem(DeviceFailed):
+    """Base of the agent client's errors. `kind`: the npusnap error it is reported as."""
 
-    default_hint: Optional[str] = None
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint if hint is not None else self.default_hint
+    kind: type[NpusnapError] = DeviceFailed
 
 
 class AgentNotFound(AgentProblem):
     """No agent listens for that pid (or the process does not exist)."""
 
     default_hint = _START_HINT
+    kind = WrongState
 
 
 class AgentImpostor(AgentProblem):
@@ -80,6 +79,7 @@ class AgentImpostor(AgentProblem):
 
     default_hint = ("another user's process has bound the agent's socket name; npusnap ignores it "
                     "(run as root, or as the target's owner, to find the agent through the target's descriptors)")
+    kind = PermissionProblem
 
 
 class AgentProtocolError(AgentProblem):
@@ -95,7 +95,7 @@ class AgentError(AgentProblem):
         self.reply = reply
         self.code = reply.code
         self.command = command
-        hint = _HINTS.get(reply.code)
+        self.kind, hint = AGENT_CODE_ERRORS.get(reply.code, (DeviceFailed, None))
         super().__init__(f"agent refused `{command}`: {reply.error} (code {reply.code})", hint)
 
 
@@ -107,18 +107,21 @@ class InjectFailed(AgentProblem):
     """npusnap-inject could not load the agent into the process."""
 
     def __init__(self, message: str, hint: Optional[str] = None, exit_status: int = 0) -> None:
-        super().__init__(message, hint)
+        self.kind, default_hint = INJECT_STATUS_ERRORS.get(exit_status, (DeviceFailed, None))
+        super().__init__(message, hint if hint is not None else default_hint)
         self.exit_status = exit_status
 
 
-_HINTS = {
-    LOCK_TIMEOUT: "device work did not drain in time; retry with a longer lock timeout",
-    E_STATE: "run `npusnap status PID` to see which phase the process is in",
-    E_BUSY: "an earlier lock timed out and is still pending in the runtime; retry in a moment",
-    E_NO_RUNTIME: "the process has not loaded a device runtime (libascendcl) yet",
-    E_DENIED: "run as root or as the process's owner",
-    E_UNSUPPORTED: "this runtime offers only the in-process path: use plain backup/restore",
-    E_LEASE_LOST: "npusnap was stopped longer than its lease; checkpoint again, or raise --lease",
+# The one translation of the agent's reply codes: the npusnap error each is reported as, and
+# what to do about it (any other code: DeviceFailed).
+AGENT_CODE_ERRORS: dict[int, tuple[type[NpusnapError], Optional[str]]] = {
+    LOCK_TIMEOUT: (LockTimeout, "device work did not drain in time; retry with a longer lock timeout"),
+    E_STATE: (WrongState, "run `npusnap status PID` to see which phase the process is in"),
+    E_BUSY: (DeviceFailed, "an earlier lock timed out and is still pending in the runtime; retry in a moment"),
+    E_NO_RUNTIME: (WrongState, "the process has not loaded a device runtime (libascendcl) yet"),
+    E_DENIED: (PermissionProblem, "run as root or as the process's owner"),
+    E_UNSUPPORTED: (DeviceFailed, "this runtime offers only the in-process path: use plain backup/restore"),
+    E_LEASE_LOST: (DeviceFailed, "npusnap was stopped longer than its lease; checkpoint again, or raise --lease"),
 }
 
 
@@ -138,19 +141,19 @@ class AgentReply:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentReply:
-        device = data.get("device")
+        device = data.get(P.AGENT_REPLY_DEVICE)
+        lease_ms_left = data.get(P.AGENT_REPLY_LEASE_MS_LEFT)
         return cls(
-            ok=bool(data["ok"]),
-            code=int(data["code"]),
-            state=data.get("state"),
-            error=data.get("error"),
-            elapsed_ms=float(data.get("elapsed_ms", 0.0)),
-            pid=int(data.get("pid", 0)),
-            runtime=data.get("runtime"),
+            ok=bool(data[P.AGENT_REPLY_OK]),
+            code=int(data[P.AGENT_REPLY_CODE]),
+            state=data.get(P.AGENT_REPLY_STATE),
+            error=data.get(P.AGENT_REPLY_ERROR),
+            elapsed_ms=float(data.get(P.AGENT_REPLY_ELAPSED_MS, 0.0)),
+            pid=int(data.get(P.AGENT_REPLY_PID, 0)),
+            runtime=data.get(P.AGENT_REPLY_RUNTIME),
             device=device if isinstance(device, dict) else None,
-            lease_ms_left=(float(data["lease_ms_left"])
-                           if isinstance(data.get("lease_ms_left"), (int, float)) else None),
-            lease_lost=data.get("lease_lost") is True,
+            lease_ms_left=float(lease_ms_left) if isinstance(lease_ms_left, (int, float)) else None,
+            lease_lost=data.get(P.AGENT_REPLY_LEASE_LOST) is True,
         )
 
 
@@ -163,17 +166,17 @@ class AgentClient:
 
     # -- commands -------------------------------------------------------------
     def ping(self) -> AgentReply:
-        return self.request("ping")
+        return self.request(P.AGENT_CMD_PING)
 
     def status(self) -> AgentReply:
-        return self.request("status")
+        return self.request(P.AGENT_CMD_STATUS)
 
     def lock(self, timeout_s: float, lease_s: Optional[float] = None) -> AgentReply:
         """Lock; with lease_s the lock is held on a lease: unless renewed (renew) within
         lease_s seconds of the process's run time, the agent undoes it by itself
         (unlocks, or restores the device and unlocks when backed up)."""
         ms = max(0, int(timeout_s * 1000))
-        line = f"lock {ms}"
+        line = f"{P.AGENT_CMD_LOCK} {ms}"
         if lease_s is not None:
             if lease_s <= 0:
                 raise ValueError("lease_s must be > 0")
@@ -184,18 +187,18 @@ class AgentClient:
         """Extend the lock's lease to lease_s seconds from now (ok=false, E_STATE when none)."""
         if lease_s <= 0:
             raise ValueError("lease_s must be > 0")
-        return self.request(f"renew {max(1, int(lease_s * 1000))}", timeout=timeout)
+        return self.request(f"{P.AGENT_CMD_RENEW} {max(1, int(lease_s * 1000))}", timeout=timeout)
 
     def backup(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
-        """external: npusim's direct path, metadata only (export the data first, devicefiles.py)."""
-        return self.request("backup external" if external else "backup", timeout=timeout)
+        """external: npusim's direct path, metadata only (export the data first, simimages.py)."""
+        return self.request(_with_external(P.AGENT_CMD_BACKUP, external), timeout=timeout)
 
     def restore(self, timeout: float = TRANSFER_TIMEOUT_S, external: bool = False) -> AgentReply:
         """external: re-create allocations without data; the process stays LOCKED until imported."""
-        return self.request("restore external" if external else "restore", timeout=timeout)
+        return self.request(_with_external(P.AGENT_CMD_RESTORE, external), timeout=timeout)
 
     def unlock(self, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
-        return self.request("unlock", timeout=timeout)
+        return self.request(P.AGENT_CMD_UNLOCK, timeout=timeout)
 
     # -- transport ------------------------------------------------------------
     def request(
@@ -290,12 +293,17 @@ class AgentClient:
         return message
 
 
+def _with_external(command: str, external: bool) -> str:
+    """backup/restore, on npusim's direct path when external."""
+    return f"{command} {P.AGENT_ARG_EXTERNAL}" if external else command
+
+
 _SO_ACCEPTCON = 0x10000  # /proc/net/unix Flags: a listening socket
 _SOCK_STREAM = "0001"
 
 
 def _agent_name_re(pid: int) -> re.Pattern[str]:
-    return re.compile(re.escape(agent_socket_name(pid)[1:]) + r"(-[0-9a-f]{16})?")
+    return re.compile(re.escape(agent_socket_name(pid)[1:]) + rf"(-[0-9a-f]{{{P.AGENT_SOCKET_SUFFIX_HEX}}})?")
 
 
 def _listening_names(inodes: Optional[set[str]], pid: int, netns_of: Optional[int] = None) -> list[str]:
@@ -366,19 +374,20 @@ def has_agent(pid: int, library_name: str = AGENT_LIB.name) -> bool:
     except OSError:
         pass
     try:
-        AgentClient(pid, connect_timeout=0.5).request("ping", timeout=2.0)
+        AgentClient(pid, connect_timeout=0.5).request(P.AGENT_CMD_PING, timeout=2.0)
     except AgentProblem:
         return False
     return True
 
 
-_INJECT_HINTS = {
-    INJECT_NO_PROCESS: "check the pid with `ps -p PID`",
-    INJECT_PERMISSION: "run as root (or with CAP_SYS_PTRACE), or as the process's owner with "
-    "kernel.yama.ptrace_scope=0",
-    INJECT_DLOPEN_FAILED: "the process could not load the agent library; is it readable there "
-    "(same filesystem view, not a container)?",
-    INJECT_DAMAGED: "the process may be in a bad state; check it and restart it if needed",
+# The one translation of npusnap-inject's exit statuses, as for the agent's codes.
+INJECT_STATUS_ERRORS: dict[int, tuple[type[NpusnapError], Optional[str]]] = {
+    INJECT_NO_PROCESS: (TargetNotFound, "check the pid with `ps -p PID`"),
+    INJECT_PERMISSION: (PermissionProblem, "run as root (or with CAP_SYS_PTRACE), or as the process's owner "
+                        "with kernel.yama.ptrace_scope=0"),
+    INJECT_DLOPEN_FAILED: (DeviceFailed, "the process could not load the agent library; is it readable there "
+                           "(same filesystem view, not a container)?"),
+    INJECT_DAMAGED: (DeviceFailed, "the process may be in a bad state; check it and restart it if needed"),
 }
 
 
@@ -415,11 +424,7 @@ def inject(
         line = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         if line.startswith("npusnap-inject: "):
             line = line[len("npusnap-inject: ") :]
-        raise InjectFailed(
-            f"could not inject the agent into process {pid}: {line}",
-            _INJECT_HINTS.get(proc.returncode),
-            proc.returncode,
-        )
+        raise InjectFailed(f"could not inject the agent into process {pid}: {line}", exit_status=proc.returncode)
     return _wait_ready(pid, ready_timeout)
 
 
@@ -433,3 +438,13 @@ def _wait_ready(pid: int, timeout: float) -> AgentReply:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.02)
+
+
+def agent_error(e: Exception, doing: str) -> NpusnapError:
+    """The agent client's (and injector's) errors as the npusnap error kinds the CLI reports:
+    each says its kind (AGENT_CODE_ERRORS, INJECT_STATUS_ERRORS)."""
+    message = f"{doing} failed: {e}"
+    hint = getattr(e, "hint", None)
+    if isinstance(e, AgentProblem):
+        return e.kind(message, hint)
+    return DeviceFailed(message, hint)

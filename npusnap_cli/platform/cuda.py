@@ -1,4 +1,5 @@
-"""The cuda backend: NVIDIA's by-pid checkpoint API (r555+), called through ctypes.
+"""The CUDA driver: NVIDIA's by-pid checkpoint API (r555+), called through ctypes
+(the cuda backend, backends/cuda.py, drives a process tree through it).
 
 The driver does the work inside the target through its own threads; npusnap calls
 cuCheckpointProcess{GetState,Lock,Checkpoint,Restore,Unlock}(pid, args) from outside, for every
@@ -11,9 +12,6 @@ Which processes: a process is a candidate when its maps show /dev/nvidia* or lib
 test shim: the npusim runtime, the marker the shim reports), and a CUDA process when GetState
 answers for it.
 
-State names: the pipeline speaks RUNNING / LOCKED / BACKED_UP; CUDA's CHECKPOINTED is BACKED_UP.
-FAILED is never passed on as a state: it raises DeviceFailed with what to do.
-
 Manifest: DeviceState.gpus holds the UUIDs ("GPU-xxxxxxxx-...") of the checkpointed GPUs and
 DeviceState.devices their driver ordinals. Which GPUs a process uses comes from NVML when it is
 there (nvmlDeviceGetComputeRunningProcesses); otherwise every GPU the driver shows is recorded, so a
@@ -24,12 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from .backends import NoDevice
-from .errors import (
+from .._protocol import STATE_CHECKPOINTED, STATE_FAILED, STATE_LOCKED, STATE_RUNNING
+from ..errors import (
     DeviceFailed,
     EnvironmentProblem,
     LockTimeout,
@@ -38,8 +35,7 @@ from .errors import (
     TargetNotFound,
     WrongState,
 )
-from .image import DeviceState, FileEntry
-from .target import process_tree
+from .procfs import process_tree
 
 DEFAULT_LIBRARY = "libcuda.so.1"
 MIN_DRIVER = 12050        # r555: the checkpoint API
@@ -47,9 +43,8 @@ MIN_LOCK_TIMEOUT = 12080  # r570: CUcheckpointLockArgs.timeoutMs honoured
 
 # CUprocessState
 RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3
-STATE_NAMES = {RUNNING: "RUNNING", LOCKED: "LOCKED", CHECKPOINTED: "CHECKPOINTED", FAILED: "FAILED",
+STATE_NAMES = {RUNNING: STATE_RUNNING, LOCKED: STATE_LOCKED, CHECKPOINTED: STATE_CHECKPOINTED, FAILED: STATE_FAILED,
                4: "CHECKPOINTING", 5: "RESTORING"}
-PIPELINE_STATE = {RUNNING: "RUNNING", LOCKED: "LOCKED", CHECKPOINTED: "BACKED_UP"}
 
 # CUresult values npusnap distinguishes
 CUDA_SUCCESS = 0
@@ -342,175 +337,6 @@ def _nvml_gpus(pids: list[int]) -> Optional[list[str]]:
         return None
     finally:
         nvml.nvmlShutdown()
-
-
-class CudaBackend(NoDevice):
-    """Every CUDA process of a tree, driven through the by-pid API. The driver stages device memory
-    in each process's own memory (CRIU dumps it), so backup writes no files of its own."""
-
-    name = "cuda"
-
-    def __init__(self, root: int, driver: Driver, pids: list[int],
-                 device_map: Optional[dict[str, str]] = None) -> None:
-        self.root = root
-        self.driver = driver
-        self.pids = pids
-        self.device_map = device_map or {}
-        self._gpus: Optional[list[str]] = None
-
-    # -- construction
-    @classmethod
-    def for_checkpoint(cls, root: int, driver: Optional[Driver] = None) -> "CudaBackend":
-        driver = driver or Driver.load()
-        try:
-            driver.init()
-            if not driver.supports_checkpoint():
-                raise EnvironmentProblem(
-                    f"the NVIDIA driver ({driver.version_text()}) cannot checkpoint processes",
-                    "checkpointing needs driver r555 or newer (r570+ for lock timeouts)")
-        except CudaError as e:
-            raise cuda_error(e, "initializing the CUDA driver") from e
-        why: list[str] = []
-        pids = find_cuda_pids(root, driver, why)
-        if not pids:
-            raise WrongState(f"no process in the tree of {root} holds a CUDA context"
-                             + (f" ({'; '.join(why)})" if why else ""),
-                             "use --device none to checkpoint without GPU state")
-        backend = cls(root, driver, pids)
-        backend._refuse_failed()
-        return backend
-
-    @classmethod
-    def for_restore(cls, root: int, device: DeviceState, device_map: Optional[dict[str, str]] = None,
-                    driver: Optional[Driver] = None) -> "CudaBackend":
-        """After CRIU restore: the restored tree's processes the driver reports CHECKPOINTED."""
-        driver = driver or Driver.load()
-        try:
-            driver.init()
-        except CudaError as e:
-            raise cuda_error(e, "initializing the CUDA driver") from e
-        pids = []
-        for p in process_tree(root):
-            try:
-                if driver.state(p.pid) in (CHECKPOINTED, FAILED):
-                    pids.append(p.pid)
-            except CudaError:
-                continue
-        if not pids:
-            raise DeviceFailed(f"no restored process of {root} is in the CUDA CHECKPOINTED state",
-                               "the checkpoint may not hold GPU state; see `npusnap inspect DIR`")
-        backend = cls(root, driver, pids, device_map)
-        backend._gpus = list(device.gpus)
-        backend._refuse_failed()
-        return backend
-
-    # -- helpers
-    def _states(self) -> dict[int, int]:
-        out = {}
-        for pid in self.pids:
-            try:
-                out[pid] = self.driver.state(pid)
-            except CudaError as e:
-                raise cuda_error(e, f"asking the CUDA state of process {pid}") from e
-        return out
-
-    def _refuse_failed(self) -> None:
-        failed = [pid for pid, s in self._states().items() if s == FAILED]
-        if failed:
-            raise DeviceFailed(f"the CUDA driver reports process {failed[0]} as FAILED "
-                               "(an earlier checkpoint or restore went wrong)", FAILED_HINT)
-
-    def _each(self, what: str, fn: Any, pids: list[int], undo: Any = None) -> list[int]:
-        """fn(pid) for each pid; on a failure undo(pid) the ones done (newest first) and raise."""
-        done: list[int] = []
-        for pid in pids:
-            try:
-                fn(pid)
-            except CudaError as e:
-                err = cuda_error(e, f"CUDA {what} of process {pid}", self.driver, pid)
-                for d in reversed(done):
-                    if undo is not None:
-                        try:
-                            undo(d)
-                        except CudaError:
-                            pass
-                raise err from e
-            done.append(pid)
-        return done
-
-    # -- the backend interface
-    def state(self) -> str:
-        states = self._states()
-        if FAILED in states.values():
-            self._refuse_failed()
-        names = {PIPELINE_STATE.get(s, STATE_NAMES.get(s, str(s))) for s in states.values()}
-        if len(names) == 1:
-            return names.pop()
-        return "MIXED(" + ", ".join(f"{p}:{STATE_NAMES.get(s, s)}" for p, s in sorted(states.items())) + ")"
-
-    def describe(self) -> DeviceState:
-        if self._gpus is None:
-            try:
-                visible = self.driver.gpus()
-            except CudaError as e:
-                raise cuda_error(e, "listing the GPUs") from e
-            used = _nvml_gpus(self.pids)
-            self._gpus = [g for g in visible if used is None or g in used]
-            self._ordinals = [i for i, g in enumerate(visible) if g in self._gpus]
-        return DeviceState(
-            backend=self.name,
-            devices=list(getattr(self, "_ordinals", [])),
-            gpus=list(self._gpus),
-            method="cuda-driver",  # the driver stages device memory in the process; CRIU dumps it
-            runtime=f"{self.driver.path} ({self.driver.version_text()})",
-        )
-
-    def lock(self, timeout: float, lease: Optional[float] = None) -> None:
-        # The driver has no lease: a CLI that dies leaves the tree locked (`npusnap recover` undoes it).
-        deadline = time.monotonic() + timeout
-
-        def one(pid: int) -> None:
-            left_ms = int(max(0.001, deadline - time.monotonic()) * 1000)
-            self.driver.lock(pid, left_ms)
-
-        self._each("lock", one, self.pids, self.driver.unlock)
-
-    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
-        self.describe()  # the GPUs are known only while the contexts exist
-        self._each("checkpoint", self.driver.checkpoint, self.pids, lambda pid: self.driver.restore(pid))
-        return []
-
-    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
-        pairs = self._pairs()
-        self._each("restore", lambda pid: self.driver.restore(pid, pairs), self.pids)
-
-    def unlock(self) -> None:
-        self._each("unlock", self.driver.unlock, self.pids)
-
-    def release(self) -> None:
-        pass
-
-    def back_to_running(self) -> None:
-        """Rollback: each process back to RUNNING from wherever lock/checkpoint left it."""
-        first: Optional[NpusnapError] = None
-        for pid in self.pids:
-            try:
-                s = self.driver.state(pid)
-                if s == CHECKPOINTED:
-                    self.driver.restore(pid)
-                    s = LOCKED
-                if s == LOCKED:
-                    self.driver.unlock(pid)
-            except CudaError as e:
-                first = first or cuda_error(e, f"CUDA rollback of process {pid}", self.driver, pid)
-        if first is not None:
-            raise first
-
-    def _pairs(self) -> dict[str, str]:
-        if not self.device_map:
-            return {}
-        validate_device_map(self._gpus or [], self.device_map)
-        return dict(self.device_map)
 
 
 def parse_device_map(items: tuple[str, ...] | list[str]) -> dict[str, str]:

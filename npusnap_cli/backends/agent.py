@@ -1,0 +1,158 @@
+"""The in-process backend (sim, ascend): CANN's snapshot API, called inside the target by the
+injected agent, commanded through the agent's socket. Device memory is staged in the process's
+host memory and CRIU writes it with the rest."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..errors import LeaseLost, WrongState
+from ..image.format import DeviceState, FileEntry
+from ..platform.agent import E_LEASE_LOST, AgentClient, AgentError, AgentProblem, AgentReply, agent_error
+from ..platform.simimages import daemon_socket
+from .base import BackendName, DataPath, State
+
+
+class LeaseKeeper:
+    """Renews the agent's lease while we work, so the workload unlocks itself if we die.
+
+    Renewals fail while CRIU has the process frozen; that is fine: the agent
+    counts only time the process actually ran."""
+
+    def __init__(self, pid: int, lease: float) -> None:
+        self.client = AgentClient(pid, connect_timeout=0.5)
+        self.lease = lease
+        self.lost = False  # the agent said the lease ran out: the next fence() stops the pipeline
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"lease-{pid}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.lease / 4):
+            try:
+                self.client.renew(self.lease)
+            except AgentError as e:
+                if e.code == E_LEASE_LOST:
+                    self.lost = True
+                    return
+            except AgentProblem:
+                pass
+
+    def renew_now(self) -> bool:
+        """Renew at once; False when the agent says the lease ran out."""
+        if self.lost:
+            return False
+        try:
+            self.client.renew(self.lease)
+        except AgentError as e:
+            if e.code != E_LEASE_LOST:
+                raise
+            self.lost = True
+        return not self.lost
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+class AgentBackend:
+    """CANN-style in-process snapshot, commanded through the agent's socket."""
+
+    method = DataPath.IN_PROCESS
+
+    def __init__(self, pid: int, name: BackendName) -> None:
+        self.pid = pid
+        self.name = name
+        self.client = AgentClient(pid)
+        self.last_reply: Optional[AgentReply] = None  # the agent's answer to the latest command
+        self._keeper: Optional[LeaseKeeper] = None
+
+    def _call(self, what: str, *args: Any, **kwargs: Any) -> AgentReply:
+        try:
+            reply: AgentReply = getattr(self.client, what)(*args, **kwargs)
+        except AgentProblem as e:
+            raise agent_error(e, f"device {what} of process {self.pid}") from e
+        self.last_reply = reply
+        return reply
+
+    def state(self) -> State:
+        return State.parse(self._call("status").state)
+
+    def describe(self) -> DeviceState:
+        reply = self.last_reply if self.last_reply is not None and self.last_reply.device else self._call("status")
+        dev = reply.device or {}
+        return DeviceState(
+            backend=self.name.value,
+            devices=list(dev.get("devices", [])),
+            allocations=int(dev.get("allocations", 0)),
+            bytes=int(dev.get("bytes", 0)),
+            method=self.method.value,
+            runtime=reply.runtime,
+            endpoint=daemon_socket(self.pid) if self.name == BackendName.SIM else None,
+        )
+
+    def lock(self, timeout: float, lease: Optional[float] = None) -> None:
+        self._call("lock", *((timeout, lease) if lease else (timeout,)))
+        if lease:
+            self._keeper = LeaseKeeper(self.pid, lease)
+
+    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
+        self._call("backup")
+        return []
+
+    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
+        self._call("restore")
+
+    def unlock(self) -> None:
+        self.release()
+        self._call("unlock")
+
+    def back_to_running(self) -> None:
+        state = self.state()
+        if state == State.BACKED_UP:
+            self.restore()
+        if state in (State.LOCKED, State.BACKED_UP):
+            self.unlock()
+        self.release()
+
+    def adopt_lease(self, lease: float) -> None:
+        """Restore: the restored agent still holds the dump's lease; keep it renewed while we
+        finish (none armed, or already run out: the agent's state then says what is left)."""
+        try:
+            self.client.renew(lease)
+        except AgentProblem:
+            return
+        self._keeper = LeaseKeeper(self.pid, lease)
+
+    def fence(self) -> None:
+        if self._keeper is None:
+            return
+        try:
+            ours = self._keeper.renew_now()
+        except AgentProblem as e:
+            raise agent_error(e, f"renewing the lease on process {self.pid}'s device lock") from e
+        if not ours:
+            raise LeaseLost(f"the lease on process {self.pid}'s device lock ran out while npusnap was not "
+                            "running; the agent took the workload back, so npusnap stops here")
+
+    def release(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
+
+    def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
+        """If we were stopped past the lease, the agent may have done part of this already:
+        only what is left is done."""
+        for attempt in (1, 2):
+            state = self.state()
+            try:
+                if state == State.BACKED_UP:
+                    self.restore(device_dir, files)
+                if state != State.RUNNING:
+                    self.unlock()
+                return
+            except WrongState:
+                if attempt == 2:  # the agent moved under us once (lease expiry); not twice
+                    raise

@@ -1,0 +1,72 @@
+"""The direct backend (npusim only): the daemon streams device memory straight into DIR/device/
+(zero chunks elided, checksummed while streaming) and the process keeps only metadata, so device
+memory is neither staged in host RAM nor written twice. A real CANN runtime offers only the
+in-process path. The file transfers themselves are platform/simimages.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from ..errors import NpusnapError, WrongState
+from ..image.format import DeviceState, FileEntry
+from ..platform.agent import AgentProblem, agent_error
+from ..platform.simimages import TransferResult, export_device, import_device
+from .agent import AgentBackend
+from .base import BackendName, DataPath, State
+
+
+def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
+                   socket: Optional[str] = None) -> TransferResult:
+    """`restore external` through the agent, then the import: the process ends LOCKED with its
+    device memory back (the undo of `backup external`, and the restore's device phase)."""
+    try:
+        client.restore(external=True)
+    except AgentProblem as e:
+        raise agent_error(e, f"device restore (external) of process {pid}") from e
+    return import_device(pid, device_dir, expected, socket)
+
+
+class DirectBackend(AgentBackend):
+    method = DataPath.DIRECT
+
+    def __init__(self, pid: int, name: BackendName) -> None:
+        super().__init__(pid, name)
+        self._images: Optional[tuple[Path, list[FileEntry]]] = None
+
+    def describe(self) -> DeviceState:
+        state = super().describe()
+        state.method = self.method.value
+        return state
+
+    def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
+        if device_dir is None:
+            raise WrongState("the direct data path writes device images: it needs a directory")
+        exported = export_device(self.pid, device_dir)
+        self._images = (device_dir, exported.files)
+        self._call("backup", external=True)
+        return exported.files
+
+    def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
+        if device_dir is None and self._images is not None:
+            device_dir, files = self._images
+        if device_dir is None:
+            raise WrongState(f"no device images to restore process {self.pid} from",
+                             f"name them: npusnap recover {self.pid} --device-images DIR/device")
+        # Without a file list (recover), every image in the directory is read; each chunk is still checked.
+        restore_direct(self.client, self.pid, device_dir, list(files) if files else None)
+
+    def back_to_running(self) -> None:
+        state = self.state()
+        if state == State.BACKED_UP:
+            self.restore()
+        if state in (State.LOCKED, State.BACKED_UP):
+            try:
+                self.unlock()
+            except NpusnapError:
+                # LOCKED after a failed import: the daemon refuses Unlock until the data is in.
+                if state != State.LOCKED or self._images is None:
+                    raise
+                import_device(self.pid, self._images[0], self._images[1])
+                self.unlock()
+        self.release()

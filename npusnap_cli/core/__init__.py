@@ -1,0 +1,2 @@
+"""The pipelines: checkpoint and restore as steps over an undo stack, recover, the guardian,
+progress events. Below commands/, above backends/, platform/ and image/ (see the README's Layout)."""

@@ -1,0 +1,174 @@
+"""The restore pipeline:  verify -> CRIU RESTORE -> DEVICE RESTORE -> UNLOCK.
+
+Between CRIU's restore and the unlock the restored tree is guarded: an interrupt or a failure
+kills it (the checkpoint stays valid and restorable), and so does the guardian if we die. The
+unlock is the commit point: after it, the restore stands."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import netlock
+from ..backends import BackendName, DataPath, State
+from ..criuopts import CriuOptions
+from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
+from ..image import signing
+from ..image.format import CRIU_DIR, DEVICE_DIR, LOG_DIR, Manifest, PhaseTiming, load_manifest, restore_log_dir, verify
+from ..platform.procfs import process_exists
+from . import processes
+from .progress import Phases, Progress, info, quiet, warn
+from .services import REAL, Services
+from .signals import Signals
+
+RESTORE_LEASE_S = 10.0  # the lease a restore keeps renewing on the restored lock until its unlock
+
+
+@dataclass
+class RestoreOptions:
+    directory: Path
+    criu_path: Optional[str] = None
+    verify: bool = True
+    criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
+    device_map: Optional[dict[str, str]] = None  # cuda: old GPU UUID -> new
+    criu: CriuOptions = field(default_factory=CriuOptions)  # restore-side additions and choices (criu_flags.py)
+    require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
+    trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
+
+
+@dataclass
+class RestoreResult:
+    pid: int
+    manifest: Manifest
+    phases: list[PhaseTiming] = field(default_factory=list)
+
+
+def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services = REAL) -> RestoreResult:
+    """Restore the checkpoint in opts.directory; the restored root becomes our child."""
+    root = opts.directory.absolute()
+    phase = Phases(progress)
+    manifest = _verified(root, opts, phase)
+    services.device_fits(manifest.device)
+    _refuse_pids_in_use(manifest)
+    criu = services.criu(opts.criu_path)
+    try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
+        log_dir = restore_log_dir(root)
+    except (OSError, ImageInvalid):
+        log_dir = Path(tempfile.mkdtemp(prefix="npusnap-restore-logs-"))
+        info(progress, f"cannot write logs in {root / LOG_DIR}; CRIU logs go to {log_dir}")
+    services.become_subreaper()  # the restored root is adopted by us once `criu swrk` exits: we can wait for it
+    pids = [p.pid for p in manifest.processes]
+    restored = [manifest.pid]  # the root to kill on failure: CRIU's answer once it has one
+    guardian = services.guardian(None, manifest.pid)
+    try:
+        with Signals() as signals, services.images_view() as view:
+            try:
+                guardian.kill_if_dead(pids)
+                with phase("criu-restore"), signals.critical():
+                    restored[0] = criu.restore(view.enter(root / CRIU_DIR, lambda m: warn(progress, m)), log_dir,
+                                               shell_job=bool(manifest.options.get("shell_job")),
+                                               tcp_established=bool(manifest.options.get("tcp_established")),
+                                               extra=_restore_options(manifest, opts),
+                                               started=guardian.wait_for_criu)
+                _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
+                if manifest.device.backend != BackendName.NONE and not opts.criu_only:
+                    _finish_device(restored[0], manifest, root, opts, phase, signals, progress, services)
+                else:
+                    signals.settled = True
+            except BaseException:
+                # The image stays valid on disk; a half-restored process must not run on.
+                signals.rolling_back = True
+                processes.kill_tree(restored[0], list(dict.fromkeys([restored[0], *pids])))
+                raise
+    finally:
+        guardian.release()
+    return RestoreResult(restored[0], manifest, phase.timings)
+
+
+def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> Manifest:
+    with phase("verify"):
+        signing.check(root, opts.trusted_keys, opts.require_signature)  # even with --no-verify
+        manifest = load_manifest(root)
+        if opts.verify:
+            # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
+            direct = manifest.device.method == DataPath.DIRECT
+            verify(root, manifest, shallow=(DEVICE_DIR,) if direct else ())
+    return manifest
+
+
+def _refuse_pids_in_use(manifest: Manifest) -> None:
+    taken = processes.pids_in_use([p.pid for p in manifest.processes])
+    if not taken:
+        return
+    pid = taken[0]
+    if process_exists(pid, zombies_count=False):
+        raise CriuFailed(f"pid {pid} from the checkpoint is in use by a running process",
+                         "stop it first (a checkpoint restores its processes with their original pids)")
+    parent = processes.parent(pid)
+    raise CriuFailed(f"pid {pid} from the checkpoint is held by a zombie that process {parent} has not reaped",
+                     f"process {parent} must wait() for its child, or exit")
+
+
+def _restore_options(manifest: Manifest, opts: RestoreOptions) -> CriuOptions:
+    """What the dump used (the manifest's options), plus restore's own additions."""
+    return CriuOptions.from_manifest(manifest.options).for_restore(opts.criu)
+
+
+def _unlock_closed_connections(images_dir: Path, manifest: Manifest, opts: RestoreOptions,
+                               progress: Progress) -> None:
+    """CRIU restores a dump's established connections closed under --tcp-close and then leaves
+    the dump's network lock on them (it unlocks only connections it repaired): rules that would
+    drop a later connection on the same addresses and ports. Taken away here."""
+    extra = _restore_options(manifest, opts)
+    if not (extra.tcp_close and manifest.options.get("tcp_established")):
+        return
+    try:
+        netlock.drop_lock(images_dir, extra.network_lock, warn=lambda m: warn(progress, m))
+    except Exception as e:  # the restore stands; the rules are the machine's to clean then
+        warn(progress, f"could not undo CRIU's network lock of the closed connections: {e}")
+
+
+def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOptions, phase: Phases,
+                   signals: Signals, progress: Progress, services: Services) -> None:
+    """DEVICE RESTORE and UNLOCK of a restored tree; the unlock is the commit point."""
+    backend = services.restore_backend(pid, manifest.device, opts.device_map)
+    try:
+        # The restored agent carries the dump's lease: renewed from now on. If it ran out before
+        # we got here (we were stopped), the agent put the device back itself (in-process).
+        backend.adopt_lease(RESTORE_LEASE_S)
+        if backend.method in (DataPath.IN_PROCESS, DataPath.DIRECT) and backend.state() == State.RUNNING:
+            warn(progress, f"process {pid}'s agent finished the device restore by itself (npusnap was stopped)")
+            signals.settled = True
+            return
+        with phase("device-restore") as t:
+            images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
+            backend.restore(root / DEVICE_DIR, images)
+            t.bytes = manifest.device.bytes
+        with signals.commit_point(), phase("unlock"):
+            backend.unlock()
+    finally:
+        backend.release()
+
+
+def wait_exit_code(pid: int) -> int:
+    """Wait for a restored process (our child through the subreaper) and return its exit code.
+    An interrupt stops the waiting only: the restore stands and the process runs on."""
+    def stop_waiting(signum: int, frame: Any) -> None:
+        raise Interrupted(f"stopped waiting; restored process {pid} runs on")
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, stop_waiting)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            raise NpusnapError(f"restored process {pid} is not our child; cannot wait for it",
+                               "use --detach and watch the process another way") from None
+        except InterruptedError:
+            continue
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)

@@ -1,0 +1,65 @@
+"""SIGINT/SIGTERM during a pipeline: an interrupt between steps, held inside critical sections,
+ignored while rolling back and once the outcome is settled."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from typing import Any, Iterator
+
+from ..errors import Interrupted
+
+
+class Signals:
+    """Turns SIGINT/SIGTERM into Interrupted, except inside critical sections
+    (a CRIU dump in flight), where the signal is held until the section ends.
+    Once rollback starts, further signals are ignored so the undos complete.
+
+    The commit is one point (commit_point): a signal held across it, or arriving
+    after it, never undoes committed work; the pipeline finishes and reports what
+    happened. Once settled the handlers stay ignoring signals (to the process's
+    exit), so nothing after the commit can report "rolled back"."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.depth = 0
+        self.rolling_back = False
+        self.settled = False
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.rolling_back or self.settled or self.depth:
+            self.pending = True
+            return
+        raise Interrupted()
+
+    def __enter__(self) -> "Signals":
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._old[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.settled:
+            return  # our handler, settled, keeps ignoring: the outcome is decided
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.pending and not self.depth and not self.settled:
+            raise Interrupted()
+
+    @contextlib.contextmanager
+    def commit_point(self) -> Iterator[None]:
+        """Signals wait while the body runs; once it returned, the outcome is settled."""
+        self.depth += 1
+        try:
+            yield
+            self.settled = True
+        finally:
+            self.depth -= 1

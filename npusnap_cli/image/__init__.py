@@ -1,0 +1,1 @@
+"""The checkpoint directory: its format and manifest, writing it, inspecting it, signing it."""

@@ -1,0 +1,285 @@
+"""Writing a checkpoint: a staging directory beside DIR, renamed into place on commit, and the
+write-back that keeps CRIU's dirty pages flowing to disk while it dumps."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..errors import ImageInvalid, StorageProblem
+from .format import (
+    CHECKSUMMED_DIRS,
+    CRIU_DIR,
+    DEVICE_DIR,
+    LOG_DIR,
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    checksum_file,
+    hidden_sibling,
+    image_files,
+    load_manifest,
+    manifest_text,
+)
+
+
+class Staging:
+    """A checkpoint under construction: a 0700 sibling directory renamed into place on commit.
+
+    DIR must be absent, an empty directory, or (with replace) a checkpoint whose
+    manifest npusnap can read: never a file, a device node or a symlink, which a
+    rename would silently take the place of. Commit checks again, atomically."""
+
+    def __init__(self, final: Path, replace: bool = False) -> None:
+        self.final = final.absolute()
+        self.replace = replace
+        self.found = _check_target(self.final, replace)  # what DIR was, to recognise it at commit
+        parent = self.final.parent
+        if not parent.is_dir():
+            raise StorageProblem(f"{parent} does not exist", "create the parent directory first")
+        self.path = hidden_sibling(self.final, "partial")
+        try:
+            os.mkdir(self.path, 0o700)
+            for sub in (CRIU_DIR, DEVICE_DIR, LOG_DIR):
+                os.mkdir(self.path / sub, 0o700)
+            # Logs are written outside until commit: a failed checkpoint is removed
+            # but its logs survive for the error message to point at.
+            self.log_dir = Path(tempfile.mkdtemp(prefix=f"npusnap-logs-{_safe_prefix(self.final.name)}-"))
+        except OSError as e:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
+        self.committed = False
+
+    @property
+    def criu_dir(self) -> Path:
+        return self.path / CRIU_DIR
+
+    @property
+    def device_dir(self) -> Path:
+        return self.path / DEVICE_DIR
+
+
+    def seal(self, known: Sequence[FileEntry] = ()) -> list[FileEntry]:
+        """Make images 0600, fsync them, and return their manifest entries. Files in
+        `known` were checksummed and fsync'd by whoever wrote them (the device export,
+        while streaming): they are only checked for size, never read again."""
+        written = {f.path: f for f in known}
+        entries = []
+        rels = list(image_files(self.path))
+        for rel in rels:  # the disk starts writing everything now, while we checksum from the page cache
+            if str(rel) not in written:
+                _start_writeback(self.path / rel)
+        for rel in rels:
+            p = self.path / rel
+            os.chmod(p, 0o600)
+            entry = written.pop(str(rel), None)
+            if entry is not None:
+                st = os.lstat(p)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+                    raise ImageInvalid(f"{rel} changed after it was written")
+            else:
+                size, digest = checksum_file(p)
+                _fsync_path(p)
+                entry = FileEntry(str(rel), size, digest)
+            entries.append(entry)
+        if written:
+            raise ImageInvalid(f"{sorted(written)[0]} is missing from the checkpoint")
+        for sub in CHECKSUMMED_DIRS:
+            _fsync_path(self.path / sub)
+        return entries
+
+    def commit(self, manifest: Manifest) -> Path:
+        """Write the manifest last, fsync, and rename into place."""
+        try:
+            tmp = self.path / (MANIFEST + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(manifest_text(manifest.to_dict()))
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, self.path / MANIFEST)
+            for p in self.log_dir.iterdir():
+                os.chmod(p, 0o600)
+                shutil.move(str(p), self.path / LOG_DIR / p.name)
+            os.rmdir(self.log_dir)
+            _fsync_path(self.path)
+            self._put_in_place()
+            _fsync_path(self.final.parent)
+        except OSError as e:
+            if not self.committed:
+                raise StorageProblem(f"cannot write the checkpoint: {e.strerror}") from e
+            # Renamed into place: the checkpoint stands; what failed after was tidying up.
+        self.committed = True
+        return self.final
+
+    def discard(self) -> None:
+        """Remove an uncommitted checkpoint. Its logs stay where they were written
+        (a private temporary directory), so an error's hint can point at them."""
+        if not self.committed:
+            shutil.rmtree(self.path, ignore_errors=True)
+            with contextlib.suppress(OSError):  # gone already when a late commit step failed
+                os.rmdir(self.log_dir)          # only when empty
+
+
+    def _put_in_place(self) -> None:
+        """Rename the staging directory to DIR, checking again what DIR is now: a
+        checkpoint swapped out only if it is the one checked at start, and otherwise
+        nothing ever replaced (RENAME_NOREPLACE)."""
+        if self.found is None or self.found == _EMPTY:
+            if self.found == _EMPTY:
+                try:
+                    os.rmdir(self.final)  # fails if DIR is no longer an empty directory
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise _changed(self.final, e.strerror or str(e)) from e
+            try:
+                _rename(self.path, self.final, RENAME_NOREPLACE)
+            except FileExistsError:
+                raise _changed(self.final, "something was created there") from None
+            self.committed = True
+            return
+        # Swap in one step: DIR holds the old checkpoint or the new one, never neither.
+        _rename(self.path, self.final, RENAME_EXCHANGE)
+        swapped = _identity(self.path)  # what DIR held an instant ago
+        if swapped != self.found:
+            _rename(self.path, self.final, RENAME_EXCHANGE)  # put it back untouched
+            raise _changed(self.final, "it was replaced by something else")
+        self.committed = True
+        old = hidden_sibling(self.final, "old")
+        os.rename(self.path, old)  # self.path now holds the replaced checkpoint
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_EMPTY = (-1, -1)  # Staging.found for an empty directory: removed, not swapped, at commit
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def _identity(path: Path) -> Optional[tuple[int, int]]:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _changed(final: Path, why: str) -> StorageProblem:
+    return StorageProblem(f"{final} changed while the checkpoint was written ({why}); nothing was replaced",
+                          "run the checkpoint again")
+
+
+def _refuse(final: Path, what: str) -> StorageProblem:
+    return StorageProblem(f"{final} {what}; npusnap writes only a new directory, an empty one, "
+                          "or (with --replace) a checkpoint it wrote",
+                          "choose another directory")
+
+
+def _check_target(final: Path, replace: bool) -> Optional[tuple[int, int]]:
+    """What -D names, refused unless it is safe to write: None (absent), _EMPTY
+    (an empty directory) or the (dev, inode) of the checkpoint --replace replaces."""
+    if final.name in ("", ".", ".."):
+        raise StorageProblem(f"{final} cannot hold a checkpoint: -D must name the directory to create",
+                             "pass a path like /ckpt/job1")
+    try:
+        st = os.lstat(final)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StorageProblem(f"cannot look at {final}: {e.strerror}") from e
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(final, "is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "a device, socket or pipe"
+        raise _refuse(final, f"is {kind}, not a directory")
+    try:
+        fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise StorageProblem(f"cannot open {final}: {e.strerror}") from e
+    try:
+        names = os.listdir(fd)
+        fst = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+        raise _changed(final, "it was replaced while being checked")
+    if not names:
+        return _EMPTY
+    if MANIFEST not in names:
+        raise _refuse(final, "exists, is not empty and holds no checkpoint")
+    if not replace:
+        raise StorageProblem(f"{final} already holds a checkpoint",
+                             "choose another directory, or pass --replace to replace it")
+    try:
+        load_manifest(final)
+    except ImageInvalid as e:
+        raise _refuse(final, f"does not hold a checkpoint npusnap can read ({e.message})") from None
+    return (st.st_dev, st.st_ino)
+
+
+def _safe_prefix(name: str) -> str:
+    """A name for a temporary directory's prefix: printable ASCII, short."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64]
+
+
+def _rename(a: Path, b: Path, flags: int) -> None:
+    """renameat2(2): RENAME_EXCHANGE swaps two paths atomically, RENAME_NOREPLACE
+    fails with EEXIST rather than replace whatever is at b."""
+    import ctypes
+
+    AT_FDCWD = -100
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(b))
+
+
+class Writeback:
+    """While CRIU writes the images, keep the disk busy with them (instead of all at seal time)."""
+
+    def __init__(self, directory: Path, interval: float = 0.05) -> None:
+        self.directory = directory
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="writeback", daemon=True)
+
+    def __enter__(self) -> "Writeback":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for p in self.directory.iterdir():
+                try:
+                    _start_writeback(p)
+                except OSError:
+                    pass  # a file CRIU is still creating or has renamed
+
+
+def _start_writeback(p: Path) -> None:
+    """sync_file_range(SYNC_FILE_RANGE_WRITE): begin writing a file's dirty pages, without waiting."""
+    import ctypes
+
+    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        ctypes.CDLL(None, use_errno=True).sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(0), 2)
+    finally:
+        os.close(fd)
+
+
+def _fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,49 @@
+"""Every hook that exists for the test suite, in one place; none changes what a user sees
+unless its environment variable is set.
+
+* NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit (NPUSNAP_TEST_PAUSE_S): the checkpoint
+  pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline).
+* NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a
+  process driven by the shim as a CUDA process (real ones are found by /dev/nvidia* mappings).
+
+NPUSIM_CTL_FAULT (fault injection in npusim's daemon) is read by the native code only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable
+
+from .errors import NpusnapError
+
+
+def pause(point: str, until: Callable[[], bool] = lambda: False) -> None:
+    """NPUSNAP_TEST_PAUSE=point: announce the point and wait (up to 60 s, or
+    NPUSNAP_TEST_PAUSE_S) for a signal; where signals are held, until() ends the wait."""
+    if os.environ.get("NPUSNAP_TEST_PAUSE") != point:
+        return
+    sys.stderr.write(f"npusnap: test pause {point}\n")
+    sys.stderr.flush()
+    deadline = time.monotonic() + float(os.environ.get("NPUSNAP_TEST_PAUSE_S") or 60)
+    while time.monotonic() < deadline and not until():
+        time.sleep(0.05)
+
+
+def shim_cuda_process(pid: int, maps: str) -> bool:
+    """--device auto under the CUDA test shim (NPUSNAP_LIBCUDA set to it): a process without the
+    agent that maps the runtime the shim names and answers GetState is a CUDA process. A real
+    driver is never asked here."""
+    if not os.environ.get("NPUSNAP_LIBCUDA"):
+        return False
+    from .platform.cuda import CudaError, Driver
+
+    try:
+        driver = Driver.load()
+        if driver.shim_marker is None or driver.shim_marker not in maps:
+            return False
+        driver.state(pid)
+    except (CudaError, NpusnapError):
+        return False
+    return True
