@@ -70,8 +70,8 @@ def criu_iptables_rules(port: int) -> list[str]:
 @pytest.fixture
 def iptables(peer: socket.socket) -> int:
     """The peer's port, once the iptables lock is known to work here."""
-    from npusnap_cli.platform.criu import find_criu
     from npusnap_cli.netlock import methods
+    from npusnap_cli.platform.criu import find_criu
 
     m = next(m for m in methods(find_criu().path) if m.name == "iptables")
     if not m.works:
