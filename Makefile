@@ -50,8 +50,9 @@ bench-quick: setup
 	$(PY) -m bench --quick
 
 # CRIU's zdtm static tests, bare and through npusnap; fails if one passes bare only.
-# ZDTM_TESTS=a,b picks tests (default: the issue's tests and a broad host-mode set).
+# ZDTM_TESTS=a,b picks tests (default: every one the CRIU tree has that runs in host mode here).
 zdtm: setup
+	bash scripts/install-build-deps.sh zdtm
 	$(PY) scripts/zdtm.py $(if $(ZDTM_TESTS),--only $(ZDTM_TESTS))
 
 # Generated from the click app, committed, and checked by tests/cli/test_{completions,docs}.py.

@@ -13,6 +13,10 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     _os._exit(130)
 
 
-# The CLI's own process (console script or `python -m npusnap_cli`), until main() takes over.
+# The CLI's own process (the `npusnap` launcher or `python -m npusnap_cli`), until main() takes over.
 if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "npusnap":
     _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+    # The `npusnap` launcher (native/launcher) kept SIGINT blocked through CPython's own
+    # start-up; with the handler in place, a Ctrl-C pending since then is handled now.
+    if _os.environ.pop("NPUSNAP_UNBLOCK_SIGINT", None):
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [_signal.SIGINT])

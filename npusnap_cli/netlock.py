@@ -191,6 +191,17 @@ def release(images_dir: Path, method: Optional[str], pids: list[int],
         for c in left:
             warn(f"TCP connection {c.src}:{c.sport} -> {c.dst}:{c.dport} was not found in the tree; "
                  "it stays locked")
+    _drop_rules(images_dir, method, conns, warn)
+
+
+def drop_lock(images_dir: Path, method: Optional[str], warn: Callable[[str], None] = lambda m: None) -> None:
+    """CRIU's lock rules for the connections this dump locked, without touching sockets: after a
+    restore that closed them (CRIU's --tcp-close), for which CRIU unlocks nothing itself."""
+    _drop_rules(images_dir, method, dumped_connections(images_dir), warn)
+
+
+def _drop_rules(images_dir: Path, method: Optional[str], conns: list[Connection],
+                warn: Callable[[str], None]) -> None:
     method = method or "iptables"  # CRIU's default
     if method == "nftables":
         run_id = dump_run_id(images_dir)

@@ -37,8 +37,8 @@ build_deps() {
         for p in $pkgs; do dpkg-query -W "$p" >/dev/null 2>&1 || echo "$p"; done)
     if [ -n "$missing" ]; then
         log "installing build dependencies: $(echo $missing | tr '\n' ' ')"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $pkgs >/dev/null
     fi
 }
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import netlock
 from ..backends import BackendName, DataPath, State
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
@@ -34,7 +35,7 @@ class RestoreOptions:
     verify: bool = True
     criu_only: bool = False  # runbook: leave DEVICE RESTORE and UNLOCK to their own commands
     device_map: Optional[dict[str, str]] = None  # cuda: old GPU UUID -> new
-    criu: CriuOptions = field(default_factory=CriuOptions)  # restore-side additions: tcp_close, external, inherit_fd
+    criu: CriuOptions = field(default_factory=CriuOptions)  # restore-side additions and choices (criu_flags.py)
     require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
     trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
 
@@ -73,6 +74,7 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                                                tcp_established=bool(manifest.options.get("tcp_established")),
                                                extra=_restore_options(manifest, opts),
                                                started=guardian.wait_for_criu)
+                _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
                 if manifest.device.backend != BackendName.NONE and not opts.criu_only:
                     _finish_device(restored[0], manifest, root, opts, phase, signals, progress, services)
                 else:
@@ -113,8 +115,21 @@ def _refuse_pids_in_use(manifest: Manifest) -> None:
 
 def _restore_options(manifest: Manifest, opts: RestoreOptions) -> CriuOptions:
     """What the dump used (the manifest's options), plus restore's own additions."""
-    return CriuOptions.from_manifest(manifest.options).for_restore(
-        opts.criu.tcp_close, opts.criu.external, opts.criu.inherit_fd)
+    return CriuOptions.from_manifest(manifest.options).for_restore(opts.criu)
+
+
+def _unlock_closed_connections(images_dir: Path, manifest: Manifest, opts: RestoreOptions,
+                               progress: Progress) -> None:
+    """CRIU restores a dump's established connections closed under --tcp-close and then leaves
+    the dump's network lock on them (it unlocks only connections it repaired): rules that would
+    drop a later connection on the same addresses and ports. Taken away here."""
+    extra = _restore_options(manifest, opts)
+    if not (extra.tcp_close and manifest.options.get("tcp_established")):
+        return
+    try:
+        netlock.drop_lock(images_dir, extra.network_lock, warn=lambda m: warn(progress, m))
+    except Exception as e:  # the restore stands; the rules are the machine's to clean then
+        warn(progress, f"could not undo CRIU's network lock of the closed connections: {e}")
 
 
 def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOptions, phase: Phases,

@@ -15,6 +15,7 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import NpuSimDaemon, npusim_daemon  # noqa: F401  (fixture re-export)
+from tests.integration.netlock_support import iptables, peer  # noqa: F401  (fixture re-export)
 
 from .support import TRAIN, Reference
 

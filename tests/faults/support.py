@@ -213,3 +213,17 @@ def reap(*workloads: Optional[Workload]) -> None:
 
 
 __all__ = ["kill_and_wait"]
+
+
+def before_first_instruction(pid: int) -> bool:
+    """Whether `npusnap`'s launcher (native/launcher) is exec'd but has not yet run its first
+    instruction, the one that blocks SIGINT. A SIGINT then ends it by the kernel's default
+    action before any code of ours runs: a window inside execve that no program can close
+    (only a parent can block the signal first), which grows to milliseconds on a loaded CPU."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    blocked = next((x for x in status.splitlines() if x.startswith("SigBlk:")), "SigBlk: 0").split()[1]
+    return os.path.basename(exe) == "npusnap" and not int(blocked, 16) & (1 << (signal.SIGINT - 1))

@@ -38,6 +38,7 @@ from .support import (
     DOCUMENTED_CODES,
     Reference,
     assert_running_intact,
+    before_first_instruction,
     one_error_line,
     partial_leftovers,
     proc_state,
@@ -184,24 +185,26 @@ def loop() -> Iterator[Loop]:
         NOTES.append(f"random faults (seed {SEED}): {len(state.results)} trials; {summary}")
 
 
-def _fault(proc: subprocess.Popen, kind: str, delay: float, pause: float) -> bool:
-    """Send the fault after delay; False when the CLI had already finished."""
+def _fault(proc: subprocess.Popen, kind: str, delay: float, pause: float) -> tuple[bool, bool]:
+    """Send the fault after delay; (False, _) when the CLI had already finished, (_, True) when
+    the SIGINT was sent before the launcher's first instruction (support.before_first_instruction)."""
     deadline = time.monotonic() + delay
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            return False
+            return False, False
         time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
     if proc.poll() is not None:
-        return False
+        return False, False
     if kind == "SIGINT":
+        early = before_first_instruction(proc.pid)
         proc.send_signal(signal.SIGINT)
-        return True
+        return True, early
     proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(pause)
     finally:
         proc.send_signal(signal.SIGCONT)
-    return True
+    return True, False
 
 
 def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
@@ -226,7 +229,7 @@ def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
     cli = subprocess.Popen([*npusnap_cmd(), *map(str, args)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=loop.env)
     try:
-        landed = _fault(cli, kind, delay, pause)
+        landed, early = _fault(cli, kind, delay, pause)
         out, err = cli.communicate(timeout=180)
     finally:
         if cli.poll() is None:
@@ -236,9 +239,9 @@ def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
     if not landed:
         loop._learn(op, time.monotonic() - start)
     rc = cli.returncode
-    if rc == -signal.SIGINT and not err:
-        # Before the interpreter reached npusnap's first line (Python's own startup), nothing is ours
-        # to report; it must also be true that nothing was done. Counted apart.
+    if rc == -signal.SIGINT and not err and early:
+        # Inside execve, before the launcher's first instruction: the kernel's default action, before
+        # any code of ours runs (a parent alone could block the signal). Nothing was done. Counted apart.
         assert not (target / "manifest.yaml").exists() or op == "restore"
         assert not partial_leftovers(target) or op == "restore"
         if op == "restore":
@@ -246,7 +249,7 @@ def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
         else:
             assert_running_intact(w, reference, loop.daemon.env)
         assert_nothing_stray(loop)
-        return "interrupted before npusnap started"
+        return "interrupted inside execve, before npusnap's first instruction"
     assert rc == 0 or rc in DOCUMENTED_CODES, f"{what}: exit {rc}: {err}"
     assert "Traceback" not in err, f"{what}: {err}"
     outcome = "success" if rc == 0 else f"failed {rc}"

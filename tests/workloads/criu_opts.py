@@ -7,6 +7,8 @@
     criu_opts.py tcp PORT          connects to 127.0.0.1:PORT; echoes every line back as "echo LINE"
     criu_opts.py fd N              the same over the stream socket on fd N
     criu_opts.py waitclose PORT    connects to 127.0.0.1:PORT and prints "closed" once the connection ends
+    criu_opts.py inotify DIR       an inotify watch on DIR; prints "event N" while it sees DIR/f created
+    criu_opts.py tick -            nothing needed: prints "tick N" (for namespaces and cgroups)
 
 Each prints "ready" first, and one line every 50 ms where it loops.
 """
@@ -77,3 +79,27 @@ elif mode == "waitclose":
         pass
     say("closed")
     ticks(lambda n: f"after {n}")
+elif mode == "inotify":
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ify = libc.inotify_init1(os.O_NONBLOCK)
+    if ify < 0 or libc.inotify_add_watch(ify, arg.encode(), 0x100) < 0:  # IN_CREATE
+        raise OSError(ctypes.get_errno(), "inotify")
+    say("ready")
+
+    def event(n: int) -> str:
+        path = os.path.join(arg, "f")
+        open(path, "w").close()
+        os.unlink(path)
+        time.sleep(0.01)
+        try:
+            seen = len(os.read(ify, 4096)) > 0
+        except BlockingIOError:
+            seen = False
+        return f"event {n}" if seen else f"missed {n}"
+
+    ticks(event)
+elif mode == "tick":
+    say("ready")
+    ticks(lambda n: f"tick {n}")
