@@ -78,6 +78,7 @@ _Static_assert(NPUSNAP_AGENT_LOCK_TIMEOUT == ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT,
 
 typedef int (*snap_fn)(int pid, void *reserved);
 typedef int (*info_fn)(char *buf, size_t len);
+typedef const char *(*recent_error_fn)(void);
 typedef int (*lock_timeout_fn)(int pid, int32_t timeout_ms);
 typedef int (*set_path_fn)(int external);
 typedef int (*get_path_fn)(void);
@@ -98,9 +99,11 @@ static struct {
     /* npusim's direct path (optional): `backup external` / `restore external` */
     set_path_fn set_data_path;
     get_path_fn get_data_path;
+    recent_error_fn recent_error; /* aclGetRecentErrMsg: why the calling thread's last call failed */
     char runtime[PATH_MAX];
     /* lock worker: pending while a worker is inside the runtime's lock call */
     int lock_pending, lock_done, lock_rc, lock_abandoned;
+    char lock_error[320]; /* the runtime's reason for a refused lock, or empty */
     /* lease on the lock (lease_armed: lease_left_ms counts down in run time) */
     int lease_armed;
     int lease_lost; /* the last lease ran out: renew is refused until the next lock */
@@ -269,6 +272,7 @@ static const char *resolve_runtime(void)
     if (dladdr((void *)l, &di) && di.dli_fname)
         snprintf(g.runtime, sizeof g.runtime, "%s", di.dli_fname);
     g.info = (info_fn)dlsym(h, "npusimSnapshotInfo");
+    g.recent_error = (recent_error_fn)dlsym(h, "aclGetRecentErrMsg");
     g.lock_timeout = (lock_timeout_fn)dlsym(h, "npusimSnapShotProcessLockTimeout");
     g.set_data_path = (set_path_fn)dlsym(h, "npusimSnapshotSetDataPath");
     g.get_data_path = (get_path_fn)dlsym(h, "npusimSnapshotGetDataPath");
@@ -335,7 +339,11 @@ static void *lock_worker(void *arg)
     /* Where the runtime lets us, its own wait is bounded by the caller's timeout, so a caller
      * who gives up does not leave the workload's device calls gated for CANN's full 60 s. */
     int rc = g.lock_timeout ? g.lock_timeout(getpid(), (int32_t)g.lock_timeout_ms) : g.lock(getpid(), NULL);
+    /* The reason is per thread in the runtime: read it on the thread that called. */
+    const char *why = rc != 0 && g.recent_error ? g.recent_error() : NULL;
     pthread_mutex_lock(&g.mu);
+    snprintf(g.lock_error, sizeof g.lock_error, "the runtime refused to lock%s%s", why && why[0] ? ": " : "",
+             why ? why : "");
     int abandoned = g.lock_abandoned;
     if (!abandoned) {
         g.lock_done = 1;
@@ -396,7 +404,7 @@ static int do_lock(long timeout_ms, const char **err)
     if (g.lock_rc == 0)
         g.state = ST_LOCKED;
     else
-        *err = "the runtime refused to lock";
+        *err = g.lock_error;
     return g.lock_rc;
 }
 

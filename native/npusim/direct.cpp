@@ -249,7 +249,8 @@ aclError npusimSnapshotSetDataPath(int external) {
 int npusimSnapshotGetDataPath(void) {
   rt::Runtime &r = rt::runtime();
   std::lock_guard<std::mutex> g(r.mu);
-  return (rt::data_path().next_external ? 1 : 0) | (rt::data_path().backup_external ? 2 : 0);
+  return (rt::data_path().next_external ? NPUSIM_DATA_PATH_NEXT_EXTERNAL : 0) |
+         (rt::data_path().backup_external ? NPUSIM_DATA_PATH_HELD_EXTERNAL : 0);
 }
 
 aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson) {

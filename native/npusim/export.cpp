@@ -791,14 +791,14 @@ bool serve(DeviceState &state, int fd, pid_t /*peer*/, const proto::Request &rq,
 
 int32_t quiesce(Session &s, uint32_t flags) {
   std::lock_guard<std::mutex> g(s.mu);
-  if (flags == 0) {
+  if (flags == proto::kQuiesceUnlocking) {
     if (s.transferring || s.awaiting_import) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
     s.locked = false;
     return ACL_SUCCESS;
   }
-  if (flags > 2) return ACL_ERROR_INVALID_PARAM;
+  if (flags > proto::kQuiesceAwaitingImport) return ACL_ERROR_INVALID_PARAM;
   s.locked = true;
-  s.awaiting_import = flags == 2;
+  s.awaiting_import = flags == proto::kQuiesceAwaitingImport;
   return ACL_SUCCESS;
 }
 

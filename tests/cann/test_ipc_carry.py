@@ -63,6 +63,7 @@ def test_sharing_is_carried_when_both_sides_are_checkpointed(npusim_daemon, buil
 
         r = npusnap("checkpoint", a.pid, "-D", tmp_path / "ck-a-early", env=env, timeout=120)
         assert r.returncode == 9 and "507906" in r.stderr, r.stderr  # its importer still runs
+        assert "cannot carry" in r.stderr and "ipc memory" in r.stderr, r.stderr  # the runtime names it
         assert pid_alive(a.pid) and not (tmp_path / "ck-a-early").exists()
 
         r = npusnap("checkpoint", b.pid, "-D", tmp_path / "ck-b", env=env, timeout=120)
