@@ -275,6 +275,22 @@ def _failure(resp: Any, what: str, log: Path) -> NpusnapError:
     return CriuFailed(f"CRIU {what} failed: {detail}", hint)
 
 
+# CRIU's dump failures that describe a passing moment, not the tree: the dump is tried again.
+TRANSIENT_DUMP_ERRORS = ("Zombies with threads are not supported",)
+DUMP_ATTEMPTS = 3
+
+
+def _empty_images_dir(images_dir: Path) -> None:
+    """Removes a failed attempt's images (our staging directory: plain files CRIU wrote)."""
+    fd = os.open(images_dir, os.O_DIRECTORY | os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(IsADirectoryError, FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class DumpOptions:
     pid: int
@@ -309,6 +325,19 @@ class Criu:
         return {name: bool(getattr(f, name)) for name in ("mem_track", "lazy_pages", "pidfd_store") if f.HasField(name)}
 
     def dump(self, o: DumpOptions) -> None:
+        # A process caught in the middle of its exit (a zombie whose threads are still going) makes
+        # CRIU give up; a moment later it is an ordinary zombie. CRIU has resumed the tree by then.
+        for attempt in range(1, DUMP_ATTEMPTS + 1):
+            resp = self._dump_once(o)
+            if resp.success:
+                return
+            if attempt == DUMP_ATTEMPTS or not any(t in line for line in _error_lines(o.log_dir / "dump.log")
+                                                   for t in TRANSIENT_DUMP_ERRORS):
+                raise _failure(resp, "dump", o.log_dir / "dump.log")
+            _empty_images_dir(o.images_dir)
+            time.sleep(0.05 * attempt)
+
+    def _dump_once(self, o: DumpOptions) -> Any:
         rpc = _rpc()
         opts = rpc.criu_opts(images_dir_fd=-1)
         opts.pid = o.pid
@@ -330,8 +359,7 @@ class Criu:
                 timeout=None if not o.timeout else o.timeout + 30,
                 pass_fds=(images_fd, log_fd, *fds),
             )
-        if not resp.success:
-            raise _failure(resp, "dump", o.log_dir / "dump.log")
+        return resp
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
                 tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None,
