@@ -272,3 +272,20 @@ NPUSIM_RESOURCE_KIND(kStreams);
 NPUSIM_RESOURCE_KIND(kEvents);
 
 }  // namespace
+
+extern "C" {
+
+// A captured record or wait is performed by the model when it runs, on the real event, whatever
+// the flag (npusim has no capture-internal events), so both flags come down to the plain calls.
+aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag) {
+  if (flag != ACL_EVENT_RECORD_DEFAULT && flag != ACL_EVENT_RECORD_EXTERNAL) return ACL_ERROR_INVALID_PARAM;
+  return aclrtRecordEvent(event, stream);
+}
+
+aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout, uint32_t flag) {
+  if (flag != ACL_EVENT_WAIT_DEFAULT && flag != ACL_EVENT_WAIT_EXTERNAL) return ACL_ERROR_INVALID_PARAM;
+  if (timeout != 0) return flag == ACL_EVENT_WAIT_EXTERNAL ? ACL_ERROR_INVALID_PARAM : ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+  return aclrtStreamWaitEvent(stream, event);
+}
+
+}  // extern "C"

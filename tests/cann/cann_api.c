@@ -203,6 +203,15 @@ static void streams_and_events(void) {
     EXPECT("recorded and run: complete", aclrtQueryEventStatus(e, &st) == ACL_SUCCESS && st == ACL_EVENT_RECORDED_STATUS_COMPLETE &&
                                          aclrtQueryEvent(e, &old) == ACL_SUCCESS && old == ACL_EVENT_STATUS_COMPLETE);
     EXPECT("timestamp of the record", aclrtEventGetTimestamp(e, &ts) == ACL_SUCCESS && ts > 0);
+    EXPECT("record/wait flags other than DEFAULT and EXTERNAL are refused",
+           aclrtRecordEventWithFlag(e, s, 7) == ACL_ERROR_INVALID_PARAM &&
+           aclrtStreamWaitEventWithFlag(s, e, 0, 7) == ACL_ERROR_INVALID_PARAM);
+    EXPECT("an EXTERNAL wait takes only timeout 0", aclrtStreamWaitEventWithFlag(s, e, 5, ACL_EVENT_WAIT_EXTERNAL) == ACL_ERROR_INVALID_PARAM);
+    MUST(aclrtRecordEventWithFlag(e, v2, ACL_EVENT_RECORD_EXTERNAL));
+    MUST(aclrtStreamWaitEventWithFlag(s, e, 0, ACL_EVENT_WAIT_EXTERNAL));
+    MUST(aclrtRecordEventWithFlag(e, s, ACL_EVENT_RECORD_DEFAULT));
+    MUST(aclrtSynchronizeStream(s));
+    EXPECT("a record with a flag completes", aclrtQueryEventStatus(e, &st) == ACL_SUCCESS && st == ACL_EVENT_RECORDED_STATUS_COMPLETE);
     aclrtStreamStatus ss = ACL_STREAM_STATUS_NOT_READY;
     EXPECT("an idle stream is complete", aclrtStreamQuery(s, &ss) == ACL_SUCCESS && ss == ACL_STREAM_STATUS_COMPLETE);
     MUST(aclrtFree(dev));

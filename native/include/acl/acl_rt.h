@@ -131,6 +131,17 @@ ACL_FUNC_VISIBILITY aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stre
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEvent(aclrtEvent event);
 ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent);
 
+/* Operation-level event flags: EXTERNAL marks a record or wait inside a model capture as one that
+ * the model performs on the real event when it runs (synchronization across the graph's edge). */
+#define ACL_EVENT_RECORD_DEFAULT 0x0U
+#define ACL_EVENT_RECORD_EXTERNAL 0x01U
+#define ACL_EVENT_WAIT_DEFAULT 0x0U
+#define ACL_EVENT_WAIT_EXTERNAL 0x01U
+ACL_FUNC_VISIBILITY aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag);
+/* timeout: 0 waits as aclrtStreamWaitEvent does (the only value ACL_EVENT_WAIT_EXTERNAL takes). */
+ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout,
+                                                          uint32_t flag);
+
 /* ---- Virtual memory, IPC memory, notify, IPC events (cann-ipc-vmm) ---- */
 #define ACL_IPC_EVENT_HANDLE_SIZE 64U
 
