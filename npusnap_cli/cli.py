@@ -108,19 +108,24 @@ def main(argv: Optional[list[str]] = None) -> Any:
     """Entry point: run the app and turn every failure into one line and an exit code.
     A Ctrl-C while an outcome is being reported ends as one line and 130 too, never as
     death by SIGINT; once the outcome is out, further signals wait for our exit."""
-    import signal
+    import _signal  # type: ignore[import-not-found]
 
     _interrupted[0] = False
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, _on_sigint)  # from here on, Ctrl-C is handled below
+    previous = _signal.getsignal(_signal.SIGINT)
+    previous_hook = sys.unraisablehook
     try:
+        # Inside the try: a Ctrl-C the moment the handler is in place is already ours. The builtin
+        # _signal returns no enum, so no Python code of signal's runs once the handler is set.
+        _signal.signal(_signal.SIGINT, _on_sigint)
+        sys.unraisablehook = _unraisable
         _main(argv)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
         _fail(Interrupted())
     finally:
         # The process's own CLI (argv from sys.argv) exits next; a caller in-process gets its handler back.
-        signal.signal(signal.SIGINT, signal.SIG_IGN if argv is None else previous)
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN if argv is None else previous)
+        sys.unraisablehook = previous_hook
 
 
 _interrupted = [False]  # a Ctrl-C arrived: what it broke (a native module's import, say) reports as one
@@ -129,6 +134,17 @@ _interrupted = [False]  # a Ctrl-C arrived: what it broke (a native module's imp
 def _on_sigint(signum: int, frame: Any) -> None:
     _interrupted[0] = True
     raise KeyboardInterrupt
+
+
+def _unraisable(hook: Any) -> None:
+    """A Ctrl-C that landed in a finalizer or a weakref callback (an import's module lock, say),
+    where Python can only print it and carry on: send it again, to be raised where it can be."""
+    import signal
+
+    if hook.exc_type is not None and issubclass(hook.exc_type, KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+        return
+    sys.__unraisablehook__(hook)
 
 
 def _main(argv: Optional[list[str]]) -> Any:
