@@ -34,42 +34,45 @@ def device_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def build_program(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """build_program("cann_api"): tests/cann/cann_api.c compiled as a CANN user would, against
-    $ASCEND_TOOLKIT_HOME/include and -lacl_rt from $ASCEND_TOOLKIT_HOME/lib64."""
+def _cc() -> str:
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("a C compiler is required")
-    home = Path(device_env["ASCEND_TOOLKIT_HOME"])
-    out_dir = tmp_path_factory.mktemp("cann-bin")
+    return cc
+
+
+def _compile(source: Path, exe: Path, home: Path, *flags: str) -> Path:
+    """tests/cann's C program built with nothing but the toolkit's include and lib64 paths."""
+    r = subprocess.run([_cc(), "-Wall", "-Werror", str(source), f"-I{home / 'include'}", f"-L{home / 'lib64'}", *flags,
+                        "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def _builder(home: Path, out_dir: Path, *flags: str) -> Callable[[str], Path]:
+    """build(NAME): tests/cann/NAME.c compiled once per session with flags."""
     built: dict[str, Path] = {}
 
     def build(name: str) -> Path:
         if name not in built:
-            exe = out_dir / name
-            r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-Wno-deprecated-declarations", str(HERE / f"{name}.c"),
-                                f"-I{home / 'include'}", f"-L{home / 'lib64'}", "-lacl_rt", "-lpthread",
-                                "-o", str(exe)], capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
-            built[name] = exe
+            built[name] = _compile(HERE / f"{name}.c", out_dir / name, home, *flags)
         return built[name]
 
     return build
 
+
+@pytest.fixture(scope="session")
+def build_program(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """build_program("cann_api"): tests/cann/cann_api.c compiled as a CANN user would, against
+    $ASCEND_TOOLKIT_HOME/include and -lacl_rt from $ASCEND_TOOLKIT_HOME/lib64."""
+    return _builder(Path(device_env["ASCEND_TOOLKIT_HOME"]), tmp_path_factory.mktemp("cann-bin"),
+                    "-O2", "-Wno-deprecated-declarations", "-lacl_rt", "-lpthread")
 
 # The kernel tests (cann-kernels): programs that link the libraries they name.
 
 @pytest.fixture(scope="session")
 def toolkit_home(device_env: dict[str, str]) -> Path:
     return Path(device_env["ASCEND_TOOLKIT_HOME"])
-
-
-def _cc() -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("a C compiler is required")
-    return cc
 
 
 @pytest.fixture(scope="session")
@@ -79,12 +82,9 @@ def cann_program(toolkit_home: Path, tmp_path_factory: pytest.TempPathFactory) -
 
     def build(source: str, *libs: str) -> Path:
         exe = out_dir / Path(source).stem
-        if not exe.exists():
-            r = subprocess.run([_cc(), "-O1", "-Wall", "-Werror", str(HERE / source), f"-I{toolkit_home / 'include'}",
-                                f"-L{toolkit_home / 'lib64'}", *libs, f"-Wl,-rpath,{toolkit_home / 'lib64'}",
-                                "-o", str(exe)], capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
-        return exe
+        if exe.exists():
+            return exe
+        return _compile(HERE / source, exe, toolkit_home, "-O1", *libs, f"-Wl,-rpath,{toolkit_home / 'lib64'}")
 
     return build
 
@@ -101,21 +101,6 @@ def kernels_so(toolkit_home: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def build_c(device_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """build_c("NAME"): tests/cann/NAME.c linked with -lascendcl from the same paths, with an rpath,
     so it runs under any environment (the IPC and VMM programs run under `npusnap run`)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("a C compiler is required")
     home = Path(device_env["ASCEND_TOOLKIT_HOME"])
-    out_dir = tmp_path_factory.mktemp("cann-vmm-bin")
-    built: dict[str, Path] = {}
-
-    def build(name: str) -> Path:
-        if name not in built:
-            exe = out_dir / name
-            r = subprocess.run([cc, "-O1", "-Wall", "-Werror", str(HERE / f"{name}.c"), f"-I{home / 'include'}",
-                                f"-L{home / 'lib64'}", "-lascendcl", "-lpthread", f"-Wl,-rpath,{home / 'lib64'}",
-                                "-o", str(exe)], capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
-            built[name] = exe
-        return built[name]
-
-    return build
+    return _builder(home, tmp_path_factory.mktemp("cann-vmm-bin"), "-O1", "-lascendcl", "-lpthread",
+                    f"-Wl,-rpath,{home / 'lib64'}")
