@@ -8,6 +8,7 @@
 #include "access.h"
 #include "device_state.h"
 #include "export.h"
+#include "hccl_daemon.h"
 #include "kernel_host.h"
 #include "wire.h"
 
@@ -120,6 +121,8 @@ bool serve_connection(DeviceState &state, int fd) {
     } else if (rq.op == Op::BinaryLoad || rq.op == Op::BinaryUnload || rq.op == Op::FunctionLookup ||
                rq.op == Op::LaunchKernel) {
       if (!kernels::serve(state, *session, fd, uid, rq, rp)) break;  // reads its own trailing bytes
+    } else if (rq.op >= Op::HcclRootInfo && rq.op <= Op::HcclCommInfo) {  // hccl
+      if (!hccl::serve(state, *session, fd, rq, rp)) break;  // reads its own trailing bytes
     } else {
       rp.code = handle(state, *session, rq, rp);
     }
