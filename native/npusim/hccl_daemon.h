@@ -22,6 +22,9 @@ void register_comm(uint64_t id, const uint8_t secret[32]);
 // Serves one HCCL request (Op::HcclRootInfo .. Op::HcclCommInfo) of a joined session; reads its
 // own trailing bytes. false: the connection is unusable.
 bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, proto::Reply &rp);
+// Closes every member of the session (Op::Release: aclFinalize), so that its stream workers
+// blocked in a collective return and its peers see it leave.
+void release(Session &s);
 // Runs a TaskKind::HcclCollective on its stream's worker; returns an aclError.
 int32_t run(Work &w);
 // The bytes a rank sends to the root and receives back for one collective step (hccl_member.cpp).

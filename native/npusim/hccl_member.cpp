@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "acl/acl_base.h"
 #include "hccl/hccl_types.h"
@@ -194,6 +195,7 @@ int32_t comm_init(DeviceState &state, Session &s, const proto::Request &rq, cons
   std::lock_guard<std::mutex> g(members().mu);
   m->id = members().next_id++;
   members().by_id[m->id] = m;
+  members().state = &state;  // before the reaper starts; the daemon has one
   if (!members().reaper) {
     members().reaper = true;
     std::thread(reap).detach();
@@ -252,7 +254,6 @@ void step_bytes(uint64_t kind, uint64_t count, uint64_t es, uint32_t nranks, boo
 }
 
 bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, proto::Reply &rp) {
-  members().state = &state;
   if (rq.size > kMaxBody) return false;
   std::string body(rq.size, '\0');
   if (rq.size > 0 && !wire::recv_all(fd, body.data(), body.size())) return false;
@@ -311,6 +312,21 @@ bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, pro
     default: rp.code = HCCL_E_NOT_SUPPORT; break;
   }
   return true;
+}
+
+void release(Session &s) {
+  std::vector<std::shared_ptr<Member>> mine;
+  {
+    std::lock_guard<std::mutex> g(members().mu);
+    for (auto it = members().by_id.begin(); it != members().by_id.end();)
+      if (it->second->pid == s.pid) {
+        mine.push_back(it->second);
+        it = members().by_id.erase(it);
+      } else {
+        ++it;
+      }
+  }
+  for (auto &m : mine) m->close_link();
 }
 
 int32_t run(Work &w) {

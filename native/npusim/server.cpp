@@ -54,7 +54,10 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
       return rc;
     }
     case Op::Quiesce: return xfer::quiesce(s, rq.flags);
-    case Op::Release: state.release(s); return ACL_SUCCESS;
+    case Op::Release:
+      hccl::release(s);  // hccl: first, or a stream worker in a collective would hold up the release
+      state.release(s);
+      return ACL_SUCCESS;
     case Op::EventCreate:
       rp.value[0] = streams::event_create(s, rq.value[0], rq.value[1]);
       return ACL_SUCCESS;

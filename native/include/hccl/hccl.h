@@ -19,36 +19,36 @@
 extern "C" {
 #endif
 
-#define HCCL_API __attribute__((visibility("default")))
+#define NPUSIM_HCCL_API __attribute__((visibility("default")))
 
 /* Communicators. */
-extern HCCL_API HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo);
-extern HCCL_API HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank,
+extern NPUSIM_HCCL_API HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo);
+extern NPUSIM_HCCL_API HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank,
                                                 HcclComm *comm);
 /* clusterInfo: the path of a rank table file (JSON, CANN's "server_list" format). */
-extern HCCL_API HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclComm *comm);
-extern HCCL_API HcclResult HcclCommDestroy(HcclComm comm);
-extern HCCL_API HcclResult HcclGetRankSize(HcclComm comm, uint32_t *rankSize);
-extern HCCL_API HcclResult HcclGetRankId(HcclComm comm, uint32_t *rank);
-extern HCCL_API const char *HcclGetErrorString(HcclResult code);
+extern NPUSIM_HCCL_API HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclComm *comm);
+extern NPUSIM_HCCL_API HcclResult HcclCommDestroy(HcclComm comm);
+extern NPUSIM_HCCL_API HcclResult HcclGetRankSize(HcclComm comm, uint32_t *rankSize);
+extern NPUSIM_HCCL_API HcclResult HcclGetRankId(HcclComm comm, uint32_t *rank);
+extern NPUSIM_HCCL_API const char *HcclGetErrorString(HcclResult code);
 
 /* Collectives. */
-extern HCCL_API HcclResult HcclAllReduce(void *sendBuf, void *recvBuf, uint64_t count, HcclDataType dataType,
+extern NPUSIM_HCCL_API HcclResult HcclAllReduce(void *sendBuf, void *recvBuf, uint64_t count, HcclDataType dataType,
                                          HcclReduceOp op, HcclComm comm, aclrtStream stream);
-extern HCCL_API HcclResult HcclBroadcast(void *buf, uint64_t count, HcclDataType dataType, uint32_t root,
+extern NPUSIM_HCCL_API HcclResult HcclBroadcast(void *buf, uint64_t count, HcclDataType dataType, uint32_t root,
                                          HcclComm comm, aclrtStream stream);
-extern HCCL_API HcclResult HcclReduceScatter(void *sendBuf, void *recvBuf, uint64_t recvCount,
+extern NPUSIM_HCCL_API HcclResult HcclReduceScatter(void *sendBuf, void *recvBuf, uint64_t recvCount,
                                              HcclDataType dataType, HcclReduceOp op, HcclComm comm,
                                              aclrtStream stream);
-extern HCCL_API HcclResult HcclAllGather(void *sendBuf, void *recvBuf, uint64_t sendCount, HcclDataType dataType,
+extern NPUSIM_HCCL_API HcclResult HcclAllGather(void *sendBuf, void *recvBuf, uint64_t sendCount, HcclDataType dataType,
                                          HcclComm comm, aclrtStream stream);
-extern HCCL_API HcclResult HcclReduce(void *sendBuf, void *recvBuf, uint64_t count, HcclDataType dataType,
+extern NPUSIM_HCCL_API HcclResult HcclReduce(void *sendBuf, void *recvBuf, uint64_t count, HcclDataType dataType,
                                       HcclReduceOp op, uint32_t root, HcclComm comm, aclrtStream stream);
-extern HCCL_API HcclResult HcclSend(void *sendBuf, uint64_t count, HcclDataType dataType, uint32_t destRank,
+extern NPUSIM_HCCL_API HcclResult HcclSend(void *sendBuf, uint64_t count, HcclDataType dataType, uint32_t destRank,
                                     HcclComm comm, aclrtStream stream);
-extern HCCL_API HcclResult HcclRecv(void *recvBuf, uint64_t count, HcclDataType dataType, uint32_t srcRank,
+extern NPUSIM_HCCL_API HcclResult HcclRecv(void *recvBuf, uint64_t count, HcclDataType dataType, uint32_t srcRank,
                                     HcclComm comm, aclrtStream stream);
-extern HCCL_API HcclResult HcclBarrier(HcclComm comm, aclrtStream stream);
+extern NPUSIM_HCCL_API HcclResult HcclBarrier(HcclComm comm, aclrtStream stream);
 
 /*
  * npusim only, for debugging and tools: one line of JSON describing comm
@@ -56,7 +56,7 @@ extern HCCL_API HcclResult HcclBarrier(HcclComm comm, aclrtStream stream);
  * "broken": bool}); S is the communicator's sequence number (collectives issued by this rank).
  * Returns the length written, or -1.
  */
-extern HCCL_API int npusimHcclCommInfo(HcclComm comm, char *buf, uint64_t len);
+extern NPUSIM_HCCL_API int npusimHcclCommInfo(HcclComm comm, char *buf, uint64_t len);
 
 #ifdef __cplusplus
 }
