@@ -11,8 +11,9 @@
  *   join      initializes and prints "init rc=N" (a peer that never joins: HCCL_E_TIMEOUT).
  *   idle      initializes, prints "joined", then sleeps (a peer that never takes part, or is killed).
  *   wait      initializes, queues an AllReduce, prints "queued", synchronizes: "sync rc=N".
- *   hold      AllReduces every 20 ms, each checked, printing "step K" until INFO.stop exists, then
- *             five more and "done".
+ *   finalize  initializes, queues an AllReduce, prints "queued", calls aclFinalize: "finalize rc=N".
+ *   hold      AllReduces every 20 ms, each checked, printing "step K" until a rank sees INFO.stop
+ *             (all ranks learn it in the same AllReduce), then five more and "done".
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -435,13 +436,16 @@ static int mode_all(HcclComm comm, aclrtStream stream) {
 static int mode_hold(HcclComm comm, aclrtStream stream, const char *info_arg) {
   char stop[4096];
   snprintf(stop, sizeof(stop), "%s.stop", strncmp(info_arg, "table:", 6) == 0 ? info_arg + 6 : info_arg);
-  int32_t *d = NULL, host[N_ELEMS];
+  /* The last element says whether this rank saw the stop file: summed with the data, so that every
+   * rank decides to stop at the same step (a rank that went on alone would wait for its peers). */
+  int32_t *d = NULL, host[N_ELEMS + 1];
   ACL_OK(aclrtMalloc((void **)&d, sizeof(host), ACL_MEM_MALLOC_HUGE_FIRST));
   int after_stop = -1;
   for (int step = 0; after_stop < 5; ++step) {
     for (int i = 0; i < N_ELEMS; ++i) host[i] = step * 1000 + i + g_rank;
+    host[N_ELEMS] = after_stop < 0 && access(stop, F_OK) == 0;
     ACL_OK(aclrtMemcpy(d, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
-    HCCL_OK(HcclAllReduce(d, d, N_ELEMS, HCCL_DATA_TYPE_INT32, HCCL_REDUCE_SUM, comm, stream));
+    HCCL_OK(HcclAllReduce(d, d, N_ELEMS + 1, HCCL_DATA_TYPE_INT32, HCCL_REDUCE_SUM, comm, stream));
     ACL_OK(aclrtMemcpyAsync(host, sizeof(host), d, sizeof(host), ACL_MEMCPY_DEVICE_TO_HOST, stream));
     ACL_OK(aclrtSynchronizeStream(stream));
     for (int i = 0; i < N_ELEMS; ++i)
@@ -450,9 +454,8 @@ static int mode_hold(HcclComm comm, aclrtStream stream, const char *info_arg) {
         return 1;
       }
     printf("step %d\n", step);
-    fflush(stdout);
     if (after_stop >= 0) ++after_stop;
-    else if (access(stop, F_OK) == 0) after_stop = 0;
+    else if (host[N_ELEMS] > 0) after_stop = 0;
     usleep(20000);
   }
   print_info(comm);
@@ -465,7 +468,7 @@ static int mode_hold(HcclComm comm, aclrtStream stream, const char *info_arg) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc != 6) {
-    fprintf(stderr, "usage: hccl_ranks all|join|idle|wait|hold RANK NRANKS DEVICE INFO|table:PATH\n");
+    fprintf(stderr, "usage: hccl_ranks all|join|idle|wait|finalize|hold RANK NRANKS DEVICE INFO|table:PATH\n");
     return 2;
   }
   const char *mode = argv[1], *info_arg = argv[5];
@@ -488,6 +491,13 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "idle") == 0) {
     printf("joined\n");
     sleep(120); /* the test kills us long before */
+    return 0;
+  }
+  if (strcmp(mode, "finalize") == 0) {
+    void *d = dev_with(HCCL_DATA_TYPE_FP32, 1, 0, N_ELEMS, 1);
+    HCCL_OK(HcclAllReduce(d, d, N_ELEMS, HCCL_DATA_TYPE_FP32, HCCL_REDUCE_SUM, comm, stream));
+    printf("queued\n");
+    printf("finalize rc=%d\n", (int)aclFinalize());
     return 0;
   }
   if (strcmp(mode, "wait") == 0) {

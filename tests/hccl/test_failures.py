@@ -1,7 +1,7 @@
 """HCCL's failures end in errors, never hangs: a peer that never joins (HCCL_CONNECT_TIMEOUT ->
 HCCL_E_TIMEOUT), a peer that never takes part (HCCL_EXEC_TIMEOUT -> the stream's synchronize
 fails), a peer process killed mid-collective and a peer's daemon killed mid-collective (the task
-fails at once, long before any timeout). Timeouts are kept short with CANN's variables."""
+fails at once, long before any timeout), and aclFinalize while a collective waits. Timeouts are kept short with CANN's variables."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ def test_killed_peer_fails_the_collective(daemons, ranks, short_dir) -> None:
     assert waiter.proc.wait(timeout=60) == 0, waiter.lines()
     rc, state = _sync_result(waiter.lines())
     assert rc == SUSPECT_REMOTE_ERROR and state["broken"], (rc, state)
+
+
+def test_finalize_with_a_collective_waiting_returns(daemons, ranks, short_dir) -> None:
+    """aclFinalize ends the session: the collective its stream waits on is dropped, not awaited."""
+    (daemon,) = daemons(1)
+    info = str(short_dir / "root.info")
+    leaving = ranks.start("finalize", 0, 2, daemon, info)  # CANN's default HCCL_EXEC_TIMEOUT: 1836 s
+    idle = ranks.start("idle", 1, 2, daemon, info)
+    idle.wait_for_line("joined")
+    assert leaving.proc.wait(timeout=60) == 0, leaving.lines()
+    assert leaving.lines()[-1] == "finalize rc=0", leaving.lines()
 
 
 @pytest.mark.parametrize("killed", ["member", "root"])

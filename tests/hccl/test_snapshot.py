@@ -33,6 +33,8 @@ def test_checkpoint_refused_while_a_communicator_is_live(daemons, ranks, short_d
 
     (short_dir / "root.info.stop").touch()
     outputs = ranks.wait_all()
+    steps = [[x for x in lines if x.startswith("step ")] for lines in outputs]
+    assert steps[0] == steps[1], steps  # both ranks stopped after the same collective
     for lines in outputs:
         assert lines[-1] == "done", lines[-5:]
         state = json.loads(next(x for x in lines if x.startswith("info "))[5:])
