@@ -28,6 +28,12 @@
 #include "acl/npusim.h"
 #include "hccl/hccl.h"
 
+/* CANN's numbering and sizes, which programs and framework bindings (ctypes) rely on. */
+_Static_assert(sizeof(HcclRootInfo) == 4108 && HCCL_ROOT_INFO_BYTES == 4108, "HcclRootInfo is 4108 bytes");
+_Static_assert(HCCL_E_TIMEOUT == 9 && HCCL_E_REMOTE == 21 && HCCL_E_SUSPENDING == 22, "HcclResult");
+_Static_assert(HCCL_DATA_TYPE_FP32 == 4 && HCCL_DATA_TYPE_FP64 == 10 && HCCL_DATA_TYPE_BFP16 == 11, "HcclDataType");
+_Static_assert(HCCL_REDUCE_PROD == 1 && HCCL_REDUCE_MIN == 3, "HcclReduceOp");
+
 #define N_ELEMS 37
 #define BIG_ELEMS (1u << 20)
 
