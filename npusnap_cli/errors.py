@@ -8,6 +8,7 @@ Exit codes (documented in the README for scheduler scripts):
   9 device / agent failure             10 lock timeout
  11 wrong phase order / state          12 storage problem (space, read-only, exists,
                                            -D is not a directory npusnap wrote)
+    (11 also: an HCCL communicator of a member has ranks outside the checkpointed set)
  13 the target cannot be checkpointed (pid 1, a kernel thread)
  14 configuration file problem (unknown key, bad value, not YAML)
 130 interrupted (Ctrl-C; everything was rolled back)
@@ -75,6 +76,13 @@ class WrongState(NpusnapError):
     default_hint = "run `npusnap status PID` to see which phase the process is in"
 
 
+class PeersOutsideSet(WrongState):
+    """A member holds an HCCL communicator whose other ranks are not being checkpointed with it."""
+
+    default_hint = ("checkpoint every rank of the communicator in one `npusnap checkpoint PID PID ...`, "
+                    "or pass --force (the ranks left out then hang or fail in their next collective)")
+
+
 class StorageProblem(NpusnapError):
     exit_code = 12
 
@@ -107,7 +115,7 @@ EXIT_CODES = {
     ImageInvalid.exit_code: "checkpoint directory invalid or corrupt",
     DeviceFailed.exit_code: "device runtime or agent failure",
     LockTimeout.exit_code: "device lock timed out",
-    WrongState.exit_code: "wrong phase order or process state",
+    WrongState.exit_code: "wrong phase order or process state; or an HCCL communicator with ranks outside the set",
     StorageProblem.exit_code: "storage problem (no space, read-only, already exists, -D not written by npusnap)",
     UnsupportedTarget.exit_code: "the target cannot be checkpointed (pid 1, a kernel thread)",
     ConfigProblem.exit_code: "configuration file problem (unknown key, bad value, not YAML)",

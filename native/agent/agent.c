@@ -82,6 +82,7 @@ typedef const char *(*recent_error_fn)(void);
 typedef int (*lock_timeout_fn)(int pid, int32_t timeout_ms);
 typedef int (*set_path_fn)(int external);
 typedef int (*get_path_fn)(void);
+typedef int (*option_fn)(const char *key, const char *value);
 
 enum state { ST_RUNNING, ST_LOCKED, ST_BACKED_UP };
 static const char *const state_names[] = {NPUSNAP_STATE_RUNNING, NPUSNAP_STATE_LOCKED, NPUSNAP_STATE_BACKED_UP};
@@ -99,6 +100,7 @@ static struct {
     /* npusim's direct path (optional): `backup external` / `restore external` */
     set_path_fn set_data_path;
     get_path_fn get_data_path;
+    option_fn hccl_option; /* npusim: npusimHcclSnapshotOption (`hccl KEY VALUE`), optional */
     recent_error_fn recent_error; /* aclGetRecentErrMsg: why the calling thread's last call failed */
     char runtime[PATH_MAX];
     /* lock worker: pending while a worker is inside the runtime's lock call */
@@ -276,6 +278,7 @@ static const char *resolve_runtime(void)
     g.lock_timeout = (lock_timeout_fn)dlsym(h, "npusimSnapShotProcessLockTimeout");
     g.set_data_path = (set_path_fn)dlsym(h, "npusimSnapshotSetDataPath");
     g.get_data_path = (get_path_fn)dlsym(h, "npusimSnapshotGetDataPath");
+    g.hccl_option = (option_fn)dlsym(h, "npusimHcclSnapshotOption");
     if (!g.get_data_path)
         g.set_data_path = NULL;
     g.backup = b;
@@ -572,6 +575,7 @@ struct request {
     long arg, arg2;
     int nargs;    /* numeric arguments given: 0, 1 or 2 */
     int external; /* `backup external` / `restore external`: npusim's direct path */
+    char key[32], value[NPUSNAP_AGENT_HCCL_VALUE_MAX]; /* `hccl KEY VALUE` */
 };
 
 static int parse_number(const char *s, long *out)
@@ -591,6 +595,15 @@ static int parse_request(const char *line, struct request *rq)
         !strcmp(line, NPUSNAP_AGENT_CMD_RESTORE " " NPUSNAP_AGENT_ARG_EXTERNAL)) {
         rq->external = 1;
         snprintf(rq->cmd, sizeof rq->cmd, "%.*s", (int)strcspn(line, " "), line);
+        return 0;
+    }
+    /* `hccl KEY VALUE`: a setting for the runtime's next lock or restore (VALUE: a path). */
+    if (!strncmp(line, NPUSNAP_AGENT_CMD_HCCL " ", sizeof NPUSNAP_AGENT_CMD_HCCL)) {
+        char fmt[32], more[2];
+        snprintf(fmt, sizeof fmt, "%%*s %%31s %%%ds %%1s", NPUSNAP_AGENT_HCCL_VALUE_MAX - 1);
+        if (sscanf(line, fmt, rq->key, rq->value, more) != 2)
+            return -1;
+        snprintf(rq->cmd, sizeof rq->cmd, "%s", NPUSNAP_AGENT_CMD_HCCL);
         return 0;
     }
     char extra[2];
@@ -714,6 +727,16 @@ static void cmd_restore(const struct request *rq, struct outcome *o)
         o->err = "the runtime's restore failed";
 }
 
+static void cmd_hccl(const struct request *rq, struct outcome *o)
+{
+    if (!g.hccl_option)
+        refuse(o, NPUSNAP_AGENT_E_UNSUPPORTED,
+               "hccl refused: this device runtime has no HCCL snapshot settings "
+               "(npusimHcclSnapshotOption)");
+    else if ((o->code = g.hccl_option(rq->key, rq->value)) != 0)
+        o->err = "the runtime refused the HCCL setting";
+}
+
 /* From LOCKED or BACKED_UP, as in CANN. */
 static void cmd_unlock(const struct request *rq, struct outcome *o)
 {
@@ -741,11 +764,12 @@ static const struct command {
     {NPUSNAP_AGENT_CMD_BACKUP, 0, 1, cmd_backup},
     {NPUSNAP_AGENT_CMD_RESTORE, 0, 1, cmd_restore},
     {NPUSNAP_AGENT_CMD_UNLOCK, 0, 1, cmd_unlock},
+    {NPUSNAP_AGENT_CMD_HCCL, 0, 1, cmd_hccl},
 };
 
 #define EXPECTED_REQUESTS                                                                          \
     "expected one of: ping, status, lock <timeout_ms> [<lease_ms>], renew <lease_ms>, backup, "    \
-    "restore, unlock"
+    "restore, unlock, hccl <key> <value>"
 
 static const struct command *find_command(const char *name)
 {
@@ -868,7 +892,7 @@ static void serve(int c)
         return;
     }
 
-    char line[128];
+    char line[64 + NPUSNAP_AGENT_HCCL_VALUE_MAX];
     size_t n = 0;
     while (n < sizeof line - 1) {
         ssize_t r = recv(c, line + n, sizeof line - 1 - n, 0);

@@ -1,8 +1,9 @@
 // libhccl.so: CANN's HCCL API on npusim. A communicator handle is an object of this process that
 // names its member in this process's daemon (hccl_member.cpp); collectives are queued on the
 // caller's stream like any task and run on the daemons, which carry the data between ranks over
-// TCP (hccl_wire.h). The handle keeps the communicator's sequence number: collectives issued by
-// this rank (Send/Recv are matched per pair instead and do not count).
+// TCP (hccl_wire.h). The runtime keeps the communicator's member and sequence number (collectives
+// issued by this rank; Send/Recv are matched per pair instead and do not count), so that a
+// snapshot can carry them behind this handle (hccl_snapshot.cpp).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/random.h>
@@ -36,11 +37,8 @@ constexpr uint16_t kBasePortDefault = 60000;     // CANN's HCCL_IF_BASE_PORT def
 constexpr off_t kMaxRankTable = 1 << 20;
 
 struct CommObj {
-  uint64_t member = 0;
   uint64_t comm_id = 0;
   uint32_t rank = 0, nranks = 0;
-  std::mutex mu;     // orders the sequence numbers with the enqueues
-  uint64_t seq = 0;  // collectives issued by this rank
 };
 
 std::mutex g_mu;
@@ -82,7 +80,8 @@ uint64_t fnv1a(const std::string &s, uint64_t salt) {
   return h;
 }
 
-HcclResult init(const RootBlob &blob, uint32_t nranks, uint32_t rank, uint32_t flags, HcclComm *comm) {
+HcclResult init(const RootBlob &blob, uint32_t nranks, uint32_t rank, uint32_t flags, bool origin_rank_table,
+                HcclComm *comm) {
   int32_t device = 0;
   if (npusimHcclDevice(&device) != ACL_SUCCESS) {
     std::fprintf(stderr, "npusim hccl: no current device: call aclInit and aclrtSetDevice first\n");
@@ -107,15 +106,18 @@ HcclResult init(const RootBlob &blob, uint32_t nranks, uint32_t rank, uint32_t f
                  rank, nranks, connect);
   if (rc != HCCL_SUCCESS) return rc;
   auto *c = new CommObj;
-  c->member = rp.value[0];
   c->comm_id = blob.comm_id;
   c->rank = rank;
   c->nranks = nranks;
+  const NpusimHcclCommDesc desc{blob.comm_id, rp.value[0], rank, nranks, device,
+                                origin_rank_table ? NPUSIM_HCCL_ORIGIN_RANK_TABLE
+                                                                : NPUSIM_HCCL_ORIGIN_ROOT_INFO,
+                                rq.timeout_ms, static_cast<int64_t>(rq.addr)};
+  npusimHcclTrack(c, &desc);
   {
     std::lock_guard<std::mutex> g(g_mu);
     live().insert(c);
   }
-  npusimHcclTrack(c, c->comm_id, rank, nranks, 1);
   *comm = c;
   return HCCL_SUCCESS;
 }
@@ -160,7 +162,6 @@ HcclResult submit(HcclComm comm, uint64_t kind, void *send, void *recv, uint64_t
   proto::Request rq = wire::request(proto::Op::HcclEnqueue);
   proto::Task &t = rq.task;
   t.kind = proto::TaskKind::HcclCollective;
-  t.event = static_cast<uint32_t>(c->member);
   t.m = kind;
   t.n = static_cast<uint64_t>(type);
   t.k = static_cast<uint64_t>(op);
@@ -168,11 +169,7 @@ HcclResult submit(HcclComm comm, uint64_t kind, void *send, void *recv, uint64_t
   t.size = count;
   t.src = reinterpret_cast<uint64_t>(send);
   t.dst = reinterpret_cast<uint64_t>(recv);
-  std::lock_guard<std::mutex> g(c->mu);
-  t.target = p2p ? 0 : c->seq + 1;
-  const HcclResult rc = result_of(npusimHcclSubmit(stream, &rq));
-  if (rc == HCCL_SUCCESS && !p2p) ++c->seq;
-  return rc;
+  return result_of(npusimHcclSubmit(stream, c, &rq));  // the runtime numbers it
 }
 
 }  // namespace
@@ -215,7 +212,7 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
   RootBlob b{};
   std::memcpy(&b, rootInfo->internal, sizeof(b));
   if (nRanks == 0 || rank >= nRanks || std::memcmp(b.magic, kRootMagic, sizeof(b.magic)) != 0) return HCCL_E_PARA;
-  return init(b, nRanks, rank, 0, comm);
+  return init(b, nRanks, rank, 0, false, comm);
 }
 
 HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclComm *comm) {
@@ -253,7 +250,7 @@ HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclC
     const uint64_t h = fnv1a(json, 0x736563726574ULL + static_cast<uint64_t>(i));
     std::memcpy(b.secret + 8 * i, &h, 8);
   }
-  return init(b, static_cast<uint32_t>(ranks.size()), rank, rank == 0 ? 1 : 0, comm);
+  return init(b, static_cast<uint32_t>(ranks.size()), rank, rank == 0 ? 1 : 0, true, comm);
 }
 
 HcclResult HcclCommDestroy(HcclComm comm) {
@@ -263,10 +260,12 @@ HcclResult HcclCommDestroy(HcclComm comm) {
     std::lock_guard<std::mutex> g(g_mu);
     if (live().erase(c) == 0) return HCCL_E_PARA;
   }
+  uint64_t member = 0, seq = 0;
+  npusimHcclMember(c, &member, &seq);
   proto::Request rq = wire::request(proto::Op::HcclCommDestroy);
-  rq.value[0] = c->member;
+  rq.value[0] = member;
   const HcclResult rc = result_of(npusimHcclCall(&rq, nullptr, nullptr));
-  npusimHcclTrack(c, c->comm_id, c->rank, c->nranks, 0);
+  npusimHcclTrack(c, nullptr);
   delete c;
   return rc == HCCL_E_RUNTIME ? HCCL_SUCCESS : rc;  // a daemon already gone freed the member with its session
 }
@@ -358,15 +357,12 @@ HcclResult HcclBarrier(HcclComm comm, aclrtStream stream) {
 int npusimHcclCommInfo(HcclComm comm, char *buf, uint64_t len) {
   CommObj *c = find(comm);
   if (c == nullptr || buf == nullptr) return -1;
+  uint64_t member = 0, seq = 0;
+  if (npusimHcclMember(c, &member, &seq) != 0) return -1;
   proto::Request rq = wire::request(proto::Op::HcclCommInfo);
-  rq.value[0] = c->member;
+  rq.value[0] = member;
   proto::Reply rp{};
   const bool daemon = npusimHcclCall(&rq, &rp, nullptr) == HCCL_SUCCESS;
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> g(c->mu);
-    seq = c->seq;
-  }
   const int n = std::snprintf(
       buf, len, "{\"comm\": \"%016llx\", \"rank\": %u, \"ranks\": %u, \"seq\": %llu, \"daemon_issued\": %lld, "
       "\"daemon_completed\": %lld, \"broken\": %s}",

@@ -1,47 +1,42 @@
-// The runtime's side of libhccl.so (hccl_bridge.h), and communicators as the resource kind
-// "hccl communicators": Lock refuses while one is live (its collectives cannot be carried yet),
-// so the workload runs on instead of being restored with a communicator that no longer exists.
+// The runtime's side of libhccl.so (hccl_bridge.h): daemon calls behind the snapshot's gate,
+// stream handles, the current device, and the table of communicators (hccl_comms.h) that
+// hccl_snapshot.cpp carries across a snapshot.
 #include "hccl_bridge.h"
 
-#include <cstdio>
-#include <map>
 #include <string>
 
-#include "resources.h"
+#include "hccl_comms.h"
+#include "hccl_wire.h"
 #include "runtime.h"
 
 using namespace npusim;
 using namespace npusim::rt;
 
-namespace {
+namespace npusim::rt {
 
-struct CommInfo {
-  uint64_t id;
-  uint32_t rank, nranks;
-};
-
-// Guarded by runtime().mu.
-std::map<const void *, CommInfo> &live_comms() {
-  static auto *m = new std::map<const void *, CommInfo>;
+std::map<const void *, CommEntry> &hccl_comms() {
+  static auto *m = new std::map<const void *, CommEntry>;
   return *m;
 }
 
-int32_t check_comms(std::string *why) {
-  std::lock_guard<std::mutex> g(runtime().mu);
-  if (live_comms().empty()) return ACL_SUCCESS;
-  const CommInfo &c = live_comms().begin()->second;
-  char line[160];
-  std::snprintf(line, sizeof(line), "HCCL communicator %016llx (rank %u of %u): checkpoint of collectives not yet supported",
-                static_cast<unsigned long long>(c.id), c.rank, c.nranks);
-  *why = line;
-  return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+void hccl_update_behind() {
+  bool behind = false;
+  for (auto &[handle, c] : hccl_comms()) behind = behind || c.seq < c.pass;
+  runtime().hccl_behind = behind;
 }
 
-const ResourceKind kCommunicators{"hccl communicators", 45, check_comms, nullptr, nullptr, nullptr,
-                                  [] { return live_comms().size(); }};
-NPUSIM_RESOURCE_KIND(kCommunicators);
+}  // namespace npusim::rt
 
-}  // namespace
+
+namespace npusim::rt {
+
+bool hccl_admits(const void *comm) {
+  auto it = hccl_comms().find(comm);
+  if (comm == nullptr || it == hccl_comms().end()) return runtime().hccl_behind;
+  return it->second.seq < it->second.pass;
+}
+
+}  // namespace npusim::rt
 
 extern "C" {
 
@@ -55,20 +50,68 @@ int32_t npusimHcclCall(const proto::Request *rq, proto::Reply *rp, const void *b
   return runtime().pool.call(*rq, rp, body != nullptr ? &trailing : nullptr);
 }
 
-int32_t npusimHcclSubmit(void *stream, proto::Request *rq) {
-  CallScope scope;
+int32_t npusimHcclSubmit(void *stream, const void *comm, proto::Request *rq) {
+  Runtime &r = runtime();
+  const bool p2p = rq->task.m == npusim::hccl::kSend || rq->task.m == npusim::hccl::kRecv;
+  std::shared_ptr<std::mutex> order;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = hccl_comms().find(comm);
+    if (it == hccl_comms().end()) return ACL_ERROR_INVALID_PARAM;
+    order = it->second.order;
+  }
+  std::lock_guard<std::mutex> o(*order);  // before the gate: a second enqueue sees the first's number
+  CallScope scope(p2p ? nullptr : comm);
   StreamObj *s = nullptr;
   if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   rq->stream = s->id;
-  return runtime().pool.call(*rq);
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = hccl_comms().find(comm);
+    if (it == hccl_comms().end()) return ACL_ERROR_INVALID_PARAM;
+    rq->task.event = static_cast<uint32_t>(it->second.member);
+    rq->task.target = p2p ? 0 : it->second.seq + 1;
+  }
+  const int32_t rc = r.pool.call(*rq);
+  if (rc == 0 && !p2p) {
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = hccl_comms().find(comm);
+    if (it != hccl_comms().end()) ++it->second.seq;
+    hccl_update_behind();  // caught up: the free pass closes behind this collective
+    r.gate_cv.notify_all();
+  }
+  return rc;
 }
 
 int32_t npusimHcclDevice(int32_t *device) { return active_device(runtime(), device); }
 
-void npusimHcclTrack(const void *comm, uint64_t comm_id, uint32_t rank, uint32_t nranks, int live) {
+void npusimHcclTrack(const void *comm, const NpusimHcclCommDesc *desc) {
   std::lock_guard<std::mutex> g(runtime().mu);
-  if (live) live_comms()[comm] = CommInfo{comm_id, rank, nranks};
-  else live_comms().erase(comm);
+  if (desc == nullptr) {
+    hccl_comms().erase(comm);
+    hccl_update_behind();
+    return;
+  }
+  CommEntry c;
+  c.id = desc->comm_id;
+  c.member = desc->member;
+  c.rank = desc->rank;
+  c.nranks = desc->nranks;
+  c.device = desc->device;
+  c.origin = desc->origin;
+  c.connect_ms = desc->connect_ms;
+  c.exec_ms = desc->exec_ms;
+  c.order = std::make_shared<std::mutex>();
+  hccl_comms()[comm] = std::move(c);
+}
+
+int npusimHcclMember(const void *comm, uint64_t *member, uint64_t *seq) {
+  std::lock_guard<std::mutex> g(runtime().mu);
+  auto it = hccl_comms().find(comm);
+  if (it == hccl_comms().end()) return -1;
+  *member = it->second.member;
+  *seq = it->second.seq;
+  return 0;
 }
 
 }  // extern "C"

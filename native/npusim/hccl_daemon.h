@@ -19,7 +19,7 @@ void start();
 int32_t listen_once(uint16_t want_port, uint32_t *ipv4, uint16_t *port);
 // Registers a communicator this daemon is the root of (replaces one of that id nobody is in).
 void register_comm(uint64_t id, const uint8_t secret[32]);
-// Serves one HCCL request (Op::HcclRootInfo .. Op::HcclCommInfo) of a joined session; reads its
+// Serves one HCCL request (Op::HcclRootInfo .. Op::HcclLockQuery) of a joined session; reads its
 // own trailing bytes. false: the connection is unusable.
 bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, proto::Reply &rp);
 // Closes every member of the session (Op::Release: aclFinalize), so that its stream workers

@@ -43,6 +43,7 @@ struct Member {
   std::weak_ptr<Session> session;
   uint64_t comm_id = 0;
   uint32_t rank = 0, nranks = 0;
+  RootBlob root{};              // where the root is (lock reports open their own connection)
   int64_t exec_timeout_ms = 0;  // 0: wait forever
   int fd = -1;
   std::mutex io;  // one step at a time on the connection
@@ -163,6 +164,30 @@ int32_t join_root(const RootBlob &b, uint32_t rank, uint32_t nranks, int64_t tim
   return last;
 }
 
+// One lock report to m's root (hccl_wire.h, HcclLockQuery), on a connection of its own: the
+// member's connection may be busy with a collective for as long as the lock waits.
+int32_t lock_query(const Member &m, uint64_t issued, uint32_t flags, proto::Reply &rp) {
+  constexpr int kAnswerMs = 5000;  // the root answers at once; this only bounds a dead one
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = m.root.ipv4;
+  a.sin_port = htons(m.root.port);
+  JoinMsg j{kLockMagic, m.rank, m.nranks, flags, m.comm_id, static_cast<int64_t>(issued), {}};
+  std::memcpy(j.secret, m.root.secret, sizeof(j.secret));
+  LockReply rep{HCCL_E_TCP_CONNECT, 0, 0};
+  pollfd p{fd, POLLIN, 0};
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0 &&
+      wire::send_all(fd, &j, sizeof(j)) && ::poll(&p, 1, kAnswerMs) > 0 && wire::recv_all(fd, &rep, sizeof(rep))) {
+    rp.value[0] = rep.pass;
+    rp.value[1] = rep.settled;
+  } else {
+    rep.code = HCCL_E_TCP_TRANSFER;
+  }
+  if (fd >= 0) ::close(fd);
+  return rep.code;
+}
+
 int32_t comm_init(DeviceState &state, Session &s, const proto::Request &rq, const std::string &body,
                   proto::Reply &rp) {
   RootBlob b{};
@@ -190,6 +215,8 @@ int32_t comm_init(DeviceState &state, Session &s, const proto::Request &rq, cons
   m->comm_id = b.comm_id;
   m->rank = rank;
   m->nranks = nranks;
+  m->root = b;
+  m->issued = m->completed = rq.task.target;  // a restored rank goes on from its sequence number
   m->exec_timeout_ms = static_cast<int64_t>(rq.addr);
   m->fd = fd;
   std::lock_guard<std::mutex> g(members().mu);
@@ -273,7 +300,7 @@ bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, pro
         rp.code = HCCL_E_PARA;
         break;
       }
-      uint64_t id = 0;
+      uint64_t id = rq.value[1];
       while (id == 0)
         if (::getrandom(&id, sizeof(id), 0) != sizeof(id)) id = 0;
       register_comm(id, reinterpret_cast<const uint8_t *>(body.data()));
@@ -307,6 +334,11 @@ bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, pro
       rp.value[1] = m->completed;
       rp.value[2] = m->broken ? 1 : 0;
       rp.code = HCCL_SUCCESS;
+      break;
+    }
+    case Op::HcclLockQuery: {
+      auto m = find(rq.value[0], s.pid);
+      rp.code = !m ? HCCL_E_PARA : m->broken ? HCCL_E_REMOTE : lock_query(*m, rq.value[1], rq.flags, rp);
       break;
     }
     default: rp.code = HCCL_E_NOT_SUPPORT; break;

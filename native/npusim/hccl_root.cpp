@@ -5,6 +5,10 @@
 // rank gets its own. Send/Recv are matched in order per (sender, receiver) pair: a Send is done
 // once the root holds its data, a Recv waits for it. A member whose connection drops has left: a
 // step still missing its part fails (HCCL_E_REMOTE) instead of waiting forever.
+//
+// Snapshot: a rank being locked reports how many collectives its process issued (a one-shot
+// connection, kLockMagic) and learns the free pass, the highest sequence number any rank issued
+// (reported, or seen in a frame), and whether every rank is locking; see hccl_bridge.cpp.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -12,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -60,6 +65,9 @@ struct Core {
   bool formed = false;
   std::map<uint64_t, Round> rounds;
   std::map<std::pair<uint32_t, uint32_t>, std::deque<std::string>> mail;  // (from, to)
+  uint64_t seen = 0;                // the highest sequence number a frame carried
+  std::vector<uint64_t> reported;   // per rank: collectives its process issued, as its lock reported
+  std::vector<bool> locking;        // per rank: reported and not withdrawn
 };
 
 struct Root {
@@ -144,6 +152,7 @@ void finish(Core &c, Round &r) {
 // One collective step of rank `me`; returns the HcclResult and fills *out.
 int32_t collective(Core &c, int fd, uint32_t me, const Frame &f, std::string &&data, std::string *out) {
   std::unique_lock<std::mutex> l(c.mu);
+  c.seen = std::max(c.seen, f.seq);
   Round &r = c.rounds[f.seq];
   if (r.have.empty()) {
     r.head = f;
@@ -232,11 +241,32 @@ void leave(Core &c, uint32_t me) {
   if (it != root().comms.end() && it->second.get() == &c) root().comms.erase(it);
 }
 
+// A locking rank's report (JoinMsg with kLockMagic, lock fields as hccl_wire.h says).
+LockReply lock_report(Core &c, const JoinMsg &j) {
+  std::lock_guard<std::mutex> g(c.mu);
+  if (c.nranks == 0 || j.nranks != c.nranks || j.rank >= c.nranks) return {HCCL_E_PARA, 0, 0};
+  if (c.reported.empty()) {
+    c.reported.assign(c.nranks, 0);
+    c.locking.assign(c.nranks, false);
+  }
+  const uint64_t issued = static_cast<uint64_t>(j.timeout_ms);
+  c.reported[j.rank] = std::max(c.reported[j.rank], issued);
+  c.locking[j.rank] = j.reserved == kLockReport;
+  LockReply rep{HCCL_SUCCESS, 1, c.seen};
+  for (uint32_t i = 0; i < c.nranks; ++i) {
+    rep.pass = std::max(rep.pass, c.reported[i]);
+    if (!c.locking[i]) rep.settled = 0;
+  }
+  c.cv.notify_all();
+  return rep;
+}
+
 void serve_member(int fd) {
   timeval tv{5, 0};  // a join must arrive promptly; afterwards a member may stay quiet for long
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   JoinMsg j{};
-  if (!wire::recv_all(fd, &j, sizeof(j)) || j.magic != kJoinMagic || j.nranks == 0 || j.nranks > kMaxRanks) {
+  if (!wire::recv_all(fd, &j, sizeof(j)) || (j.magic != kJoinMagic && j.magic != kLockMagic) || j.nranks == 0 ||
+      j.nranks > kMaxRanks) {
     ::close(fd);
     return;
   }
@@ -252,6 +282,12 @@ void serve_member(int fd) {
     std::fprintf(stderr, "npusimd: refused a join to HCCL communicator %016llx from %s: wrong secret\n",
                  static_cast<unsigned long long>(j.comm_id), peer_name(fd).c_str());
     c.reset();
+  }
+  if (j.magic == kLockMagic) {
+    const LockReply lr = c ? lock_report(*c, j) : LockReply{HCCL_E_NOT_FOUND, 0, 0};
+    wire::send_all(fd, &lr, sizeof(lr));
+    ::close(fd);
+    return;
   }
   if (c) rep.code = join(*c, fd, j);
   const bool joined = rep.code == HCCL_SUCCESS;

@@ -31,17 +31,25 @@ enum Kind : uint64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, k
 //   size = count (elements; for ReduceScatter the receive count, for AllGather the send count),
 //   src = send buffer, dst = receive buffer, target = the communicator's sequence number.
 // Requests (all carry HcclResult values in Reply.code, or an aclError >= 100000 from the pool):
-//   HcclRootInfo:   value[0] = HCCL_IF_IP as IPv4 (0: the listener's), body = the 32-byte secret
-//                   -> value[0] = comm id, value[1] = port, value[2] = IPv4 address
+//   HcclRootInfo:   value[0] = HCCL_IF_IP as IPv4 (0: the listener's), value[1] = the communicator's
+//                   id (0: a new random one; a restore re-forms it under its old id), body = the
+//                   32-byte secret -> value[0] = comm id, value[1] = port, value[2] = IPv4 address
 //   HcclCommInit:   device, value[0] = ranks, value[1] = rank, timeout_ms = connect timeout,
 //                   addr = exec timeout ms (0: never), flags = 1: register the communicator here
-//                   first (rank 0 of a rank table), body = RootBlob -> value[0] = member id
+//                   first (rank 0 of a rank table), task.target = the sequence number the member
+//                   starts at (a restore), body = RootBlob -> value[0] = member id
 //   HcclCommDestroy: value[0] = member id
 //   HcclCommInfo:   value[0] = member id -> value[0] = issued, [1] = completed, [2] = 1 if broken
+//   HcclLockQuery:  value[0] = member id, value[1] = collectives the rank's process issued, flags =
+//                   kLockReport or kLockWithdraw -> value[0] = the free pass (the highest sequence
+//                   number any rank issued), value[1] = 1 once every rank reported (all are locking)
+constexpr uint32_t kLockReport = 0;    // this rank is locking: count it, tell me the free pass
+constexpr uint32_t kLockWithdraw = 1;  // this rank's lock ended without a checkpoint (timeout, unlock)
 
 // TCP messages, host byte order (both ends are npusim on hosts of one job).
 constexpr uint32_t kJoinMagic = 0x4e50484a;   // "NPHJ"
 constexpr uint32_t kFrameMagic = 0x4e504846;  // "NPHF"
+constexpr uint32_t kLockMagic = 0x4e50484c;   // "NPHL": a one-shot lock report instead of a join
 
 struct JoinMsg {
   uint32_t magic;
@@ -51,6 +59,14 @@ struct JoinMsg {
   uint64_t comm_id;
   int64_t timeout_ms;  // how long the root waits for the other ranks
   uint8_t secret[32];
+};
+
+// A JoinMsg with magic kLockMagic: `timeout_ms` carries the rank's issued count, `reserved` the
+// kLock* flag. Answered with a LockReply, then the root closes the connection.
+struct LockReply {
+  int32_t code;      // HcclResult; HCCL_E_NOT_FOUND: no such communicator
+  uint32_t settled;  // 1: every rank has reported
+  uint64_t pass;     // the highest sequence number any rank issued (reported or seen in a frame)
 };
 
 struct JoinReply {

@@ -88,6 +88,7 @@ enum class Op : uint32_t {
   HcclCommDestroy,
   HcclEnqueue,      // stream, task (HcclCollective)
   HcclCommInfo,     // the member's sequence numbers
+  HcclLockQuery,    // a locking rank's report to the root: the free pass (snapshot of collectives)
 };
 
 enum class TaskKind : uint32_t {

@@ -32,7 +32,20 @@ CallScope::CallScope() {
   Runtime &r = runtime();
   std::unique_lock<std::mutex> l(r.mu);
   const auto self = std::this_thread::get_id();
-  r.gate_cv.wait(l, [&] { return r.state == State::Running || r.locker == self; });
+  // A locked process that is behind a peer's collective runs on until it caught up (the free pass).
+  r.gate_cv.wait(l, [&] {
+    return r.state == State::Running || r.locker == self || (r.state == State::Locked && r.hccl_behind);
+  });
+  ++r.inflight;
+}
+
+CallScope::CallScope(const void *hccl_comm) {
+  Runtime &r = runtime();
+  std::unique_lock<std::mutex> l(r.mu);
+  const auto self = std::this_thread::get_id();
+  r.gate_cv.wait(l, [&] {
+    return r.state == State::Running || r.locker == self || (r.state == State::Locked && hccl_admits(hccl_comm));
+  });
   ++r.inflight;
 }
 

@@ -101,6 +101,7 @@ struct Runtime {
   State state = State::Running;
   std::thread::id locker;
   int inflight = 0;  // device calls that passed the gate and have not returned
+  bool hccl_behind = false;  // while locking: a communicator is behind its free pass (hccl_snapshot.cpp)
   std::vector<std::pair<aclrtSnapShotCallBack, void *>> callbacks[ACL_RT_SNAPSHOT_UNLOCK_POST + 1];
 };
 
@@ -111,6 +112,8 @@ Runtime &runtime();
 class CallScope {
  public:
   CallScope();
+  // A collective on hccl_comm: while locking, admitted if it is within the communicator's free pass.
+  explicit CallScope(const void *hccl_comm);
   ~CallScope();
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
@@ -144,6 +147,16 @@ const std::string &recent_error();
 // Tells the aclrtSetExceptionInfoCallback callback (if any) that a task on a stream failed
 // (stream_id: as aclrtStreamGetId reports it, -1 if never asked).
 void report_task_exception(int32_t device, int32_t stream_id, aclError code);
+// HCCL at Lock (hccl_snapshot.cpp): reports each communicator's issued count to its root and
+// learns the free pass; *ready once no communicator is behind it and (unless alone) every rank is
+// locking (else *waiting says what it waits for). Unlock or a failed lock ends it (withdraw:
+// tell the roots).
+void hccl_lock_poll(bool *ready, std::string *waiting);
+void hccl_lock_end(bool withdraw);
+// True if a collective on comm may pass the gate of a locked process (runtime().mu held).
+bool hccl_admits(const void *comm);
+// The communicators as a JSON array (runtime().mu held), for npusimSnapshotInfo.
+std::string hccl_describe();
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.
 void start_ctl();
 

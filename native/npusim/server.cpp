@@ -124,7 +124,7 @@ bool serve_connection(DeviceState &state, int fd) {
     } else if (rq.op == Op::BinaryLoad || rq.op == Op::BinaryUnload || rq.op == Op::FunctionLookup ||
                rq.op == Op::LaunchKernel) {
       if (!kernels::serve(state, *session, fd, uid, rq, rp)) break;  // reads its own trailing bytes
-    } else if (rq.op >= Op::HcclRootInfo && rq.op <= Op::HcclCommInfo) {  // hccl
+    } else if (rq.op >= Op::HcclRootInfo && rq.op <= Op::HcclLockQuery) {  // hccl
       if (!hccl::serve(state, *session, fd, rq, rp)) break;  // reads its own trailing bytes
     } else {
       rp.code = handle(state, *session, rq, rp);

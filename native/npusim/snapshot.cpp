@@ -177,8 +177,20 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
     if (r.state != State::Running) return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
     r.state = State::Locked;
     r.locker = std::this_thread::get_id();
-    // New device calls now wait at the gate; let the ones already inside finish.
-    if (r.gate_cv.wait_until(l, deadline, [&] { return r.inflight == 0; })) {
+    // New device calls now wait at the gate; let the ones already inside finish. A process that
+    // holds HCCL communicators first runs on to its peers' collectives (the free pass).
+    bool ready = false;
+    std::string waiting;  // what the free pass still waits for, for the timeout's message
+    for (;;) {
+      l.unlock();
+      hccl_lock_poll(&ready, &waiting);
+      l.lock();
+      if (ready && r.inflight == 0) break;
+      const auto next = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
+      r.gate_cv.wait_until(l, next);
+      if (std::chrono::steady_clock::now() >= deadline) break;
+    }
+    if (ready && r.inflight == 0) {
       l.unlock();
       int32_t rc = ACL_SUCCESS;
       if (r.pool.connected()) {
@@ -189,6 +201,7 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
         rc = r.pool.call(rq);
       }
       if (rc == ACL_SUCCESS) rc = check_resources();
+      hccl_lock_end(rc != ACL_SUCCESS);
       l.lock();
       if (rc == ACL_SUCCESS) return ACL_SUCCESS;
       if (rc != ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT) rc = ACL_ERROR_SNAPSHOT_LOCK_FAILED;
@@ -197,6 +210,10 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
       r.gate_cv.notify_all();
       return rc;
     }
+    l.unlock();
+    hccl_lock_end(true);
+    if (!waiting.empty()) note_error("snapshot: lock timed out: " + waiting);
+    l.lock();
     r.state = State::Running;  // timed out: back to RUNNING, the process untouched
     r.locker = std::thread::id();
     r.gate_cv.notify_all();
@@ -261,6 +278,7 @@ aclError aclrtSnapShotProcessUnlock(int pid, void *reserve) {
   // An external backup's data lives in files: only restore external + import can bring it back.
   if (s == State::BackedUp && external) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
   if (s == State::BackedUp && device_restore() != ACL_SUCCESS) return ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
+  if (s == State::Locked) hccl_lock_end(true);  // the peers' roots no longer count this rank as locking
   if (r.pool.connected()) {
     // The daemon refuses while an import is awaited or an export/import runs.
     proto::Request rq = wire::request(proto::Op::Quiesce);
@@ -323,7 +341,7 @@ int npusimSnapshotInfo(char *buf, size_t len) {
       o << (first ? "" : ", ") << "\"" << k->name << "\": " << (k->count != nullptr ? k->count() : 0);
       first = false;
     }
-    o << "}}";
+    o << "}, \"communicators\": " << hccl_describe() << "}";
   }
   const std::string s = o.str();
   if (s.size() + 1 > len) return -ACL_ERROR_INVALID_PARAM;

@@ -94,6 +94,16 @@ class AgentBackend:
             resources={str(k): int(v) for k, v in (dev.get("resources") or {}).items()},
         )
 
+    def communicators(self) -> list[dict[str, Any]]:
+        """The HCCL communicators the process holds (npusimSnapshotInfo's list; none on a runtime
+        without HCCL), as the agent's latest status says."""
+        reply = self.last_reply if self.last_reply is not None and self.last_reply.device else self._call("status")
+        return list((reply.device or {}).get("communicators") or [])
+
+    def hccl_option(self, key: str, value: str) -> None:
+        """An HCCL setting for the next lock or restore (agent.h's `hccl KEY VALUE`)."""
+        self._call("hccl", key, value)
+
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
         self._call("lock", *((timeout, lease) if lease else (timeout,)))
         if lease:

@@ -32,6 +32,9 @@ from .criu_flags import dump_flags
 @click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
+@click.option("--force", is_flag=True,
+              help="Checkpoint HCCL ranks whose communicators have ranks outside the set (those ranks "
+                   "will hang or fail; without --force this is refused, exit 11).")
 @dump_flags
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None, metavar="KEYFILE",
               help="Sign the manifest with this Ed25519 private key (PEM); restore/verify check it.")
@@ -41,7 +44,7 @@ from .criu_flags import dump_flags
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
-               replace: bool, sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
+               replace: bool, force: bool, sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
@@ -58,7 +61,7 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
                              data_path=DataPathChoice(data_path),
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
-                             criu=criu_opts)
+                             criu=criu_opts, force=force)
     from ..image.signing import Signer
 
     signer = Signer(sign_key) if sign_key else None  # a bad key fails before anything starts

@@ -15,11 +15,12 @@ from . import criu_option, json_option, pid_argument
 from .criu_flags import dump_flags
 
 
-def _step(term: Terminal, pid: str, step: str, message: str, lock_timeout: float = 60.0) -> None:
+def _step(term: Terminal, pid: str, step: str, message: str, lock_timeout: float = 60.0,
+          rendezvous: Optional[Path] = None) -> None:
     from ..core.runbook import Step, run_step
     from ..platform.procfs import parse_pid
 
-    done = run_step(parse_pid(pid), Step(step), lock_timeout)
+    done = run_step(parse_pid(pid), Step(step), lock_timeout, rendezvous)
     if term.json_mode:
         term.data(step, {"pid": done.pid, "state": done.state, "elapsed_ms": done.elapsed_ms})
     else:
@@ -77,11 +78,15 @@ def backup(term: Terminal, pid: str) -> None:
 
 @click.command(name="device-restore")
 @pid_argument
+@click.option("--rendezvous", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              metavar="DIR", help="Where the HCCL ranks restored together meet to re-form their communicators: "
+                                  "one private directory (shared storage across hosts), fresh for each restore, "
+                                  "given to every rank's device-restore; they run at the same time.")
 @json_option
 @click.pass_obj
-def device_restore(term: Terminal, pid: str) -> None:
+def device_restore(term: Terminal, pid: str, rendezvous: Optional[Path]) -> None:
     """DEVICE RESTORE: put PID's backed-up device state back on the device."""
-    _step(term, pid, "device-restore", "device state restored")
+    _step(term, pid, "device-restore", "device state restored", rendezvous=rendezvous.absolute() if rendezvous else None)
 
 
 @click.command()

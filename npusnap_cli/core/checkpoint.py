@@ -27,7 +27,7 @@ from ..errors import WrongState
 from ..image.format import CRIU_DIR, DEVICE_DIR, DeviceState, FileEntry, Manifest, PhaseTiming, ProcessEntry
 from ..image.staging import Staging, Writeback
 from ..platform.criu import DumpOptions
-from . import processes
+from . import communicators, processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn
 from .services import REAL, Services
 from .signals import Signals
@@ -48,6 +48,7 @@ class CheckpointOptions:
     lease: float = 10.0  # the agent unlocks by itself after this much run time without us
     data_path: DataPathChoice = DataPathChoice.AUTO  # direct: the daemon streams device memory to DIR/device
     criu: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
+    force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -55,6 +56,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
     """Checkpoint pid into opts.directory. Raises NpusnapError after rolling back."""
     run = CheckpointRun(pid, opts, progress, services, opts.data_path)
     run.expect(State.RUNNING)
+    communicators.admit({pid: run.backend}, opts.force, progress)  # a rank alone: its peers are outside
     return run.execute([run.lock, run.backup, run.dump, run.seal], run.finish_checkpoint)
 
 

@@ -20,7 +20,7 @@ from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
 from ..image import signing
 from ..image.format import CRIU_DIR, DEVICE_DIR, LOG_DIR, Manifest, PhaseTiming, load_manifest, restore_log_dir, verify
 from ..platform.procfs import process_exists
-from . import processes
+from . import communicators, processes
 from .progress import Phases, Progress, info, quiet, warn
 from .services import REAL, Services
 from .signals import Signals
@@ -132,9 +132,20 @@ def _unlock_closed_connections(images_dir: Path, manifest: Manifest, opts: Resto
         warn(progress, f"could not undo CRIU's network lock of the closed connections: {e}")
 
 
+def holds_communicators(manifest: Manifest) -> bool:
+    """The checkpointed runtime held HCCL communicators: its restore re-forms them with its peers."""
+    return manifest.device.resources.get("hccl communicators", 0) > 0
+
+
 def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOptions, phase: Phases,
-                   signals: Signals, progress: Progress, services: Services) -> None:
-    """DEVICE RESTORE and UNLOCK of a restored tree; the unlock is the commit point."""
+                   signals: Signals, progress: Progress, services: Services,
+                   meet: Optional[Path] = None) -> None:
+    """DEVICE RESTORE and UNLOCK of a restored tree; the unlock is the commit point. meet: the
+    set's rendezvous directory for HCCL ranks (communicators.py); a lone process gets its own."""
+    if meet is None and holds_communicators(manifest):
+        with communicators.rendezvous(True, os.stat(f"/proc/{pid}").st_uid) as own:
+            _finish_device(pid, manifest, root, opts, phase, signals, progress, services, own)
+        return
     backend = services.restore_backend(pid, manifest.device, opts.device_map)
     try:
         # The restored agent carries the dump's lease: renewed from now on. If it ran out before
@@ -145,6 +156,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             signals.settled = True
             return
         with phase("device-restore") as t:
+            communicators.hand(backend, meet)
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
             backend.restore(root / DEVICE_DIR, images)
             t.bytes = manifest.device.bytes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from ..backends import BackendName, DataPathChoice, State, select
@@ -12,6 +13,7 @@ from ..backends.agent import AgentBackend
 from ..errors import WrongState
 from ..platform.agent import AgentClient, AgentNotFound, AgentProblem, agent_error
 from ..platform.procfs import open_target, proc_stat
+from . import communicators
 
 
 class Step(str, enum.Enum):
@@ -52,13 +54,15 @@ def agent_backend(pid: int) -> AgentBackend:
     return backend
 
 
-def run_step(pid: int, step: Step, lock_timeout: float = 60.0) -> StepDone:
+def run_step(pid: int, step: Step, lock_timeout: float = 60.0, rendezvous: Optional[Path] = None) -> StepDone:
+    """rendezvous: where the HCCL ranks of a restored set meet (device-restore; communicators.py)."""
     backend = agent_backend(pid)
     if step == Step.LOCK:
         backend.lock(lock_timeout)
     elif step == Step.BACKUP:
         backend.backup()
     elif step == Step.DEVICE_RESTORE:
+        communicators.hand(backend, rendezvous)
         backend.restore()
     else:
         backend.unlock()

@@ -200,6 +200,12 @@ class AgentClient:
     def unlock(self, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
         return self.request(P.AGENT_CMD_UNLOCK, timeout=timeout)
 
+    def hccl(self, key: str, value: str, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
+        """An HCCL setting for the runtime's next lock or restore (agent.h: rendezvous DIR, alone 1)."""
+        if not value or any(c.isspace() for c in value) or len(value) >= P.AGENT_HCCL_VALUE_MAX:
+            raise ValueError(f"an HCCL setting's value must be one word under {P.AGENT_HCCL_VALUE_MAX} bytes")
+        return self.request(f"{P.AGENT_CMD_HCCL} {key} {value}", timeout=timeout)
+
     # -- transport ------------------------------------------------------------
     def request(
         self, command: str, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True

@@ -14,6 +14,11 @@
  *   finalize  initializes, queues an AllReduce, prints "queued", calls aclFinalize: "finalize rc=N".
  *   hold      AllReduces every 20 ms, each checked, printing "step K" until a rank sees INFO.stop
  *             (all ranks learn it in the same AllReduce), then five more and "done".
+ *   train     data-parallel training, HCCL_TRAIN_STEPS steps (default 150) of: the gradient from the
+ *             weights and this rank's shard by kernels (copy, axpy), an AllReduce of the gradients,
+ *             the update (axpy), the weights copied back; prints "step K loss L" (after the step's
+ *             usleep of HCCL_TRAIN_SLEEP_US, default 10000, so a checkpoint can land between steps or
+ *             inside one) and "final H" (a hash of the weights' bits), then "done".
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -471,10 +476,49 @@ static int mode_hold(HcclComm comm, aclrtStream stream, const char *info_arg) {
   return 0;
 }
 
+static int env_int(const char *name, int fallback) {
+  const char *v = getenv(name);
+  return v != NULL && *v != '\0' ? atoi(v) : fallback;
+}
+
+static int mode_train(HcclComm comm, aclrtStream stream) {
+  enum { N = 4096 };
+  const int steps = env_int("HCCL_TRAIN_STEPS", 150), pause_us = env_int("HCCL_TRAIN_SLEEP_US", 10000);
+  static float host[N];
+  float *w = NULL, *g = NULL, *x = NULL;
+  ACL_OK(aclrtMalloc((void **)&w, sizeof(host), ACL_MEM_MALLOC_HUGE_FIRST));
+  ACL_OK(aclrtMalloc((void **)&g, sizeof(host), ACL_MEM_MALLOC_HUGE_FIRST));
+  ACL_OK(aclrtMalloc((void **)&x, sizeof(host), ACL_MEM_MALLOC_HUGE_FIRST));
+  for (int i = 0; i < N; ++i) host[i] = 0.5f * sinf((float)i);
+  ACL_OK(aclrtMemcpy(w, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
+  for (int i = 0; i < N; ++i) host[i] = (float)(g_rank + 1) * cosf(0.37f * (float)i);  /* this rank's shard */
+  ACL_OK(aclrtMemcpy(x, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
+  for (int step = 0; step < steps; ++step) {
+    ACL_OK(npusimLaunchCopy(g, w, sizeof(host), stream));                                 /* g = w */
+    ACL_OK(npusimLaunchAxpy(N, 0.01f * (float)(step % 7 + 1), x, g, stream));            /* g += a x */
+    HCCL_OK(HcclAllReduce(g, g, N, HCCL_DATA_TYPE_FP32, HCCL_REDUCE_SUM, comm, stream));
+    ACL_OK(npusimLaunchAxpy(N, -0.05f / (float)g_nranks, g, w, stream));                  /* w -= lr mean(g) */
+    ACL_OK(aclrtMemcpyAsync(host, sizeof(host), w, sizeof(host), ACL_MEMCPY_DEVICE_TO_HOST, stream));
+    ACL_OK(aclrtSynchronizeStream(stream));
+    double loss = 0;
+    for (int i = 0; i < N; ++i) loss += (double)host[i] * host[i];
+    usleep((useconds_t)pause_us);
+    printf("step %d loss %.17g\n", step, loss);
+  }
+  uint64_t h = 0xcbf29ce484222325ULL;
+  const unsigned char *b = (const unsigned char *)host;
+  for (size_t i = 0; i < sizeof(host); ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+  printf("final %016llx\n", (unsigned long long)h);
+  print_info(comm);
+  HCCL_OK(HcclCommDestroy(comm));
+  printf("done\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc != 6) {
-    fprintf(stderr, "usage: hccl_ranks all|join|idle|wait|finalize|hold RANK NRANKS DEVICE INFO|table:PATH\n");
+    fprintf(stderr, "usage: hccl_ranks all|join|idle|wait|finalize|hold|train RANK NRANKS DEVICE INFO|table:PATH\n");
     return 2;
   }
   const char *mode = argv[1], *info_arg = argv[5];
@@ -494,6 +538,7 @@ int main(int argc, char **argv) {
   HCCL_OK(rc);
   if (strcmp(mode, "all") == 0) return mode_all(comm, stream);
   if (strcmp(mode, "hold") == 0) return mode_hold(comm, stream, info_arg);
+  if (strcmp(mode, "train") == 0) return mode_train(comm, stream);
   if (strcmp(mode, "idle") == 0) {
     printf("joined\n");
     sleep(120); /* the test kills us long before */

@@ -55,6 +55,13 @@ ACL_FUNC_VISIBILITY int npusimSnapshotGetDataPath(void);
 #define NPUSIM_DATA_PATH_NEXT_EXTERNAL 1 /* npusimSnapshotGetDataPath: the next Backup is external */
 #define NPUSIM_DATA_PATH_HELD_EXTERNAL 2 /* npusimSnapshotGetDataPath: the backup held now is external */
 
+/* HCCL across a snapshot (native/npusim/hccl_snapshot.cpp): "rendezvous" DIR (absolute; a private
+ * directory, fresh for each restore) is where the ranks of a restored set meet to re-form their
+ * communicators (rank 0 publishes its new root there, the others wait for it); "alone" "1": the
+ * next Lock admits the collectives peers already issued but does not wait for every rank to be
+ * locking (a rank checkpointed without its peers). 0, or ACL_ERROR_INVALID_PARAM. */
+ACL_FUNC_VISIBILITY int npusimHcclSnapshotOption(const char *key, const char *value);
+
 /* For tools: export / import the device memory of client pid (which must be locked and idle) into /
  * from the absolute directory dir, one file per device (dev<N>.img). expected (may be NULL):
  * "NAME SIZE XXH3_128_HEX" lines; the import then reads exactly those files and refuses any whose

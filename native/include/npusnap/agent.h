@@ -18,6 +18,11 @@
 #define NPUSNAP_AGENT_CMD_BACKUP "backup"   /* backup [external] */
 #define NPUSNAP_AGENT_CMD_RESTORE "restore" /* restore [external] */
 #define NPUSNAP_AGENT_CMD_UNLOCK "unlock"
+/* hccl <key> <value>: a setting for the runtime's next lock or restore (npusimHcclSnapshotOption):
+ * `hccl rendezvous <dir>` where the ranks of a restored set meet, `hccl alone 1` the next lock
+ * does not wait for the communicators' other ranks to lock (checkpoint --force). */
+#define NPUSNAP_AGENT_CMD_HCCL "hccl"
+#define NPUSNAP_AGENT_HCCL_VALUE_MAX 512 /* bytes of <value>, with its NUL */
 /* The modifier of backup/restore that takes npusim's direct data path. */
 #define NPUSNAP_AGENT_ARG_EXTERNAL "external"
 

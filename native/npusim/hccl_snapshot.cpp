@@ -1,0 +1,319 @@
+// HCCL communicators across a snapshot: the resource kind "hccl communicators" (order 45, after
+// memory and streams).
+//
+// Lock (the free pass): a locked rank still admits the collectives up to the highest sequence
+// number any rank of the communicator issued, so that no peer waits forever for this rank's part
+// of a collective it already entered. Each poll of the lock reports this rank's issued count to
+// the communicator's root daemon (hccl_root.cpp), which answers with that highest number and
+// whether every rank is locking. While some communicator is behind, the process runs on (every
+// call passes the gate) until it issued that collective; then the gate closes. The lock is done
+// once no communicator is behind, every rank of each is locking (all ranks are checkpointed as
+// one set; `npusimHcclSnapshotOption("alone", "1")` drops this for a rank checkpointed without
+// its peers, and keeps the pass of the lock's first report: peers that run on would otherwise pull
+// the rank along forever), no call is in flight and the queued work drained. A rank that cannot get there (a
+// peer stopped before the collective, an application that waits for something outside the device
+// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn.
+//
+// Backup: the table (hccl_comms.h) is process memory and travels with the process; the daemon's
+// Release closes the members, so nothing inter-rank stays open.
+//
+// Restore: each communicator is re-formed under its old id at new addresses, in id order on every
+// rank: rank 0's daemon becomes the root (any free port, a new secret) and rank 0 publishes where it
+// is in the rendezvous directory that npusnap hands the restoring runtimes
+// (`npusimHcclSnapshotOption("rendezvous", DIR)`); the other ranks wait there (their connect
+// timeout) and join. The members start at the saved sequence numbers, so the next collective is
+// k+1 on every rank, and the application's HcclComm handles stay the same objects.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "acl/acl_base.h"
+#include "acl/npusim.h"
+#include "hccl/hccl_types.h"
+#include "hccl_bridge.h"
+#include "hccl_comms.h"
+#include "hccl_wire.h"
+#include "resources.h"
+#include "runtime.h"
+#include "trust.h"
+#include "wire.h"
+
+using namespace npusim;
+using namespace npusim::rt;
+
+namespace {
+
+constexpr auto kRendezvousPoll = std::chrono::milliseconds(20);
+constexpr const char *kRootFileMagic = "npusim-hccl-root-v1";
+
+struct Options {
+  std::string rendezvous;  // "" until npusnap hands one (a restore of a set)
+  bool alone = false;      // lock without waiting for the peers to lock
+};
+
+Options &options() {  // guarded by runtime().mu
+  static auto *o = new Options;
+  return *o;
+}
+
+std::vector<std::pair<const void *, CommEntry>> snapshot_table() {
+  std::lock_guard<std::mutex> g(runtime().mu);
+  return {hccl_comms().begin(), hccl_comms().end()};
+}
+
+std::string comm_name(const CommEntry &c) {
+  char b[96];
+  std::snprintf(b, sizeof(b), "HCCL communicator %016" PRIx64 " (rank %u of %u)", c.id, c.rank, c.nranks);
+  return b;
+}
+
+int32_t lock_query(const CommEntry &c, uint32_t flags, proto::Reply *rp) {
+  proto::Request rq = wire::request(proto::Op::HcclLockQuery);
+  rq.value[0] = c.member;
+  rq.value[1] = c.seq;
+  rq.flags = flags;
+  return runtime().pool.call(rq, rp);
+}
+
+std::string root_file(const std::string &dir, uint64_t id) {
+  char name[40];
+  std::snprintf(name, sizeof(name), "/hccl-%016" PRIx64 ".root", id);
+  return dir + name;
+}
+
+// Rank 0 publishes its root: a private file written whole, then renamed into place.
+bool publish_root(const std::string &dir, const hccl::RootBlob &b, std::string *why) {
+  char ip[INET_ADDRSTRLEN] = "";
+  in_addr a{b.ipv4};
+  ::inet_ntop(AF_INET, &a, ip, sizeof(ip));
+  std::string line = std::string(kRootFileMagic) + " ";
+  char head[64];
+  std::snprintf(head, sizeof(head), "%016" PRIx64 " %s %u ", b.comm_id, ip, b.port);
+  line += head;
+  for (uint8_t byte : b.secret) {
+    char h[3];
+    std::snprintf(h, sizeof(h), "%02x", byte);
+    line += h;
+  }
+  line += "\n";
+  const std::string path = root_file(dir, b.comm_id), tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  if (fd >= 0) ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    *why = "cannot write " + path + ": " + std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+// Reads rank 0's root for communicator id; false while it is not there (yet).
+bool read_root(const std::string &dir, uint64_t id, hccl::RootBlob *b) {
+  const int fd = ::open(root_file(dir, id).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[256] = {};
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  char magic[32] = "", ip[INET_ADDRSTRLEN] = "", secret[65] = "";
+  uint64_t got = 0;
+  unsigned port = 0;
+  if (std::sscanf(buf, "%31s %" SCNx64 " %15s %u %64s", magic, &got, ip, &port, secret) != 5 ||
+      std::strcmp(magic, kRootFileMagic) != 0 || got != id || port == 0 || port > 65535 ||
+      std::strlen(secret) != 64)
+    return false;
+  in_addr a{};
+  if (::inet_pton(AF_INET, ip, &a) != 1) return false;
+  std::memcpy(b->magic, hccl::kRootMagic, sizeof(b->magic));
+  b->ipv4 = a.s_addr;
+  b->port = static_cast<uint16_t>(port);
+  b->comm_id = id;
+  for (int i = 0; i < 32; ++i) {
+    unsigned v = 0;
+    if (std::sscanf(secret + 2 * i, "%2x", &v) != 1) return false;
+    b->secret[i] = static_cast<uint8_t>(v);
+  }
+  return true;
+}
+
+// Re-forms one communicator on the daemon now connected; the new member id in *member.
+int32_t reform(const CommEntry &c, const std::string &dir, uint64_t *member, std::string *why) {
+  Runtime &r = runtime();
+  hccl::RootBlob b{};
+  if (c.nranks > 1 && dir.empty()) {
+    *why = "no rendezvous point to meet its peers (restore every rank of the communicator with one "
+           "`npusnap restore`)";
+    return HCCL_E_PARA;
+  }
+  if (c.nranks > 1 && !trust::dir_trusted(dir, ::geteuid(), why)) return HCCL_E_PARA;
+  if (c.rank == 0) {
+    if (::getrandom(b.secret, sizeof(b.secret), 0) != static_cast<ssize_t>(sizeof(b.secret))) return HCCL_E_SYSCALL;
+    proto::Request rq = wire::request(proto::Op::HcclRootInfo);
+    rq.value[1] = c.id;
+    rq.size = sizeof(b.secret);
+    proto::Reply rp{};
+    const std::string secret(reinterpret_cast<const char *>(b.secret), sizeof(b.secret));
+    if (int32_t rc = r.pool.call(rq, &rp, &secret); rc != HCCL_SUCCESS) {
+      *why = "its new root daemon refused (HcclResult " + std::to_string(rc) + ")";
+      return rc;
+    }
+    std::memcpy(b.magic, hccl::kRootMagic, sizeof(b.magic));
+    b.comm_id = c.id;
+    b.port = static_cast<uint16_t>(rp.value[1]);
+    b.ipv4 = static_cast<uint32_t>(rp.value[2]);
+    if (c.nranks > 1 && !publish_root(dir, b, why)) return HCCL_E_OPEN_FILE_FAILURE;
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c.connect_ms);
+    while (!read_root(dir, c.id, &b)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        *why = "rank 0 did not publish its root in " + dir + " within HCCL_CONNECT_TIMEOUT (" +
+               std::to_string(c.connect_ms / 1000) + " s)";
+        return HCCL_E_TIMEOUT;
+      }
+      std::this_thread::sleep_for(kRendezvousPoll);
+    }
+  }
+  proto::Request rq = wire::request(proto::Op::HcclCommInit);
+  rq.device = c.device;
+  rq.value[0] = c.nranks;
+  rq.value[1] = c.rank;
+  rq.timeout_ms = c.connect_ms;
+  rq.addr = static_cast<uint64_t>(c.exec_ms);
+  rq.task.target = c.seq;
+  rq.size = sizeof(b);
+  proto::Reply rp{};
+  const std::string body(reinterpret_cast<const char *>(&b), sizeof(b));
+  if (int32_t rc = r.pool.call(rq, &rp, &body); rc != HCCL_SUCCESS) {
+    *why = rc == HCCL_E_TIMEOUT ? "not every rank rejoined within HCCL_CONNECT_TIMEOUT"
+                                : "rejoining failed (HcclResult " + std::to_string(rc) + ")";
+    return rc;
+  }
+  *member = rp.value[0];
+  return HCCL_SUCCESS;
+}
+
+int32_t restore_comms(const SnapshotPass &) {
+  auto table = snapshot_table();
+  std::sort(table.begin(), table.end(), [](auto &a, auto &b) { return a.second.id < b.second.id; });  // same order on every rank
+  std::string dir;
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    dir = options().rendezvous;
+  }
+  for (auto &[handle, c] : table) {
+    uint64_t member = 0;
+    std::string why;
+    if (reform(c, dir, &member, &why) != HCCL_SUCCESS) {
+      note_error("snapshot: cannot re-form " + comm_name(c) + ": " + why);
+      return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    }
+    std::lock_guard<std::mutex> g(runtime().mu);
+    if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) it->second.member = member;
+  }
+  std::lock_guard<std::mutex> g(runtime().mu);
+  options().rendezvous.clear();  // one restore's meeting point: a later one gets its own
+  return ACL_SUCCESS;
+}
+
+const ResourceKind kCommunicators{"hccl communicators", 45, nullptr, nullptr, restore_comms, nullptr,
+                                  [] { return hccl_comms().size(); }};
+NPUSIM_RESOURCE_KIND(kCommunicators);
+
+}  // namespace
+
+namespace npusim::rt {
+
+void hccl_lock_poll(bool *ready, std::string *waiting) {
+  auto table = snapshot_table();
+  bool alone, all = true;
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    alone = options().alone;
+  }
+  waiting->clear();
+  for (auto &[handle, c] : table) {
+    proto::Reply rp{};
+    const int32_t rc = lock_query(c, hccl::kLockReport, &rp);
+    std::lock_guard<std::mutex> g(runtime().mu);
+    auto it = hccl_comms().find(handle);
+    if (it == hccl_comms().end()) continue;  // destroyed meanwhile
+    CommEntry &cur = it->second;
+    if (rc != HCCL_SUCCESS) {
+      all = false;
+      *waiting = comm_name(cur) + ": its root daemon does not answer (HcclResult " + std::to_string(rc) + ")";
+      continue;
+    }
+    if (!cur.pass_fixed) cur.pass = std::max(cur.pass, rp.value[0]);
+    cur.pass_fixed = alone;
+    if (cur.seq < cur.pass) {
+      all = false;
+      *waiting = comm_name(cur) + ": this rank issued " + std::to_string(cur.seq) + " collectives, a peer " +
+                 std::to_string(cur.pass) + "; it did not reach the peers' collective";
+    } else if (rp.value[1] == 0 && !alone) {
+      all = false;
+      *waiting = comm_name(cur) + ": not every rank is being locked (checkpoint all ranks as one set)";
+    }
+  }
+  std::lock_guard<std::mutex> g(runtime().mu);
+  hccl_update_behind();
+  runtime().gate_cv.notify_all();
+  *ready = all;
+}
+
+void hccl_lock_end(bool withdraw) {
+  if (withdraw)
+    for (auto &[handle, c] : snapshot_table()) {
+      proto::Reply rp{};
+      lock_query(c, hccl::kLockWithdraw, &rp);  // best effort: a root that is gone counts nobody
+    }
+  std::lock_guard<std::mutex> g(runtime().mu);
+  for (auto &[handle, c] : hccl_comms()) {
+    c.pass = 0;
+    c.pass_fixed = false;
+  }
+  hccl_update_behind();
+  options().alone = false;  // for one lock
+  runtime().gate_cv.notify_all();
+}
+
+std::string hccl_describe() {
+  std::string out = "[";
+  for (auto &[handle, c] : hccl_comms()) {
+    char b[224];
+    std::snprintf(b, sizeof(b), "%s{\"id\": \"%016" PRIx64 "\", \"rank\": %u, \"ranks\": %u, \"seq\": %" PRIu64
+                  ", \"origin\": \"%s\"}", out.size() > 1 ? ", " : "", c.id, c.rank, c.nranks, c.seq,
+                  c.origin == NPUSIM_HCCL_ORIGIN_RANK_TABLE ? "rank table" : "root info");
+    out += b;
+  }
+  return out + "]";
+}
+
+}  // namespace npusim::rt
+
+extern "C" {
+
+// acl/npusim.h; the agent passes npusnap's settings on (`hccl KEY VALUE`).
+int npusimHcclSnapshotOption(const char *key, const char *value) {
+  if (key == nullptr || value == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  if (std::strcmp(key, "rendezvous") == 0 && value[0] == '/') options().rendezvous = value;
+  else if (std::strcmp(key, "alone") == 0 && (std::strcmp(value, "0") == 0 || std::strcmp(value, "1") == 0))
+    options().alone = value[0] == '1';
+  else
+    return ACL_ERROR_INVALID_PARAM;
+  return ACL_SUCCESS;
+}
+
+}  // extern "C"
