@@ -44,7 +44,8 @@ from .criu_flags import dump_flags
 def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
-               replace: bool, force: bool, sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
+               replace: bool, force: bool, sign_key: Optional[Path], criu_path: Optional[str],
+               criu_opts: CriuOptions) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like

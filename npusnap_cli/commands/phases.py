@@ -86,7 +86,8 @@ def backup(term: Terminal, pid: str) -> None:
 @click.pass_obj
 def device_restore(term: Terminal, pid: str, rendezvous: Optional[Path]) -> None:
     """DEVICE RESTORE: put PID's backed-up device state back on the device."""
-    _step(term, pid, "device-restore", "device state restored", rendezvous=rendezvous.absolute() if rendezvous else None)
+    meet = rendezvous.absolute() if rendezvous else None
+    _step(term, pid, "device-restore", "device state restored", rendezvous=meet)
 
 
 @click.command()
