@@ -1,0 +1,178 @@
+"""Driving scripts/test-cluster.sh from tests: a private cluster per test session (its own name,
+state directory and /24), the `export` lines it prints as an environment, and the Slurm
+commands run against it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+from tests.helpers import ROOT
+
+SCRIPT = ROOT / "scripts" / "test-cluster.sh"
+PROGRAMS = ("ip", "nsenter", "unshare", "munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun",
+            "squeue", "scontrol", "scancel", "sinfo")
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+_NET_PREFIX = "10.213"
+
+
+def missing() -> Optional[str]:
+    """Why this machine cannot run the test cluster, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, Slurm's daemons)"
+    path = os.environ.get("PATH", os.defpath) + os.pathsep + "/usr/sbin:/sbin"
+    absent = [p for p in PROGRAMS if shutil.which(p, path=path) is None]
+    if absent:
+        return f"needs Slurm and munge ({', '.join(absent)} missing): bash scripts/install-build-deps.sh cluster"
+    return None
+
+
+def free_net() -> str:
+    """A 10.213.X /24 no interface uses, starting from one picked by our pid (so two sessions at
+    once start apart; the script refuses one already taken, under its lock)."""
+    text = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    used = {int(m) for m in re.findall(rf"inet {re.escape(_NET_PREFIX)}\.(\d+)\.", text)}
+    start = os.getpid() % 253 + 1
+    for i in range(253):
+        third = (start + i - 1) % 253 + 1
+        if third not in used:
+            return f"{_NET_PREFIX}.{third}"
+    raise RuntimeError(f"every {_NET_PREFIX}.X.0/24 is in use")
+
+
+def parse_exports(text: str) -> dict[str, str]:
+    """`export NAME=VALUE` / `export NAME="VALUE"` lines as a dict."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r'export ([A-Z_][A-Z0-9_]*)=(?:"([^"]*)"|(\S*))', line.strip())
+        if m:
+            out[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+    return out
+
+
+@dataclass
+class Cluster:
+    name: str
+    dir: Path
+    net: str
+    exports: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def script_env(self) -> dict[str, str]:
+        return {**os.environ, "NPUSNAP_CLUSTER_NAME": self.name, "NPUSNAP_CLUSTER_DIR": str(self.dir),
+                "NPUSNAP_CLUSTER_NET": self.net, "NPUSNAP": str(Path(sys.executable).parent / "npusnap")}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """For Slurm's commands: ours without any SLURM_* of an outer job, plus the exports, the venv
+        first on PATH (a job inherits it: `python` and `npusnap` there are ours)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "NPUSIM_SOCKET"}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', os.defpath)}:/usr/sbin:/sbin"
+        return {**env, **self.exports}
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.exports["NPUSNAP_TEST_NODES"].split()
+
+    @property
+    def shared(self) -> Path:
+        return Path(self.exports["NPUSNAP_TEST_SHARED"])
+
+    def netns(self, node: str) -> str:
+        return f"{self.name}-{node}"
+
+    def address(self, node: str) -> str:
+        return f"{self.net}.{10 + int(node.removeprefix('node'))}"
+
+    def npusim_socket(self, node: str) -> str:
+        return str(self.dir / "nodes" / node / "npusim" / "daemon.sock")
+
+    def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(SCRIPT), *args], env=self.script_env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def up(self) -> None:
+        r = self.script("up")
+        if r.returncode != 0:
+            raise RuntimeError(f"test-cluster.sh up exited {r.returncode}: {r.stderr.strip()}\n{self.log_tails()}")
+        self.exports = parse_exports(r.stdout)
+
+    def down(self) -> subprocess.CompletedProcess[str]:
+        return self.script("down")
+
+    def log_tails(self, lines: int = 8) -> str:
+        logs = self.dir / "logs"
+        parts = []
+        for f in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            tail = f.read_text(errors="replace").strip().splitlines()[-lines:]
+            parts.append(f"--- {f.name}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+    def run(self, *argv: str, timeout: float = 60, check: bool = True,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL, cwd=cwd or self.shared)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
+        return r
+
+    def sbatch(self, script: Path, *options: str) -> str:
+        """Submit script (output to DIR/shared/slurm-J.out); returns the job id."""
+        r = self.run("sbatch", "--parsable", f"--output={self.shared}/slurm-%j.out", *options, str(script))
+        return r.stdout.strip().split(";")[0]
+
+    def output(self, job_id: str) -> str:
+        f = self.shared / f"slurm-{job_id}.out"
+        return f.read_text(errors="replace") if f.exists() else ""
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job -o J` as a dict (JobState, Restarts, NodeList, ...); {} once it is gone."""
+        r = self.run("scontrol", "show", "job", "-o", job_id, check=False)
+        fields: dict[str, str] = {}
+        for word in r.stdout.split():
+            k, _, v = word.partition("=")
+            fields.setdefault(k, v)
+        return fields
+
+    def wait_state(self, job_id: str, states: Iterable[str], timeout: float = 60) -> dict[str, str]:
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        job = self.job(job_id)
+        while job.get("JobState") not in wanted:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {job.get('JobState')}, not {sorted(wanted)} after "
+                                     f"{timeout:.0f} s; output: {self.output(job_id)[-1500:]}")
+            time.sleep(0.2)
+            job = self.job(job_id)
+        return job
+
+    def wait_file_line(self, path: Path, text: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists():
+                content = path.read_text(errors="replace")
+                if text in content:
+                    return content
+            time.sleep(0.1)
+        raise AssertionError(f"{path} has no {text!r} after {timeout:.0f} s")
+
+    def cancel_all(self) -> None:
+        """Cancel every job and wait for them to end (so the next test finds idle nodes)."""
+        self.run("scancel", "--user", "root", check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = self.run("squeue", "-h", "-o", "%i %T", check=False)
+            if r.returncode != 0 or not r.stdout.strip():
+                return
+            time.sleep(0.2)
+
+    def ns_pids(self, ns: str) -> set[int]:
+        r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        return {int(p) for p in r.stdout.split()}
