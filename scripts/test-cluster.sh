@@ -4,6 +4,10 @@
 # usage: scripts/test-cluster.sh up|down|status
 #   up      start it (idempotent: what already runs is kept) and print `export` lines for a shell:
 #           eval "$(scripts/test-cluster.sh up)"
+#           SLURM_CONF (all that sbatch, srun, squeue, scontrol need), NPUSNAP_TEST_NODES="node1
+#           node2", NPUSNAP_TEST_SHARED (the shared directory), NPUSNAP_TEST_CLUSTER_DIR,
+#           NPUSNAP_TEST_HOST_ADDR (this host's address on the cluster network) and
+#           NPUSNAP_TEST_NODE_ADDRS="node1=ADDR node2=ADDR"
 #   down    stop it; leaves no process, network namespace, link or mount behind (logs/ stays)
 #   status  say what runs; exit 0 all up, 1 partly up, 3 nothing up
 # exit codes: 0 ok, 1 partly up (status) or a start failed (one line on stderr), 2 usage,
@@ -265,6 +269,12 @@ print_exports() {
     echo "export NPUSNAP_TEST_NODES=\"${nodes[*]}\""
     echo "export NPUSNAP_TEST_SHARED=$dir/shared"
     echo "export NPUSNAP_TEST_CLUSTER_DIR=$dir"
+    # This host as the nodes see it (a coordinator started outside the job listens here), and
+    # each node's own address.
+    echo "export NPUSNAP_TEST_HOST_ADDR=$host_addr"
+    local node addrs=()
+    for node in "${nodes[@]}"; do addrs+=("$node=$(node_addr "$node")"); done
+    echo "export NPUSNAP_TEST_NODE_ADDRS=\"${addrs[*]}\""
 }
 
 # --- commands ------------------------------------------------------------------------------------
@@ -351,7 +361,7 @@ down() {
     if [ -d "$dir" ] && [ ! -L "$dir" ]; then
         find "$dir" -mindepth 1 -maxdepth 1 ! -name logs ! -name .lock -exec rm -rf {} +
     fi
-    log "down ($dir/logs kept)"
+    [ -d "$dir/logs" ] && log "down ($dir/logs kept)" || log "down"
 }
 
 status() {

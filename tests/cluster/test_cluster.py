@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -105,6 +106,43 @@ def test_shared_directory_is_visible_on_every_node(idle_cluster: Cluster) -> Non
     r = c.run("srun", f"--nodelist={reader}", "-N1", "cat", f"{c.shared}/from-{writer}")
     assert r.stdout.strip() == token
     assert (c.shared / f"from-{writer}").read_text().strip() == token  # and this host sees it too
+
+
+def test_nodes_reach_this_host_and_each_other_over_tcp(idle_cluster: Cluster) -> None:
+    """What a coordinator and its per-node workers (and ranks among themselves) will need."""
+    c = idle_cluster
+    host = c.exports["NPUSNAP_TEST_HOST_ADDR"]
+    addrs = dict(pair.split("=") for pair in c.exports["NPUSNAP_TEST_NODE_ADDRS"].split())
+    assert addrs == {n: c.address(n) for n in c.nodes}
+    with socket.socket() as listener:
+        listener.bind((host, 0))
+        listener.listen(len(c.nodes))
+        listener.settimeout(60)
+        port = listener.getsockname()[1]
+        # Each task connects to the next node's slurmd (port 6818), then says hello to this host.
+        peers = [addrs[n] for n in c.nodes[1:] + c.nodes[:1]]
+        code = ("import os, socket, sys\n"
+                "host, port, peers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]\n"
+                "socket.create_connection((peers[int(os.environ['SLURM_NODEID'])], 6818), timeout=10).close()\n"
+                "with socket.create_connection((host, port), timeout=10) as s:\n"
+                "    s.sendall(os.environ['SLURMD_NODENAME'].encode())\n")
+        step = subprocess.Popen(["srun", f"--nodes={len(c.nodes)}", "--ntasks-per-node=1", sys.executable,
+                                 "-c", code, host, str(port), *peers], env=c.env, cwd=c.shared,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            hellos = {}
+            for _ in c.nodes:
+                conn, (peer, _port) = listener.accept()
+                with conn:
+                    hellos[conn.recv(64).decode()] = peer
+        finally:
+            try:
+                _, err = step.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                step.kill()
+                _, err = step.communicate()
+    assert step.returncode == 0, err
+    assert hellos == addrs, hellos  # each came from its own node's address
 
 
 def test_srun_overlap_into_a_running_job_then_scancel(idle_cluster: Cluster) -> None:
