@@ -4,6 +4,7 @@ commands run against it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from tests.helpers import ROOT
 
@@ -55,6 +56,16 @@ def parse_exports(text: str) -> dict[str, str]:
         if m:
             out[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
     return out
+
+
+def poll(done: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Whether done() became true within timeout seconds (checked every interval)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 @dataclass
@@ -132,46 +143,40 @@ class Cluster:
         f = self.shared / f"slurm-{job_id}.out"
         return f.read_text(errors="replace") if f.exists() else ""
 
-    def job(self, job_id: str) -> dict[str, str]:
-        """`scontrol show job -o J` as a dict (JobState, Restarts, NodeList, ...); {} once it is gone."""
-        r = self.run("scontrol", "show", "job", "-o", job_id, check=False)
-        fields: dict[str, str] = {}
-        for word in r.stdout.split():
-            k, _, v = word.partition("=")
-            fields.setdefault(k, v)
-        return fields
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job as `squeue --json` describes it (job_state, restart_cnt, nodes, ...), finished
+        ones included while slurmctld remembers them (MinJobAge); {} when it does not."""
+        r = self.run("squeue", "--json", "--states=all", check=False)
+        if r.returncode != 0:
+            return {}
+        for job in json.loads(r.stdout).get("jobs", []):  # 22.05's --json ignores -j: filter here
+            if str(job.get("job_id")) == job_id:
+                return dict(job)
+        return {}
 
-    def wait_state(self, job_id: str, states: Iterable[str], timeout: float = 60) -> dict[str, str]:
+    def wait_state(self, job_id: str, states: Iterable[str], timeout: float = 60) -> dict[str, Any]:
         wanted = set(states)
-        deadline = time.monotonic() + timeout
-        job = self.job(job_id)
-        while job.get("JobState") not in wanted:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} is {job.get('JobState')}, not {sorted(wanted)} after "
-                                     f"{timeout:.0f} s; output: {self.output(job_id)[-1500:]}")
-            time.sleep(0.2)
-            job = self.job(job_id)
+        job: dict[str, Any] = {}
+
+        def reached() -> bool:
+            job.clear()
+            job.update(self.job(job_id))
+            return job.get("job_state") in wanted
+
+        if not poll(reached, timeout):
+            raise AssertionError(f"job {job_id} is {job.get('job_state')}, not {sorted(wanted)} after "
+                                 f"{timeout:.0f} s; output: {self.output(job_id)[-1500:]}")
         return job
 
     def wait_file_line(self, path: Path, text: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if path.exists():
-                content = path.read_text(errors="replace")
-                if text in content:
-                    return content
-            time.sleep(0.1)
-        raise AssertionError(f"{path} has no {text!r} after {timeout:.0f} s")
+        if not poll(lambda: path.exists() and text in path.read_text(errors="replace"), timeout):
+            raise AssertionError(f"{path} has no {text!r} after {timeout:.0f} s")
+        return path.read_text(errors="replace")
 
     def cancel_all(self) -> None:
         """Cancel every job and wait for them to end (so the next test finds idle nodes)."""
         self.run("scancel", "--user", "root", check=False)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            r = self.run("squeue", "-h", "-o", "%i %T", check=False)
-            if r.returncode != 0 or not r.stdout.strip():
-                return
-            time.sleep(0.2)
+        poll(lambda: not self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip(), 30)
 
     def ns_pids(self, ns: str) -> set[int]:
         r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)

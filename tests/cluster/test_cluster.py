@@ -77,7 +77,7 @@ srun --ntasks-per-node=1 sh -c 'echo "$SLURMD_NODENAME sees $(ls {out} | sort | 
     job = c.sbatch(script, "--nodes=2", "--ntasks-per-node=1")
     state = c.wait_state(job, FINISHED)
     text = c.output(job)
-    assert state["JobState"] == "COMPLETED", text
+    assert state["job_state"] == "COMPLETED", text
     records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     assert sorted(r["slurmd_nodename"] for r in records) == sorted(c.nodes), text
     daemon_pids = set()
@@ -187,7 +187,7 @@ exit 1
     job = c.sbatch(script, "--nodes=1", "--time=2", "--signal=B:USR1@120")
     state = c.wait_state(job, FINISHED, timeout=90)
     text = c.output(job)
-    assert state["JobState"] == "COMPLETED" and "got USR1" in text, text
+    assert state["job_state"] == "COMPLETED" and "got USR1" in text, text
 
 
 def test_scontrol_requeue_increments_slurm_restart_count(idle_cluster: Cluster) -> None:
@@ -205,7 +205,7 @@ exit 1
     state = c.wait_state(job, FINISHED, timeout=60)
     lines = log.read_text().splitlines()
     assert [line.split()[1] for line in lines] == ["0", "1"], lines
-    assert state["JobState"] == "COMPLETED" and state.get("Restarts") == "1", state
+    assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 1, state
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
