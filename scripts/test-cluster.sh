@@ -107,7 +107,12 @@ pid_alive() {  # pidfile expected-comm
     local pid
     [ -f "$1" ] || return 1
     pid=$(cat "$1" 2>/dev/null) || return 1
-    [[ $pid =~ ^[0-9]+$ ]] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ]
+    [[ $pid =~ ^[0-9]+$ ]] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] || return 1
+    # a zombie is dead (it waits for whoever reaps orphans here)
+    local stat
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
 }
 
 wait_for() {  # seconds description command...

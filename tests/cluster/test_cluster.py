@@ -211,6 +211,10 @@ exit 1
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 def test_down_leaves_nothing(cluster: Cluster) -> None:
     c = cluster
+    # down with a job still running on every node: its tasks go too
+    script = batch_script(c.shared / "left.sh", "srun --ntasks-per-node=1 sleep 300\n")
+    job = c.sbatch(script, "--nodes=2", "--ntasks-per-node=1")
+    c.wait_state(job, ["RUNNING"])
     namespaces = [c.netns(n) for n in c.nodes] + [f"{c.name}-ctl"]
     pids = set().union(*(c.ns_pids(ns) for ns in namespaces))
     assert pids, "the cluster's namespaces hold no process before down"
