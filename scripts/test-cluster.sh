@@ -52,6 +52,7 @@
 #     (Slurm's default 120 s would make every requeue test wait two minutes).
 #     Accounting off (no slurmdbd). Everything runs as root (SlurmUser=root).
 set -euo pipefail
+export PATH=$PATH:/usr/sbin:/sbin  # munged, slurmctld, slurmd, ip live there
 
 die() { local code=$1; shift; echo "test-cluster: $*" >&2; exit "$code"; }
 log() { echo "test-cluster: $*" >&2; }

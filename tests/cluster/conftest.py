@@ -4,13 +4,29 @@ always brought down (and its state directory removed) at the end, also when a te
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from tests.helpers import pid_alive
+
 from .support import Cluster, free_net, missing
+
+STATE_ROOT = Path("/run/npusnap-cluster")
+
+
+def down_stale_sessions() -> None:
+    """Bring down the clusters of test sessions that died without doing it (SIGKILL): named
+    t<pid> after a pid that no longer runs."""
+    for d in STATE_ROOT.glob("t*"):
+        if not re.fullmatch(r"t\d+", d.name) or pid_alive(int(d.name[1:])):
+            continue
+        stale = Cluster(name=d.name, dir=d, net="10.213.0")  # down does not use the address
+        if stale.down().returncode == 0:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +34,9 @@ def cluster() -> Iterator[Cluster]:
     why = missing()
     if why:
         pytest.skip(why)
-    name = f"t{os.getpid()}"[:8]
-    c = Cluster(name=name, dir=Path("/run/npusnap-cluster") / name, net=free_net())
+    down_stale_sessions()
+    name = f"t{os.getpid()}"
+    c = Cluster(name=name, dir=STATE_ROOT / name, net=free_net())
     try:
         try:
             c.up()
