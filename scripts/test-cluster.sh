@@ -28,9 +28,10 @@
 # Shape and why:
 #   * Each slurmd "node" runs in its own network namespace (NAME-nodeK, address NET.1K on a veth
 #     to the bridge NAME-br) and its own UTS namespace (hostname nodeK), so a task sees its node's
-#     name and address as on a real cluster. Debian's slurmd is not built with
-#     --enable-multiple-slurmd (a second slurmd on one address fights for the port), and separate
-#     addresses are closer to the real thing anyway. The namespaces get no default route: no
+#     name and address as on a real cluster. Debian's Slurm is built with multiple-slurmd
+#     support (`scontrol show config`: MULTIPLE_SLURMD = Yes), but those slurmds share one
+#     address and hostname, and a job restored on another node must find itself at another
+#     address (communicators re-formed there), so namespaces it is. They get no default route: no
 #     packet leaves the machine. Mounts stay shared (nsenter --net, not `ip netns exec`, which
 #     would remount /sys in a private mount namespace), so every node sees the same files: the
 #     shared checkpoint directory DIR/shared stands for a cluster file system.
