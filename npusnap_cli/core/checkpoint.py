@@ -13,7 +13,7 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 
 from __future__ import annotations
 
-import platform
+import os
 import socket
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -204,7 +204,7 @@ class CheckpointRun:
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
             host=socket.gethostname(),
-            kernel=platform.release(),
+            kernel=os.uname().release,
             npusnap_version=__version__,
             criu_version=self.criu.binary.version_str,
             command=self.target.command,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import secrets
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ HIDDEN_SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old|deleting)-(?
 
 
 def hidden_sibling(final: Path, kind: str) -> Path:
-    return final.parent / f".{final.name}.{kind}-{secrets.token_hex(4)}"
+    return final.parent / f".{final.name}.{kind}-{os.urandom(4).hex()}"  # not secrets: it costs hmac's import
 
 
 @dataclass

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,13 +28,21 @@ INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSN
 SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
-def _rpc() -> Any:
+def rpc_messages() -> Any:
     """pycriu's RPC messages, without the rest of pycriu: its package imports every image
     definition (~25 ms of a checkpoint's fixed cost), and the pipeline needs only these. Loaded
     under its own name, so a later `import pycriu` finds it there and defines nothing twice."""
     name = "pycriu.rpc_pb2"
-    if name in sys.modules:
-        return sys.modules[name]
+    with _RPC_LOCK:  # the warm-up thread (warmup.py) may be loading it right now
+        if name in sys.modules:
+            return sys.modules[name]
+        return _load_rpc(name)
+
+
+_RPC_LOCK = threading.Lock()
+
+
+def _load_rpc(name: str) -> Any:
     import importlib.util
 
     try:
@@ -93,7 +102,7 @@ def binary_version(path: str) -> tuple[int, ...]:
 
 
 def _ask_version(path: str) -> tuple[int, ...]:
-    rpc = _rpc()
+    rpc = rpc_messages()
     req = rpc.criu_req(type=rpc.VERSION)
     resp = Swrk(path).request(req, timeout=20)
     v = resp.version
@@ -159,7 +168,7 @@ class Swrk:
         """One request. With a terminal fd, CRIU runs in our session with that terminal
         as stdin, as a shell-job restore needs (it hands the terminal to the restored
         job, which joins our session and process group, as under bare `criu restore`)."""
-        rpc = _rpc()
+        rpc = rpc_messages()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
@@ -330,7 +339,7 @@ class Criu:
         self.binary = binary
 
     def check(self) -> tuple[bool, str]:
-        rpc = _rpc()
+        rpc = rpc_messages()
         resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.CHECK), timeout=60)
         if resp.success:
             return True, "Looks good."
@@ -338,7 +347,7 @@ class Criu:
 
     def features(self) -> dict[str, bool]:
         """Optional kernel features as CRIU probes them (FEATURE_CHECK)."""
-        rpc = _rpc()
+        rpc = rpc_messages()
         feats = rpc.criu_features(mem_track=True, lazy_pages=True, pidfd_store=True)
         resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.FEATURE_CHECK, features=feats), timeout=60)
         f = resp.features
@@ -358,7 +367,7 @@ class Criu:
             time.sleep(0.05 * attempt)
 
     def _dump_once(self, o: DumpOptions) -> Any:
-        rpc = _rpc()
+        rpc = rpc_messages()
         opts = rpc.criu_opts(images_dir_fd=-1)
         opts.pid = o.pid
         opts.leave_running = o.leave_running
@@ -387,7 +396,7 @@ class Criu:
         """Restore the tree; returns the root pid. The restored root becomes our
         child once `criu swrk` exits, because main() made us a child subreaper. With
         leave_stopped every restored process is left stopped (SIGSTOP) for the caller to resume."""
-        rpc = _rpc()
+        rpc = rpc_messages()
         opts = rpc.criu_opts(images_dir_fd=-1)
         opts.shell_job = shell_job
         opts.leave_stopped = leave_stopped
