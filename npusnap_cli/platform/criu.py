@@ -221,9 +221,26 @@ class Swrk:
             _reap(proc)
 
 
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """proc.wait(timeout), woken the instant the child exits: Popen.wait with a timeout polls, in
+    sleeps growing to 50 ms, which a command that reaps a child or two pays on every run."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # gone already (reaped), or no pidfd on this kernel
+        proc.wait(timeout=timeout)
+        return
+    try:
+        import select
+
+        select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    proc.wait(timeout=0.5 if proc.poll() is None else None)
+
+
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     try:
-        proc.wait(timeout=10)
+        wait_exit(proc, timeout=10)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
