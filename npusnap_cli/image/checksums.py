@@ -48,9 +48,15 @@ class _Tail:
 
 class Follower:
     """Context manager around the writing of one directory (flat: CRIU's images). On exit the
-    thread stops; digests() then catches up to each file's end and returns what it hashed."""
+    thread stops; digests() then catches up to each file's end and returns what it hashed.
 
-    def __init__(self, directory: Path, interval: float = 0.02) -> None:
+    Each followed file's descriptor stays open until digests(): it pins the inode, so a file
+    replaced under its name is always told apart (a new inode number). At most max_files are
+    followed (a big process tree writes thousands of images; descriptors are bounded); the
+    seal hashes the others itself."""
+
+    def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256) -> None:
+        self.max_files = max_files
         self.directory = directory
         self.interval = interval
         self.tails: dict[str, _Tail] = {}
@@ -101,6 +107,8 @@ class Follower:
             self._drop(name)  # replaced or truncated: start over
             tail = None
         if tail is None:
+            if len(self.tails) >= self.max_files:
+                return
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             if os.fstat(fd).st_ino != st.st_ino:
                 os.close(fd)

@@ -52,6 +52,22 @@ def test_a_replaced_or_truncated_file_is_hashed_again_from_its_start(tmp_path: P
                                   "b.img": checksum_file(tmp_path / "b.img")}
 
 
+def test_the_follower_keeps_few_descriptors_and_seal_hashes_the_rest(tmp_path: Path) -> None:
+    st = Staging(tmp_path / "ck")
+    try:
+        with st.follow(st.criu_dir) as follower:
+            follower.max_files = 3
+            for i in range(10):
+                (st.criu_dir / f"core-{i}.img").write_bytes(os.urandom(100 + i))
+            follower.catch_up(final=False)
+            assert len(follower.tails) == 3
+        entries = st.seal()
+        assert [(e.size, e.checksum) for e in entries] == [checksum_file(st.path / e.path) for e in entries]
+        assert len(entries) == 10
+    finally:
+        st.discard()
+
+
 def test_seal_takes_the_followers_digests_without_reading_again(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     st = Staging(tmp_path / "ck")
