@@ -122,7 +122,12 @@ def main(argv: Optional[list[str]] = None) -> Any:
 def exit_now(code: Any) -> None:
     """Exit with SystemExit's code, without the interpreter's finalization: tearing down the
     modules a checkpoint loads (protobuf, yaml, click, ...) costs tens of ms on every command, and
-    nothing of ours needs it (no atexit handlers; the daemon threads are done or moot)."""
+    nothing of ours needs it (the daemon threads are done or moot). Whoever registered an exit
+    handler, or profiles or traces us (coverage, cProfile), gets the ordinary exit."""
+    import atexit
+
+    if atexit._ncallbacks() or sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1

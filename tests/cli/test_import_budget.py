@@ -59,3 +59,19 @@ def test_criu_rpc_and_pstree_load_without_pycriu_images(tmp_path) -> None:
     assert "pycriu.images" in modules  # loaded only by the explicit `import pycriu` at the end ...
     modules = _loaded("from npusnap_cli.platform.criu import rpc_messages\nrpc_messages()")
     assert "pycriu.rpc_pb2" in modules and "pycriu" not in modules and "pycriu.images" not in modules
+
+
+@pytest.mark.parametrize("handler", [False, True])
+def test_the_cli_exits_without_finalization_unless_something_needs_it(handler: bool) -> None:
+    """The CLI's own process ends with os._exit (its output flushed, its exit code kept); an
+    exit handler someone registered (coverage does) still runs: then it exits the ordinary way."""
+    prog = ("import atexit, sys\n"
+            + ("atexit.register(lambda: print('handler ran'))\n" if handler else "")
+            + "sys.argv = ['npusnap', 'verify', '/nonexistent/checkpoint']\n"
+              "class Finalized:\n    def __del__(self): print('finalized', flush=True)\n"
+              "f = Finalized()\n"  # deleted at interpreter finalization only
+              "from npusnap_cli.cli import main\nmain()\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True)
+    assert r.returncode == 8 and "not a checkpoint directory" in r.stderr, r.stderr
+    assert ("handler ran" in r.stdout) == handler
+    assert ("finalized" in r.stdout) == handler
