@@ -52,6 +52,10 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     `criu dump`); with --leave-running it carries on. A failure at any point leaves
     the process running and unlocked, and no checkpoint directory behind.
     """
+    from .. import warmup
+    from ..platform.criu import rpc_messages
+
+    warmup.start(rpc_messages, "yaml")  # CRIU's RPC for the dump, YAML for the manifest: loaded while we wait
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint

@@ -13,7 +13,7 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 
 from __future__ import annotations
 
-import platform
+import os
 import socket
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -25,7 +25,7 @@ from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
 from ..image.format import CRIU_DIR, DEVICE_DIR, DeviceState, FileEntry, Manifest, PhaseTiming, ProcessEntry
-from ..image.staging import Staging, Writeback
+from ..image.staging import Staging
 from ..platform.criu import DumpOptions
 from . import communicators, processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn
@@ -160,7 +160,7 @@ class CheckpointRun:
         before = self.target.tree()
         self.guardian.watch([p.pid for p in before])  # CRIU leaves them stopped: resumed if we die
         criu_dir = self.staging.criu_dir
-        with self.phase("dump") as self.dump_timing, self.signals.critical(), Writeback(criu_dir):
+        with self.phase("dump") as self.dump_timing, self.signals.critical(), self.staging.follow(criu_dir):
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before])))
             self.undos.push("resume", lambda: self._run_on(criu_dir))
             self.criu.dump(DumpOptions(
@@ -206,7 +206,7 @@ class CheckpointRun:
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
             host=socket.gethostname(),
-            kernel=platform.release(),
+            kernel=os.uname().release,
             npusnap_version=__version__,
             criu_version=self.criu.binary.version_str,
             command=self.target.command,
