@@ -72,6 +72,7 @@ _Static_assert(NPUSNAP_AGENT_LOCK_TIMEOUT == ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT,
 #define DEFAULT_LOCK_MS 30000   /* "lock" without an argument */
 #define MAX_LOCK_MS 86400000L   /* one day */
 #define DEVICE_INFO_MAX 4096
+#define LOCK_REASON_GRACE_MS 500 /* see do_lock */
 #define LEASE_TICK_MS 50        /* the lease ticker's period */
 #define LEASE_MAX_STEP_MS 100   /* most run time one tick may count (frozen time does not) */
 #define LEASE_RETRY_MS 1000     /* after a failed expiry action, retry this much later */
@@ -389,8 +390,11 @@ static int do_lock(long timeout_ms, const char **err)
     }
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    /* A runtime whose own wait is bounded by timeout_ms answers just after it, with its reason
+     * (e.g. which HCCL peer is not locking): worth a moment more than the bare timeout. */
+    long wait_ms = timeout_ms + (g.lock_timeout ? LOCK_REASON_GRACE_MS : 0);
+    dl.tv_sec += wait_ms / 1000;
+    dl.tv_nsec += (wait_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) {
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000L;

@@ -20,6 +20,10 @@ from .criu_flags import restore_flags
 @click.option("--no-verify", is_flag=True, help="Skip the checksum pass (faster; trusts the files).")
 @click.option("--criu-only", is_flag=True,
               help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
+@click.option("--rendezvous", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              metavar="DIR", help="HCCL ranks restored by separate restores (other hosts) meet here to re-form "
+                                  "their communicators: one private directory, fresh for this restore, given "
+                                  "to every rank's restore (default: a private one of this restore's own).")
 @click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
               help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
 @restore_flags
@@ -28,7 +32,7 @@ from .criu_flags import restore_flags
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, device_map: tuple[str, ...], criu_path: Optional[str], criu_opts: CriuOptions,
+            criu_only: bool, rendezvous: Optional[Path], device_map: tuple[str, ...], criu_path: Optional[str], criu_opts: CriuOptions,
             require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
     """Restore the process checkpointed in DIRECTORY.
 
@@ -47,7 +51,9 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     with term.reporter(live=not _shell_job(directory)) as report:
         result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
                                             device_map=mapping, criu=criu_opts, require_signature=require_signature,
-                                            trusted_keys=list(trusted_keys)), progress=report)
+                                            trusted_keys=list(trusted_keys),
+                                            rendezvous=rendezvous.absolute() if rendezvous else None),
+                        progress=report)
     if pidfile:
         _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]

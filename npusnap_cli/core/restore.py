@@ -50,6 +50,7 @@ class RestoreOptions:
     criu: CriuOptions = field(default_factory=CriuOptions)  # restore-side additions and choices (criu_flags.py)
     require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
     trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
+    rendezvous: Optional[Path] = None  # where HCCL ranks restored separately meet (communicators.py)
 
 
 @dataclass
@@ -96,7 +97,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                         processes.resume(restored[0], pids)
                 _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
                 if manifest.device.backend != BackendName.NONE and not opts.criu_only:
-                    _finish_device(restored[0], manifest, root, opts, phase, signals, progress, services)
+                    _finish_device(restored[0], manifest, root, opts, phase, signals, progress, services,
+                                   opts.rendezvous)
                 else:
                     signals.settled = True
             except BaseException:

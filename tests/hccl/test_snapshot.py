@@ -12,6 +12,7 @@ import json
 import os
 import random
 import signal
+import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,11 +45,12 @@ def cli_env(daemon, ranks) -> dict[str, str]:
     return {**daemon.env, "LD_LIBRARY_PATH": ranks.ld_path}
 
 
-def on_all(pids: list[int], *args: object, env: dict[str, str]) -> list:
-    """The same npusnap command on every rank at once (a rank's lock waits for its peers')."""
-    with ThreadPoolExecutor(len(pids)) as pool:
-        return list(pool.map(lambda pid: npusnap(*[pid if a == "PID" else a for a in args], env=env, timeout=90),
-                             pids))
+def on_all(items: list, *args: object, env: dict[str, str]) -> list:
+    """The same npusnap command for every rank at once, ITEM replaced by the rank's pid or
+    directory (a rank's lock, or its restore, waits for its peers')."""
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(lambda it: npusnap(*[it if a == "ITEM" else a for a in args], env=env, timeout=90),
+                             items))
 
 
 def assert_ok(done, what: str) -> None:
@@ -66,8 +68,10 @@ def uninterrupted(n: int, daemons, ranks, short_dir: Path) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("n, trials", [(2, 3), (3, 2)])
-def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, daemons, ranks,
+# The runbook's phase commands (as a job coordinator drives a node), or one `npusnap restore` per
+# rank with the same --rendezvous (as ranks on different hosts are restored).
+@pytest.mark.parametrize("n, trials, flow", [(2, 3, "runbook"), (3, 2, "restore")])
+def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, flow: str, daemons, ranks,
                                                            short_dir: Path) -> None:
     want = uninterrupted(n, daemons, ranks, short_dir)
     (daemon,) = daemons(1)
@@ -80,11 +84,11 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
             w.wait_for_line("step 2", timeout=60)
         delay = rng.uniform(0, 0.25)  # anywhere in a step: in the kernels, the AllReduce or the sleep
         time.sleep(delay)
-        assert_ok(on_all(pids, "lock", "PID", "--timeout", "30", env=env), f"lock (trial {trial})")
+        assert_ok(on_all(pids, "lock", "ITEM", "--timeout", "30", env=env), f"lock (trial {trial})")
         infos = [json.loads(npusnap("status", pid, "--json", env=env).stdout) for pid in pids]
         seqs = {d["device"]["communicators"][0]["seq"] for d in infos}
         assert len(seqs) == 1, ("every rank locked after the same collective", infos)
-        assert_ok(on_all(pids, "backup", "PID", env=env), "backup")
+        assert_ok(on_all(pids, "backup", "ITEM", env=env), "backup")
         dirs = [short_dir / f"ck{trial}-{r}" for r in range(n)]
         for pid, d in zip(pids, dirs):
             r = npusnap("dump", pid, "-D", d, env=env, timeout=120)
@@ -93,18 +97,19 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
             w.wait_exit(timeout=30)
         daemon.stop()  # a new daemon: new sessions, a new HCCL listener (port)
         daemon.start()
-        for d in dirs:
-            r = npusnap("restore", d, "--criu-only", "--detach", env=env, timeout=120)
-            assert r.returncode == 0, r.stderr
-        meet = Path(tempfile.mkdtemp(prefix="hccl-meet-"))
+        meet = Path(tempfile.mkdtemp(prefix="hccl-meet-"))  # private (0700), fresh for this restore
         try:
-            assert_ok(on_all(pids, "device-restore", "PID", "--rendezvous", meet, env=env), "device-restore")
-            assert sorted(p.name for p in meet.iterdir()) == [f"hccl-{seqless(infos)}.root"]
+            if flow == "runbook":
+                for d in dirs:
+                    r = npusnap("restore", d, "--criu-only", "--detach", env=env, timeout=120)
+                    assert r.returncode == 0, r.stderr
+                assert_ok(on_all(pids, "device-restore", "ITEM", "--rendezvous", meet, env=env), "device-restore")
+                assert_ok(on_all(pids, "unlock", "ITEM", env=env), "unlock")
+            else:
+                assert_ok(on_all(dirs, "restore", "ITEM", "--detach", "--rendezvous", meet, env=env), "restore")
+            assert sorted(p.name for p in meet.iterdir()) == [f"hccl-{comm_id(infos)}.root"]
         finally:
-            for p in meet.iterdir():
-                p.unlink()
-            meet.rmdir()
-        assert_ok(on_all(pids, "unlock", "PID", env=env), "unlock")
+            shutil.rmtree(meet)
         for w in workers:
             w.wait_for_line("done", timeout=60)
             w.wait_exit(timeout=30)
@@ -117,7 +122,7 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
         ranks.ranks.clear()
 
 
-def seqless(infos: list[dict]) -> str:
+def comm_id(infos: list[dict]) -> str:
     return str(infos[0]["device"]["communicators"][0]["id"])
 
 
@@ -162,7 +167,7 @@ def test_lock_times_out_when_a_peer_is_stopped_before_the_collective(daemons, ra
         r = npusnap("lock", workers[0].pid, "--timeout", "2", env=env)
         assert r.returncode == 10, (r.returncode, r.stderr)  # LockTimeout
         (line,) = r.stderr.strip().splitlines()
-        assert "507905" in line, line
+        assert "507905" in line and "not every rank is being locked" in line, line
         status = json.loads(npusnap("status", workers[0].pid, "--json", env=env).stdout)
         assert status["state"] == "RUNNING", status
     finally:

@@ -261,7 +261,8 @@ print("restored", json.dumps(npusim.snapshot_info()))
         assert live == {"memory": 3, "contexts": 2, "streams": 3, "events": 2}
         assert info == {"state": "RUNNING", "devices": [0, 1], "allocations": 3,
                         "bytes": ((5 << 20) + 32) + (1 << 20) + 4096 * 4, "streams": 3,
-                        "events": 2, "connected": True, "direct": True, "data_path": "in-process"}
+                        "events": 2, "connected": True, "direct": True, "data_path": "in-process",
+                        "communicators": []}
         status = npusim.daemon_status(npusim_daemon.socket)
         assert status["pid"] != old_pid
         assert [c["pid"] for c in status["clients"]] == [proc.pid]
