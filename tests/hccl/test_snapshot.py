@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import shutil
+import signal
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
