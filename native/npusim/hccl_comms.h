@@ -17,6 +17,7 @@ struct CommEntry {
   uint64_t seq = 0;     // collectives this rank issued (Send/Recv do not count)
   uint64_t pass = 0;    // while locking: collectives up to this sequence number still pass the gate
   bool pass_fixed = false;  // a lock alone keeps its first pass (the peers running on would raise it forever)
+  bool left_alone = false;  // locked without its peers (--force): a restore that cannot re-form it goes on
   int32_t device = 0;
   int64_t connect_ms = 0, exec_ms = 0;  // HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT at init
   uint32_t origin = 0;                  // NPUSIM_HCCL_ORIGIN_* (how the application formed it)

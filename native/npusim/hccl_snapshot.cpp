@@ -22,7 +22,9 @@
 // is in the rendezvous directory that npusnap hands the restoring runtimes
 // (`npusimHcclSnapshotOption("rendezvous", DIR)`); the other ranks wait there (their connect
 // timeout) and join. The members start at the saved sequence numbers, so the next collective is
-// k+1 on every rank, and the application's HcclComm handles stay the same objects.
+// k+1 on every rank, and the application's HcclComm handles stay the same objects. A communicator
+// locked alone (its peers not checkpointed) that cannot be re-formed does not fail the restore: the
+// process comes back (a rollback must always bring it back) and that communicator's next call fails.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/random.h>
@@ -217,7 +219,10 @@ int32_t restore_comms(const SnapshotPass &) {
     std::string why;
     if (reform(c, dir, &member, &why) != HCCL_SUCCESS) {
       note_error("snapshot: cannot re-form " + comm_name(c) + ": " + why);
-      return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+      if (!c.left_alone) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+      std::fprintf(stderr, "npusim hccl: %s was checkpointed without its peers and cannot be re-formed (%s): "
+                   "its next call fails\n", comm_name(c).c_str(), why.c_str());
+      member = 0;  // no member: the daemon refuses its collectives (HCCL_E_PARA)
     }
     std::lock_guard<std::mutex> g(runtime().mu);
     if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) it->second.member = member;
@@ -282,6 +287,7 @@ void hccl_lock_end(bool withdraw) {
   for (auto &[handle, c] : hccl_comms()) {
     c.pass = 0;
     c.pass_fixed = false;
+    c.left_alone = !withdraw && options().alone;  // a lock that stands, taken alone
   }
   hccl_update_behind();
   options().alone = false;  // for one lock

@@ -175,3 +175,20 @@ def test_lock_times_out_when_a_peer_is_stopped_before_the_collective(daemons, ra
     outputs = ranks.wait_all()  # both run on, unharmed
     assert results(outputs[0]) == results(outputs[1]) and len(results(outputs[0])) == STEPS + 1
     assert all(pid_alive(w.pid) is False for w in workers)
+
+
+def test_force_leave_running_brings_the_rank_back_with_its_communicator_failing(daemons, ranks,
+                                                                                short_dir: Path) -> None:
+    """A rank checkpointed alone cannot re-form its communicator without its peers; running on
+    (or a rollback) must still bring it back: it runs, and its next collective fails clearly."""
+    (daemon,) = daemons(1)
+    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"), env={"HCCL_EXEC_TIMEOUT": "3"})
+    for w in workers:
+        w.wait_for_line("step 1", timeout=60)
+    r = npusnap("checkpoint", workers[0].pid, "-D", short_dir / "ck", "--force", "--leave-running",
+                env=cli_env(daemon, ranks))
+    assert r.returncode == 0, r.stderr
+    for w in workers:
+        rc = w.proc.wait(timeout=60)
+        assert rc != 0 and "failed" in w.lines()[-1], w.lines()[-3:]  # an HCCL error, not a hang
+    assert "HcclAllReduce" in workers[0].lines()[-1], workers[0].lines()[-3:]
