@@ -2,6 +2,8 @@
 // into the model instead of being sent to the device.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 
 #include "runtime.h"
@@ -13,5 +15,19 @@ namespace npusim::rt {
 bool capture_task(const proto::Task &task, const std::string &body, StreamObj *stream, int32_t *rc);
 // Whether work queued on stream is being recorded into a model now.
 bool capturing(StreamObj *stream);
+
+// A control-flow task of a model (labels.cpp): replay asks it where to go on.
+struct ControlTask {
+  virtual ~ControlTask() = default;
+  // The label this task places in the model (0: none): replay can jump to its position.
+  virtual uint64_t label() const { return 0; }
+  // Runs when replay reaches it on s; sets *jump to the label to go on at (0: the next task).
+  virtual int32_t run(StreamObj *s, uint64_t *jump) const = 0;
+};
+// Records control into the model stream captures for: ACL_ERROR_RT_STREAM_MODEL when stream is
+// not capturing, ACL_ERROR_RT_FEATURE_NOT_SUPPORT in a conditional branch (CANN's sub-graphs).
+int32_t capture_control(std::shared_ptr<const ControlTask> control, StreamObj *stream);
+// Reads n bytes of device memory once the work queued on s before now has run (s synchronized).
+int32_t read_at_stream(const void *dev, void *host, size_t n, StreamObj *s);
 
 }  // namespace npusim::rt

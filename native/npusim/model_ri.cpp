@@ -40,6 +40,7 @@ struct Recorded {
   FunctionObj *function = nullptr;  // set by Backup: the daemon ids in task are renewed by Restore
   EventObj *event = nullptr;
   std::shared_ptr<CondTask> cond;  // a conditional task (task unused)
+  std::shared_ptr<const ControlTask> control;  // a label or a jump (task unused)
 };
 
 struct TaskGroup {
@@ -99,6 +100,32 @@ bool capturing(StreamObj *stream) {
   return g_capturing.count(stream) > 0;
 }
 
+int32_t capture_control(std::shared_ptr<const ControlTask> control, StreamObj *stream) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(stream);
+  if (it == g_capturing.end() || it->second.update != nullptr) return ACL_ERROR_RT_STREAM_MODEL;
+  ModelObj *m = it->second.model;
+  for (ModelObj *parent : g_models)
+    if (std::find(parent->children.begin(), parent->children.end(), m) != parent->children.end())
+      return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+  Recorded r{};
+  r.control = std::move(control);
+  m->tasks.push_back(std::move(r));
+  return ACL_SUCCESS;
+}
+
+int32_t read_at_stream(const void *dev, void *host, size_t n, StreamObj *s) {
+  proto::Request rq = wire::request(proto::Op::StreamSync);
+  rq.stream = s->id;
+  if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
+  proto::Task t{};
+  t.kind = proto::TaskKind::DeviceToHost;
+  t.dst = reinterpret_cast<uint64_t>(host);
+  t.src = reinterpret_cast<uint64_t>(dev);
+  t.size = n;
+  return submit(t, nullptr);
+}
+
 }  // namespace npusim::rt
 
 namespace {
@@ -128,15 +155,7 @@ int32_t replay_model(ModelObj *m, StreamObj *s);
 // A condition is read when the stream reaches it: the stream is synchronized, the 8 bytes read.
 // (So ExecuteAsync of a model with conditions returns once its last condition was decided.)
 int32_t read_condition(const CondHandle &h, StreamObj *s, uint64_t *value) {
-  proto::Request rq = wire::request(proto::Op::StreamSync);
-  rq.stream = s->id;
-  if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
-  proto::Task t{};
-  t.kind = proto::TaskKind::DeviceToHost;
-  t.dst = reinterpret_cast<uint64_t>(value);
-  t.src = reinterpret_cast<uint64_t>(h.dev);
-  t.size = sizeof(*value);
-  return submit(t, nullptr);
+  return read_at_stream(h.dev, value, sizeof(*value), s);
 }
 
 int32_t run_condition(const CondTask &c, StreamObj *s) {
@@ -164,8 +183,19 @@ int32_t replay_model(ModelObj *m, StreamObj *s) {
     if (!g_models.count(m)) return ACL_ERROR_INVALID_PARAM;
     tasks = m->tasks;
   }
-  for (const Recorded &r : tasks)
-    if (int32_t rc = r.cond ? run_condition(*r.cond, s) : replay(r, s); rc != ACL_SUCCESS) return rc;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const Recorded &r = tasks[i];
+    uint64_t jump = 0;
+    int32_t rc = r.control ? r.control->run(s, &jump) : r.cond ? run_condition(*r.cond, s) : replay(r, s);
+    if (rc != ACL_SUCCESS) return rc;
+    if (jump == 0) continue;
+    // A jump goes on at the task that placed the label (the label's own task is a no-op).
+    size_t at = tasks.size();
+    for (size_t j = 0; j < tasks.size() && at == tasks.size(); ++j)
+      if (tasks[j].control && tasks[j].control->label() == jump) at = j;
+    if (at == tasks.size()) return note_error(ACL_ERROR_INVALID_PARAM, "aclmdlRIExecuteAsync: a switch jumps to a label not set in this model");
+    i = at;  // the loop's ++i steps past the label
+  }
   return ACL_SUCCESS;
 }
 

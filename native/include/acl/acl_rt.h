@@ -845,6 +845,19 @@ ACL_FUNC_VISIBILITY aclError aclmdlRIAddCondTask(aclmdlRICondTaskParams params, 
 ACL_FUNC_VISIBILITY aclError aclmdlRICaptureToModelRIBegin(aclrtStream stream, aclmdlRI modelRI,
                                                            aclmdlRICaptureMode mode);
 
+/* ---- cann-rest: labels, timed waits, host registration (in CANN's order) ---- */
+/* Labels work in a model run instance being built (a stream bound to or capturing into it):
+ * aclrtSetLabel marks the stream's current position, aclrtSwitchLabelByIndex jumps to
+ * labels[*(uint32_t *)ptr] when the model runs (an index past maxValue - 1 picks the last). */
+ACL_FUNC_VISIBILITY aclError aclrtCreateLabel(aclrtLabel* label);
+ACL_FUNC_VISIBILITY aclError aclrtSetLabel(aclrtLabel label, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyLabel(aclrtLabel label);
+ACL_FUNC_VISIBILITY aclError aclrtCreateLabelList(aclrtLabel* labels, size_t num, aclrtLabelList* labelList);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyLabelList(aclrtLabelList labelList);
+ACL_FUNC_VISIBILITY aclError aclrtSwitchLabelByIndex(
+    void* ptr, uint32_t maxValue, aclrtLabelList labelList, aclrtStream stream);
+/* ---- end cann-rest ---- */
+
 #ifdef __cplusplus
 }
 #endif
