@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,13 @@ struct ControlTask {
 // Records control into the model stream captures for: ACL_ERROR_RT_STREAM_MODEL when stream is
 // not capturing, ACL_ERROR_RT_FEATURE_NOT_SUPPORT in a conditional branch (CANN's sub-graphs).
 int32_t capture_control(std::shared_ptr<const ControlTask> control, StreamObj *stream);
+// Whether a model run instance has this id (aclmdlRIGetId).
+bool model_ri_exists(uint32_t id);
+// prof_subscribe.cpp: whether aclprofModelSubscribe watches model_id, and queues, around what
+// queue() queues on s, the stream's stamps of one op record of that model (type, name).
+bool model_subscribed(uint32_t model_id);
+int32_t profile_op(uint32_t model_id, StreamObj *s, const char *type, const std::string &name,
+                   const std::function<int32_t()> &queue);
 // Reads n bytes of device memory once the work queued on s before now has run (s synchronized).
 int32_t read_at_stream(const void *dev, void *host, size_t n, StreamObj *s);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <thread>
@@ -21,6 +22,11 @@ using namespace npusim::rt;
 namespace {
 
 struct ModelObj;
+
+uint32_t next_model_id() {
+  static std::atomic<uint32_t> next{1};
+  return next++;
+}
 
 // A condition variable of a model: 8 bytes of device memory (an ordinary allocation).
 struct CondHandle {
@@ -54,6 +60,7 @@ struct ModelObj {
   std::vector<ModelObj *> children;  // the branches of its conditional tasks, destroyed with it
   std::set<StreamObj *> streams;  // capturing into this model
   bool built = false;             // capture ended / build ended: executable
+  uint32_t id = next_model_id();  // aclmdlRIGetId, what aclprofModelSubscribe names
 };
 
 struct Capture {
@@ -98,6 +105,13 @@ bool capture_task(const proto::Task &task, const std::string &body, StreamObj *s
 bool capturing(StreamObj *stream) {
   std::lock_guard<std::mutex> g(g_mu);
   return g_capturing.count(stream) > 0;
+}
+
+bool model_ri_exists(uint32_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  for (ModelObj *m : g_models)
+    if (m->id == id) return true;
+  return false;
 }
 
 int32_t capture_control(std::shared_ptr<const ControlTask> control, StreamObj *stream) {
@@ -176,17 +190,42 @@ int32_t run_condition(const CondTask &c, StreamObj *s) {
   }
 }
 
+// A task's type and name in a subscription's op records.
+std::pair<const char *, std::string> op_of(const Recorded &r) {
+  switch (r.task.kind) {
+    case proto::TaskKind::Kernel: {
+      std::lock_guard<std::mutex> g(runtime().mu);
+      for (FunctionObj *f : kernel_objects().functions)
+        if (f->id == r.task.src2) return {"KERNEL", f->name};
+      return {"KERNEL", "kernel"};
+    }
+    case proto::TaskKind::Memset: return {"MEMSET", "memset"};
+    case proto::TaskKind::RecordEvent: return {"EVENT_RECORD", "event record"};
+    case proto::TaskKind::WaitEvent: return {"EVENT_WAIT", "event wait"};
+    default: return {"MEMCPY", "memcpy"};
+  }
+}
+
 int32_t replay_model(ModelObj *m, StreamObj *s) {
   std::vector<Recorded> tasks;
+  uint32_t id;
   {
     std::lock_guard<std::mutex> g(g_mu);
     if (!g_models.count(m)) return ACL_ERROR_INVALID_PARAM;
     tasks = m->tasks;
+    id = m->id;
   }
+  const bool profiled = model_subscribed(id);
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Recorded &r = tasks[i];
     uint64_t jump = 0;
-    int32_t rc = r.control ? r.control->run(s, &jump) : r.cond ? run_condition(*r.cond, s) : replay(r, s);
+    int32_t rc;
+    if (r.control) rc = r.control->run(s, &jump);
+    else if (r.cond) rc = run_condition(*r.cond, s);
+    else if (profiled) {
+      auto [type, name] = op_of(r);
+      rc = profile_op(id, s, type, name, [&] { return replay(r, s); });
+    } else rc = replay(r, s);
     if (rc != ACL_SUCCESS) return rc;
     if (jump == 0) continue;
     // A jump goes on at the task that placed the label (the label's own task is a no-op).
@@ -498,6 +537,15 @@ aclError aclmdlRIDestroy(aclmdlRI modelRI) {
     for (ModelObj *m : all) delete m;
   }
   for (void *dev : conditions) aclrtFree(dev);
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t *modelRIId) {
+  if (modelRIId == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  *modelRIId = m->id;
   return ACL_SUCCESS;
 }
 

@@ -856,6 +856,8 @@ ACL_FUNC_VISIBILITY aclError aclrtCreateLabelList(aclrtLabel* labels, size_t num
 ACL_FUNC_VISIBILITY aclError aclrtDestroyLabelList(aclrtLabelList labelList);
 ACL_FUNC_VISIBILITY aclError aclrtSwitchLabelByIndex(
     void* ptr, uint32_t maxValue, aclrtLabelList labelList, aclrtStream stream);
+/* A model run instance's id: what aclprofModelSubscribe takes. */
+ACL_FUNC_VISIBILITY aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t* modelRIId);
 /* ---- end cann-rest ---- */
 
 #ifdef __cplusplus
