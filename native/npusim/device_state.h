@@ -201,14 +201,15 @@ uint32_t create(Session &s, uint32_t device);
 int32_t destroy(Session &s, uint32_t id, bool force);
 bool device_of(Session &s, uint32_t id, uint32_t *device);
 int32_t enqueue(Session &s, uint32_t id, Work &&w);
-int32_t sync(Session &s, uint32_t id);
-int32_t sync_device(Session &s, uint32_t device);
+// timeout_ms < 0: wait for ever; else at most that long (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT).
+int32_t sync(Session &s, uint32_t id, int64_t timeout_ms = -1);
+int32_t sync_device(Session &s, uint32_t device, int64_t timeout_ms = -1);
 int32_t drain(Session &s, int64_t timeout_ms);
 void stop_all(Session &s);
 uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns);
 int32_t event_destroy(Session &s, uint32_t id);
 int32_t event_query(Session &s, uint32_t id, Event *out);
-int32_t event_sync(Session &s, uint32_t id, uint64_t target);
+int32_t event_sync(Session &s, uint32_t id, uint64_t target, int64_t timeout_ms = -1);  // ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
 int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure);
 int32_t event_signal(Session &s, uint32_t id);
 // Reads (set false: into *out) or sets (to value) the failure a stream's next synchronize reports.

@@ -138,7 +138,7 @@ ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEv
 #define ACL_EVENT_WAIT_DEFAULT 0x0U
 #define ACL_EVENT_WAIT_EXTERNAL 0x01U
 ACL_FUNC_VISIBILITY aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag);
-/* timeout: 0 waits as aclrtStreamWaitEvent does (the only value ACL_EVENT_WAIT_EXTERNAL takes). */
+/* timeout: ms, as aclrtStreamWaitEventWithTimeout (0 waits for ever, the only value ACL_EVENT_WAIT_EXTERNAL takes). */
 ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout,
                                                           uint32_t flag);
 
@@ -856,6 +856,13 @@ ACL_FUNC_VISIBILITY aclError aclrtCreateLabelList(aclrtLabel* labels, size_t num
 ACL_FUNC_VISIBILITY aclError aclrtDestroyLabelList(aclrtLabelList labelList);
 ACL_FUNC_VISIBILITY aclError aclrtSwitchLabelByIndex(
     void* ptr, uint32_t maxValue, aclrtLabelList labelList, aclrtStream stream);
+/* Timed waits: timeout -1 waits for ever, else ms; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT /
+ * ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when not done by then (the work stays queued). A stream's timed
+ * wait (0: for ever) past its time fails the stream with ACL_ERROR_RT_STREAM_SYNC_TIMEOUT. */
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithTimeout(aclrtStream stream, aclrtEvent event, int32_t timeout);
 /* A model run instance's id: what aclprofModelSubscribe takes. */
 ACL_FUNC_VISIBILITY aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t* modelRIId);
 /* ---- end cann-rest ---- */
