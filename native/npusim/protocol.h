@@ -81,6 +81,8 @@ enum class Op : uint32_t {
   EventExport,    // event, value[1]: the old number (restore) or 0: an IPC event from now on -> value[0]=key number (any pid may open it)
   EventImport,    // value[0]=key number -> value[0]=event id in the caller's session, value[1]=completed
   ShareImporters, // flags: 0 any, 1 memory, 2 notify, 3 event -> value[0]=imports by other processes of what the caller shares, value[1]=one of their pids
+  // cann-rest
+  HostRegister,   // device, addr (0: any; else there: restore), size, value[0]: the caller's memfd (its fd number) -> value[0]=addr
 };
 
 enum class TaskKind : uint32_t {

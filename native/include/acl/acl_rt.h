@@ -863,6 +863,23 @@ ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout);
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
 ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithTimeout(aclrtStream stream, aclrtEvent event, int32_t timeout);
+/* Host registration: the device reaches the registered host memory in place through a device
+ * address (aclrtHostGetDevicePointer: for any pointer inside the range). The pages of the range
+ * are shared with the device from registration to aclrtHostUnregister. npusim does not enforce
+ * READONLY against device writes and has no IO memory (ACL_ERROR_RT_FEATURE_NOT_SUPPORT). */
+#define ACL_HOST_REG_MAPPED 0x2UL
+#define ACL_HOST_REG_IOMEMORY 0x4UL
+#define ACL_HOST_REG_READONLY 0x8UL
+#define ACL_HOST_REG_PINNED 0x10000000UL
+typedef enum {
+    ACL_HOST_REGISTER_MAPPED = 0,
+    ACL_HOST_REGISTER_IOMEMORY = 0x04,
+    ACL_HOST_REGISTER_READONLY = 0x08
+} aclrtHostRegisterType;
+ACL_FUNC_VISIBILITY aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** devPtr);
+ACL_FUNC_VISIBILITY aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtHostUnregister(void* ptr);
 /* A model run instance's id: what aclprofModelSubscribe takes. */
 ACL_FUNC_VISIBILITY aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t* modelRIId);
 /* ---- end cann-rest ---- */
