@@ -880,6 +880,15 @@ ACL_FUNC_VISIBILITY aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHo
 ACL_FUNC_VISIBILITY aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag);
 ACL_FUNC_VISIBILITY aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag);
 ACL_FUNC_VISIBILITY aclError aclrtHostUnregister(void* ptr);
+/* hostArgs: the argument bytes, then data the kernel reads through pointers; each placeholder puts
+ * the device address of hostArgs + dataOffset (copied to device memory at the call) at addrOffset. */
+typedef struct {
+    uint32_t addrOffset;
+    uint32_t dataOffset;
+} aclrtPlaceHolderInfo;
+ACL_FUNC_VISIBILITY aclError aclrtLaunchKernelWithHostArgs(
+    aclrtFuncHandle funcHandle, uint32_t numBlocks, aclrtStream stream, aclrtLaunchKernelCfg* cfg, void* hostArgs,
+    size_t argsSize, aclrtPlaceHolderInfo* placeHolderArray, size_t placeHolderNum);
 /* A model run instance's id: what aclprofModelSubscribe takes. */
 ACL_FUNC_VISIBILITY aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t* modelRIId);
 /* ---- end cann-rest ---- */
