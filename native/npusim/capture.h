@@ -22,8 +22,12 @@ struct ControlTask {
   virtual ~ControlTask() = default;
   // The label this task places in the model (0: none): replay can jump to its position.
   virtual uint64_t label() const { return 0; }
-  // Runs when replay reaches it on s; sets *jump to the label to go on at (0: the next task).
-  virtual int32_t run(StreamObj *s, uint64_t *jump) const = 0;
+  // Runs when replay reaches it on s; sets *jump to the label to go on at (0: the next task) and
+  // *activate to a stream of the model whose tasks run now (null: none).
+  virtual int32_t run(StreamObj *s, uint64_t *jump, StreamObj **activate) const = 0;
+  // Whether it activates streams: a model with such tasks runs only its head stream's tasks and
+  // the streams they activate (stream_switch.cpp); without, every bound stream's, in record order.
+  virtual bool activates() const { return false; }
 };
 // Records control into the model stream captures for: ACL_ERROR_RT_STREAM_MODEL when stream is
 // not capturing, ACL_ERROR_RT_FEATURE_NOT_SUPPORT in a conditional branch (CANN's sub-graphs).

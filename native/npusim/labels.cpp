@@ -45,7 +45,7 @@ struct LabelMark : ControlTask {
   uint64_t number;
   explicit LabelMark(uint64_t n) : number(n) {}
   uint64_t label() const override { return number; }
-  int32_t run(StreamObj *, uint64_t *jump) const override {
+  int32_t run(StreamObj *, uint64_t *jump, StreamObj **) const override {
     *jump = 0;
     return ACL_SUCCESS;
   }
@@ -54,7 +54,7 @@ struct LabelMark : ControlTask {
 struct SwitchByIndex : ControlTask {
   const void *index;  // device address of a uint32
   std::vector<uint64_t> targets;
-  int32_t run(StreamObj *s, uint64_t *jump) const override {
+  int32_t run(StreamObj *s, uint64_t *jump, StreamObj **) const override {
     uint32_t i = 0;
     if (int32_t rc = read_at_stream(index, &i, sizeof(i), s); rc != ACL_SUCCESS) return rc;
     *jump = targets[std::min<size_t>(i, targets.size() - 1)];

@@ -856,6 +856,25 @@ ACL_FUNC_VISIBILITY aclError aclrtCreateLabelList(aclrtLabel* labels, size_t num
 ACL_FUNC_VISIBILITY aclError aclrtDestroyLabelList(aclrtLabelList labelList);
 ACL_FUNC_VISIBILITY aclError aclrtSwitchLabelByIndex(
     void* ptr, uint32_t maxValue, aclrtLabelList labelList, aclrtStream stream);
+/* Stream activation in a model run instance being built: a model with these tasks runs its head
+ * stream (ACL_MODEL_STREAM_FLAG_HEAD) only, and a bound stream's tasks when a task activates it;
+ * aclrtSwitchStream activates trueStream when *leftValue cond *rightValue (falseStream reserved). */
+typedef enum {
+    ACL_RT_EQUAL = 0,
+    ACL_RT_NOT_EQUAL,
+    ACL_RT_GREATER,
+    ACL_RT_GREATER_OR_EQUAL,
+    ACL_RT_LESS,
+    ACL_RT_LESS_OR_EQUAL
+} aclrtCondition;
+typedef enum {
+    ACL_RT_SWITCH_INT32 = 0,
+    ACL_RT_SWITCH_INT64 = 1,
+} aclrtCompareDataType;
+ACL_FUNC_VISIBILITY aclError aclrtActiveStream(aclrtStream activeStream, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtSwitchStream(
+    void* leftValue, aclrtCondition cond, void* rightValue, aclrtCompareDataType dataType, aclrtStream trueStream,
+    aclrtStream falseStream, aclrtStream stream);
 /* Timed waits: timeout -1 waits for ever, else ms; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT /
  * ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when not done by then (the work stays queued). A stream's timed
  * wait (0: for ever) past its time fails the stream with ACL_ERROR_RT_STREAM_SYNC_TIMEOUT. */
