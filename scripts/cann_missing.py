@@ -95,9 +95,11 @@ def main() -> int:
     headers = declared(include)
     users = sample_calls(example)
     # A sample's call counts when the headers declare it or it looks like a runtime function
-    # (the samples' own helpers are named otherwise); names a sample defines itself are dropped.
+    # (acl*, Msprof*: the samples' own helpers are named otherwise).
     missing_headers = sorted(headers - have)
-    called = {fn: sorted(s) for fn, s in users.items() if fn not in have and (fn in headers or fn.startswith(("acl", "Msprof")))}
+    runtime_like = ("acl", "Msprof")
+    called = {fn: sorted(s) for fn, s in users.items()
+              if fn not in have and (fn in headers or fn.startswith(runtime_like))}
     by_use = sorted(called, key=lambda fn: (-len(called[fn]), fn))
     result = {
         "declared": len(headers),

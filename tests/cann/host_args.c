@@ -7,15 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(x)                                                                   \
-    do {                                                                           \
-        aclError rc_ = (x);                                                        \
-        if (rc_ != ACL_SUCCESS) {                                                  \
-            printf("ERR %s:%d %s = %d\n", __FILE__, __LINE__, #x, rc_);            \
-            fflush(stdout);                                                        \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cann_check.h"
 
 struct vadd_args { uint64_t x, y, z, n; };
 struct affine_args { uint64_t x, y, n, params; };

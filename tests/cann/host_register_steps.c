@@ -15,26 +15,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(x)                                                                   \
-    do {                                                                           \
-        aclError rc_ = (x);                                                        \
-        if (rc_ != ACL_SUCCESS) {                                                  \
-            printf("ERR %s:%d %s = %d\n", __FILE__, __LINE__, #x, rc_);            \
-            fflush(stdout);                                                        \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cann_check.h"
 
 static uint64_t fnv(const void *p, size_t n) {
     const unsigned char *b = p;
     uint64_t h = 1469598103934665603ULL;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
     return h;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 int main(int argc, char **argv) {

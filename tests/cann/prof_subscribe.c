@@ -12,15 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define CHECK(x)                                                                   \
-    do {                                                                           \
-        aclError rc_ = (x);                                                        \
-        if (rc_ != ACL_SUCCESS) {                                                  \
-            printf("ERR %s:%d %s = %d\n", __FILE__, __LINE__, #x, rc_);            \
-            fflush(stdout);                                                        \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cann_check.h"
 
 static int ops;
 

@@ -6,15 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(x)                                                                   \
-    do {                                                                           \
-        aclError rc_ = (x);                                                        \
-        if (rc_ != ACL_SUCCESS) {                                                  \
-            printf("ERR %s:%d %s = %d\n", __FILE__, __LINE__, #x, rc_);            \
-            fflush(stdout);                                                        \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cann_check.h"
 
 int main(void) {
     CHECK(aclInit(NULL));
