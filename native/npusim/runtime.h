@@ -67,7 +67,11 @@ struct EventObj {
   uint64_t timestamp_ns;  // saved by Backup
   ContextObj *ctx = nullptr;  // the context it belongs to (contexts.h)
   uint32_t flags = 0;         // ACL_EVENT_* (aclrtCreateEventWithFlag)
+  bool reset = false;         // aclrtResetEvent and no record since: not recorded, a wait waits for the next
 };
+
+// The completed count a wait queued now waits for: the latest record, or after a reset the next.
+inline uint64_t wait_target(const EventObj *e) { return e->reset ? e->records + 1 : (e->records > 0 ? e->records : 1); }
 
 struct Alloc {
   uint64_t size;

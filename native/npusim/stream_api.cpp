@@ -107,7 +107,7 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   {
     // Waits for the latest record queued so far; an event never recorded is waited for forever.
     std::lock_guard<std::mutex> g(runtime().mu);
-    t.target = std::max<uint64_t>(1, e->records);
+    t.target = wait_target(e);
   }
   return submit(t, s);
 }
@@ -155,7 +155,10 @@ aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
   t.event = e->id;
   std::lock_guard<std::mutex> g(runtime().mu);  // keeps records in queue order across threads
   int32_t rc = submit(t, s);
-  if (rc == ACL_SUCCESS && !capturing(s)) ++e->records;  // a captured record counts when the model runs
+  if (rc == ACL_SUCCESS && !capturing(s)) {  // a captured record counts when the model runs
+    ++e->records;
+    e->reset = false;
+  }
   return rc;
 }
 
@@ -167,7 +170,7 @@ aclError aclrtSynchronizeEvent(aclrtEvent event) {
   rq.event = e->id;
   {
     std::lock_guard<std::mutex> g(runtime().mu);
-    if (e->records == 0) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
+    if (e->records == 0 || e->reset) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
     rq.value[0] = e->records;
   }
   return runtime().pool.call(rq);
@@ -280,6 +283,20 @@ extern "C" {
 aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag) {
   if (flag != ACL_EVENT_RECORD_DEFAULT && flag != ACL_EVENT_RECORD_EXTERNAL) return ACL_ERROR_INVALID_PARAM;
   return aclrtRecordEvent(event, stream);
+}
+
+// cann-kernel-host: CANN wants the stream's tasks that use the event finished before a reset (the
+// caller's duty), so the reset takes effect at once: the event reads as not recorded, and a wait
+// queued from now on waits for its next record.
+aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  EventObj *e = nullptr;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  e->reset = true;
+  return ACL_SUCCESS;
 }
 
 aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout, uint32_t flag) {

@@ -141,6 +141,9 @@ ACL_FUNC_VISIBILITY aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStr
 /* timeout: 0 waits as aclrtStreamWaitEvent does (the only value ACL_EVENT_WAIT_EXTERNAL takes). */
 ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout,
                                                           uint32_t flag);
+/* cann-kernel-host: the event reads as not recorded until its next record; a wait queued after the
+ * reset waits for that record. Finish the tasks that use the event first (CANN's rule). */
+ACL_FUNC_VISIBILITY aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream);
 
 /* ---- Virtual memory, IPC memory, notify, IPC events (cann-ipc-vmm) ---- */
 #define ACL_IPC_EVENT_HANDLE_SIZE 64U
