@@ -2,6 +2,8 @@
 // npusim's ascendc.cmake call. The library embeds its npusim device binary; the first launch loads
 // it (an ordinary binary of the process: kind "binaries" carries it across a checkpoint) and every
 // launch queues the kernel by name, like aclrtBinaryGetFunction + aclrtLaunchKernel.
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "acl/npusim.h"
@@ -35,12 +37,60 @@ aclError embedded_binary(const void *binary, size_t size, aclrtBinHandle *out) {
   return ACL_SUCCESS;
 }
 
+// A printing kernel's output: a device buffer of its own per launch, headed by {used, capacity},
+// written out by a host function queued right after the kernel, which then frees it.
+constexpr size_t kPrintHeader = 2 * sizeof(uint64_t);
+
+struct PrintJob {
+  void *buffer;
+  size_t size;
+};
+
+void flush_prints(void *arg) {
+  auto *job = static_cast<PrintJob *>(arg);
+  uint64_t header[2] = {0, 0};
+  if (aclrtMemcpy(header, sizeof header, job->buffer, sizeof header, ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS) {
+    const size_t used = std::min<uint64_t>(header[0], job->size - kPrintHeader);
+    std::string text(used, '\0');
+    if (used > 0 && aclrtMemcpy(text.data(), used, static_cast<char *>(job->buffer) + kPrintHeader, used,
+                                ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    }
+  }
+  aclrtFree(job->buffer);
+  delete job;
+}
+
+aclError launch_printing(aclrtFuncHandle fn, uint32_t blockDim, aclrtStream stream, const void *args,
+                         size_t argsSize, size_t printBytes) {
+  void *buffer = nullptr;
+  if (aclError rc = aclrtMalloc(&buffer, printBytes, ACL_MEM_MALLOC_HUGE_FIRST); rc != ACL_SUCCESS) return rc;
+  const uint64_t header[2] = {0, printBytes - kPrintHeader};
+  std::string all(static_cast<const char *>(args), argsSize);
+  const uint64_t addr = reinterpret_cast<uintptr_t>(buffer);
+  all.append(reinterpret_cast<const char *>(&addr), sizeof addr);
+  aclError rc = aclrtMemcpy(buffer, printBytes, header, sizeof header, ACL_MEMCPY_HOST_TO_DEVICE);
+  if (rc == ACL_SUCCESS) rc = aclrtLaunchKernel(fn, blockDim, all.data(), all.size(), stream);
+  if (rc != ACL_SUCCESS) {
+    aclrtFree(buffer);
+    return rc;
+  }
+  auto *job = new PrintJob{buffer, printBytes};
+  if (rc = aclrtLaunchHostFunc(stream, flush_prints, job); rc != ACL_SUCCESS) {
+    aclrtSynchronizeStream(stream);  // the kernel may still write into the buffer
+    flush_prints(job);
+  }
+  return rc;
+}
+
 }  // namespace
 
 extern "C" {
 
 aclError npusimAscendcLaunch(const char *library, const char *kernel, const void *binary, size_t binarySize,
-                             uint32_t blockDim, aclrtStream stream, const void *args, size_t argsSize) {
+                             uint32_t blockDim, aclrtStream stream, const void *args, size_t argsSize,
+                             size_t printBytes) {
   const std::string lib = library != nullptr ? library : "?";
   const std::string name = kernel != nullptr ? kernel : "?";
   if (binary == nullptr || binarySize == 0)
@@ -48,7 +98,8 @@ aclError npusimAscendcLaunch(const char *library, const char *kernel, const void
                       "aclrtlaunch_" + name + ": the AscendC kernel " + name + " of library " + lib +
                           " has no npusim implementation (npusim cannot run AscendC device code it cannot "
                           "compile for the host); write it as an npusim kernel (npusim/kernel.h) in "
-                          "<kernel source>.npusim.cpp or list a file in NPUSIM_KERNEL_SOURCES, then rebuild");
+                          "<kernel source>.npusim.cpp or list its source in the CMake variable NPUSIM_KERNEL_SOURCES_" + lib +
+                          ", then rebuild");
   aclrtBinHandle bin = nullptr;
   if (aclError rc = embedded_binary(binary, binarySize, &bin); rc != ACL_SUCCESS) {
     note_error(rc, "aclrtlaunch_" + name + ": cannot load the npusim binary of library " + lib);
@@ -59,7 +110,8 @@ aclError npusimAscendcLaunch(const char *library, const char *kernel, const void
     note_error(rc, "aclrtlaunch_" + name + ": library " + lib + "'s npusim binary has no kernel " + name);
     return rc;
   }
-  return aclrtLaunchKernel(fn, blockDim, args, argsSize, stream);
+  if (printBytes <= kPrintHeader) return aclrtLaunchKernel(fn, blockDim, args, argsSize, stream);
+  return launch_printing(fn, blockDim, stream, args, argsSize, printBytes);
 }
 
 }  // extern "C"

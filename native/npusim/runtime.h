@@ -140,6 +140,10 @@ int32_t device_restore();
 void drop_backups();
 // Lock with an explicit timeout (aclrtSnapShotProcessLock uses 60 s or NPUSIM_LOCK_TIMEOUT_MS).
 int32_t snapshot_lock(int64_t timeout_ms);
+// cann-kernel-host (dump.cpp): aclInit's "dump" settings; a queued launch's arguments, written
+// while aclopStartDumpArgs is on.
+void load_dump_config(const char *configPath);
+void dump_kernel_args(const std::string &kernel, uint32_t blocks, const std::string &args);
 // Remembers why the calling thread's last call failed (aclGetRecentErrMsg reports it).
 void note_error(const std::string &message);
 // The same, and the code aclrtGetLastError / aclrtPeekAtLastError report; returns code.

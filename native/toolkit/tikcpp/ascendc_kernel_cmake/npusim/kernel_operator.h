@@ -10,6 +10,8 @@
 #define NPUSIM_ASCENDC_KERNEL_OPERATOR_H_
 
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -69,6 +71,37 @@ T take_value(npusimKernelCtx *, const void *args, size_t size, size_t &off) {
   if (off + sizeof(T) <= size) std::memcpy(&v, static_cast<const char *>(args) + off, sizeof(T));
   off += sizeof(T);
   return v;
+}
+
+// AscendC::printf's target: the launch's print buffer (npusimAscendcLaunch's last argument),
+// {uint64 used, uint64 capacity} then the text; blocks append to it atomically.
+inline thread_local unsigned char *t_print = nullptr;
+
+struct PrintScope {
+  PrintScope(npusimKernelCtx *ctx, const void *args, size_t size, size_t &off) {
+    uint64_t addr = 0;
+    if (off + sizeof(addr) <= size) std::memcpy(&addr, static_cast<const char *>(args) + off, sizeof(addr));
+    off += sizeof(addr);
+    auto *head = static_cast<uint64_t *>(addr != 0 ? npusimKernelGm(ctx, addr, 2 * sizeof(uint64_t)) : nullptr);
+    if (head != nullptr && npusimKernelGm(ctx, addr, 2 * sizeof(uint64_t) + head[1]) != nullptr)
+      t_print = reinterpret_cast<unsigned char *>(head);
+  }
+  ~PrintScope() { t_print = nullptr; }
+};
+
+inline void print_formatted(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+inline void print_formatted(const char *fmt, ...) {
+  if (t_print == nullptr) return;  // not launched through aclrtlaunch_*: nowhere to print
+  char text[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = std::vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  if (n <= 0) return;
+  const uint64_t len = static_cast<uint64_t>(n) < sizeof text ? static_cast<uint64_t>(n) : sizeof text - 1;
+  auto *head = reinterpret_cast<uint64_t *>(t_print);
+  const uint64_t at = __atomic_fetch_add(&head[0], len, __ATOMIC_RELAXED);
+  if (at + len <= head[1]) std::memcpy(t_print + 2 * sizeof(uint64_t) + at, text, len);
 }
 
 // A host wrapper's <<<>>> launch compiled into the device binary, where nothing calls it.
@@ -299,12 +332,15 @@ inline void Duplicate(const LocalTensor<T> &dst, const U &scalar, const int32_t 
   for (int32_t i = 0; i < count; ++i) d[i] = static_cast<T>(scalar);
 }
 
-// The device's printf reaches the host through a dump buffer that npusim's runner does not have:
-// the text is dropped (native/npusim/README.md, known limits).
+// As on the device: the text goes to a buffer the host prints once the kernel has run.
 template <typename... A>
-inline void printf(const char *, A &&...) {}
+inline void printf(const char *fmt, A... args) {
+  npusim_ascendc::print_formatted(fmt, args...);
+}
 template <typename... A>
-inline void PRINTF(const char *, A &&...) {}
+inline void PRINTF(const char *fmt, A... args) {
+  npusim_ascendc::print_formatted(fmt, args...);
+}
 template <typename T>
 inline void DumpTensor(const LocalTensor<T> &, uint32_t, uint32_t) {}
 template <typename T>
