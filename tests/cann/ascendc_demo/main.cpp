@@ -3,7 +3,7 @@
 // aclrtlaunch_scale_add.h), blend through its <<<>>> wrapper (run by blend.npusim.cpp), and
 // scale_add again from the fatbin file with aclrtKernelArgs; then it checks both buffers against
 // the same arithmetic done on the host and prints their hash. The output depends only on the step.
-// Usage: demo steps STEPS SLEEP_MS FATBIN | demo missing
+// Usage: demo steps STEPS SLEEP_MS FATBIN | demo missing | demo print
 #include <unistd.h>
 
 #include <cstdio>
@@ -51,6 +51,23 @@ int missing()
     CHECK(aclrtResetDeviceForce(0));
     CHECK(aclFinalize());
     return rc == 207000 ? 0 : 1;
+}
+
+int print()
+{
+    CHECK(aclInit(nullptr));
+    CHECK(aclrtSetDevice(0));
+    aclrtStream stream;
+    CHECK(aclrtCreateStream(&stream));
+    std::printf("before\n");
+    std::fflush(stdout);
+    CHECK(GreetDo(4, stream, 7));
+    CHECK(aclrtSynchronizeStream(stream));
+    std::printf("after\n");
+    CHECK(aclrtDestroyStream(stream));
+    CHECK(aclrtResetDeviceForce(0));
+    CHECK(aclFinalize());
+    return 0;
 }
 
 int steps(int count, int sleepMs, const char* fatbin)
@@ -130,7 +147,8 @@ int steps(int count, int sleepMs, const char* fatbin)
 int main(int argc, char** argv)
 {
     if (argc == 2 && std::strcmp(argv[1], "missing") == 0) return missing();
+    if (argc == 2 && std::strcmp(argv[1], "print") == 0) return print();
     if (argc == 5 && std::strcmp(argv[1], "steps") == 0) return steps(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
-    std::fprintf(stderr, "usage: demo steps STEPS SLEEP_MS FATBIN | demo missing\n");
+    std::fprintf(stderr, "usage: demo steps STEPS SLEEP_MS FATBIN | demo missing | demo print\n");
     return 2;
 }
