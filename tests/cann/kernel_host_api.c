@@ -1,5 +1,6 @@
 /* The runtime calls cann-kernel-host added, with their semantics checked (tests/cann/
- * test_kernel_host_api.py): data buffers, aclrtResetEvent, mstx marks and ranges in the profiler's
+ * test_kernel_host_api.py): data buffers, aclrtResetEvent, device status / utilization / stream
+ * priority range, mstx marks and ranges in the profiler's
  * data, the dump settings from aclInit's configuration, acldumpSaveExceptionInfo and the kernel
  * argument dump. Prints one "ok NAME" line per check; exits non-zero at the first failure.
  * Usage: kernel_host_api ACL_JSON PROFILE_DIR ARGS_DUMP_DIR KERNELS.so */
@@ -68,6 +69,36 @@ static void reset_event(void *x, void *y) {
     CHECK(aclrtDestroyStream(a));
     CHECK(aclrtDestroyStream(b));
     printf("ok reset event\n");
+}
+
+/* Status, utilization (memory: the share in use, with an eighth of the device allocated) and the
+ * priority range that aclrtCreateStreamWithConfig accepts. */
+static void device_queries(void) {
+    aclrtDeviceStatus st = ACL_RT_DEVICE_STATUS_END;
+    CHECK(aclrtQueryDeviceStatus(0, &st));
+    EXPECT(st == ACL_RT_DEVICE_STATUS_NORMAL);
+    EXPECT(aclrtQueryDeviceStatus(99, &st) == ACL_ERROR_RT_INVALID_DEVICEID);
+    size_t free_bytes, total;
+    CHECK(aclrtGetMemInfo(ACL_HBM_MEM, &free_bytes, &total));
+    void *eighth;
+    CHECK(aclrtMalloc(&eighth, total / 8, ACL_MEM_MALLOC_HUGE_FIRST));
+    aclrtUtilizationInfo u;
+    memset(&u, 0xff, sizeof u);
+    u.utilizationExtend = NULL;
+    CHECK(aclrtGetDeviceUtilizationRate(0, &u));
+    EXPECT(u.cubeUtilization == 0 && u.vectorUtilization == 0 && u.aicpuUtilization == 0);
+    EXPECT(u.memoryUtilization >= 12 && u.memoryUtilization <= 100);
+    u.utilizationExtend = (aclrtUtilizationExtendInfo *)&u;
+    EXPECT(aclrtGetDeviceUtilizationRate(0, &u) == ACL_ERROR_INVALID_PARAM);
+    CHECK(aclrtFree(eighth));
+    int32_t least = -1, greatest = -1;
+    CHECK(aclrtDeviceGetStreamPriorityRange(&least, &greatest));
+    EXPECT(least == 7 && greatest == 0);
+    aclrtStream s;
+    CHECK(aclrtCreateStreamWithConfig(&s, (uint32_t)least, 0));
+    CHECK(aclrtDestroyStream(s));
+    EXPECT(aclrtCreateStreamWithConfig(&s, (uint32_t)least + 1, 0) == ACL_ERROR_INVALID_PARAM);
+    printf("ok device queries\n");
 }
 
 static void mstx(const char *dir) {
@@ -155,6 +186,7 @@ int main(int argc, char **argv) {
     CHECK(aclrtMalloc(&y, N * 4, ACL_MEM_MALLOC_HUGE_FIRST));
     data_buffers(x);
     reset_event(x, y);
+    device_queries();
     mstx(argv[2]);
     dump(x, argv[3], argv[4]);
     CHECK(aclrtFree(x));

@@ -1,6 +1,6 @@
 """The runtime calls that came with the kernel samples' host code (tests/cann/kernel_host_api.c),
 their semantics checked: aclDataBuffer, aclrtResetEvent (a wait after a reset waits for the next
-record), mstx marks and ranges in the profiler's data, the dump settings of aclInit's JSON
+record), device status and utilization, mstx marks and ranges in the profiler's data, the dump settings of aclInit's JSON
 configuration, acldumpSaveExceptionInfo's file and aclopStartDumpArgs' kernel-argument lines."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def test_data_buffers_reset_event_mstx_and_dump(build_program, device_env, kerne
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert [line for line in lines if line.startswith("ok ")] == ["ok data buffers", "ok reset event", "ok mstx",
-                                                                   "ok dump"]
+    assert [line for line in lines if line.startswith("ok ")] == ["ok data buffers", "ok reset event",
+                                                                   "ok device queries", "ok mstx", "ok dump"]
     assert f"data dump path {dump_dir}" in lines and lines[-1] == "done"
 
     # mstx: marks and nested ranges, a domain's name before its messages
