@@ -13,15 +13,6 @@ namespace {
 constexpr int32_t kLeastPriority = 7;  // aclrtCreateStreamWithConfig takes 0 (highest) .. 7
 constexpr int32_t kGreatestPriority = 0;
 
-aclError check_device(int32_t deviceId, const char *api) {
-  Runtime &r = runtime();
-  std::lock_guard<std::mutex> g(r.mu);
-  if (!r.initialized) return note_error(ACL_ERROR_UNINITIALIZE, std::string(api) + ": aclInit was not called");
-  if (deviceId < 0 || static_cast<uint32_t>(deviceId) >= r.pool.device_count)
-    return note_error(ACL_ERROR_RT_INVALID_DEVICEID, std::string(api) + ": no device " + std::to_string(deviceId));
-  return ACL_SUCCESS;
-}
-
 }  // namespace
 
 extern "C" {
@@ -29,7 +20,7 @@ extern "C" {
 aclError aclrtQueryDeviceStatus(int32_t deviceId, aclrtDeviceStatus *deviceStatus) {
   if (deviceStatus == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtQueryDeviceStatus: deviceStatus is NULL");
   CallScope scope;
-  if (aclError rc = check_device(deviceId, "aclrtQueryDeviceStatus"); rc != ACL_SUCCESS) return rc;
+  if (aclError rc = device_known(deviceId, "aclrtQueryDeviceStatus"); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::MemInfo);  // the daemon answers for the device
   rq.device = deviceId;
   proto::Reply rp{};
@@ -42,7 +33,7 @@ aclError aclrtGetDeviceUtilizationRate(int32_t deviceId, aclrtUtilizationInfo *u
     return note_error(ACL_ERROR_INVALID_PARAM,
                       "aclrtGetDeviceUtilizationRate: utilizationInfo is NULL or its utilizationExtend is set");
   CallScope scope;
-  if (aclError rc = check_device(deviceId, "aclrtGetDeviceUtilizationRate"); rc != ACL_SUCCESS) return rc;
+  if (aclError rc = device_known(deviceId, "aclrtGetDeviceUtilizationRate"); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::MemInfo);
   rq.device = deviceId;
   proto::Reply rp{};

@@ -140,6 +140,9 @@ int32_t device_restore();
 void drop_backups();
 // Lock with an explicit timeout (aclrtSnapShotProcessLock uses 60 s or NPUSIM_LOCK_TIMEOUT_MS).
 int32_t snapshot_lock(int64_t timeout_ms);
+// ACL_SUCCESS when aclInit ran and device is one of the daemon's, else the error, noted for api
+// (sysinfo.cpp).
+aclError device_known(int64_t device, const char *api);
 // cann-kernel-host (dump.cpp): aclInit's "dump" settings; a queued launch's arguments, written
 // while aclopStartDumpArgs is on.
 void load_dump_config(const char *configPath);

@@ -7,17 +7,15 @@ clearly at launch, and the library's kernels survive a checkpoint and a daemon r
 
 from __future__ import annotations
 
-import json
 import shutil
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import Workload, agent_status, npusnap, pid_alive, requires_criu
-from tests.pipeline.support import strip_ready, under_agent
+from tests.helpers import Workload, agent_status, requires_criu
+from tests.pipeline.support import checkpoint_and_restore_after_daemon_restart, strip_ready, under_agent
 
 HERE = Path(__file__).resolve().parent
 STEPS, AT, SLEEP_MS = 30, 4, 20
@@ -115,17 +113,6 @@ def test_library_kernels_survive_checkpoint_daemon_restart_restore(demo, npusim_
         live = agent_status(w.pid, npusim_daemon.env)["device"]["resources"]
         # the library's embedded binary and the fatbin; scale_add and blend, scale_add of the fatbin
         assert live["binaries"] == 2 and live["functions"] == 3, live
-        ck = tmp_path / "ck"
-        r = npusnap("checkpoint", w.pid, "-D", ck, "--json", env=npusim_daemon.env)
-        assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["device"]["backend"] == "sim"
-        assert w.proc.wait(timeout=10) == -signal.SIGKILL and not pid_alive(w.pid)
-        at_checkpoint = strip_ready(w.lines())
-        assert AT < len(at_checkpoint) < STEPS and at_checkpoint == ref[: len(at_checkpoint)]
-
-        npusim_daemon.restart()
-        rs = npusnap("restore", ck, env=npusim_daemon.env, timeout=120)
-        assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
-        assert strip_ready(w.lines()) == ref
+        checkpoint_and_restore_after_daemon_restart(w, npusim_daemon, ref, AT, tmp_path / "ck")
     finally:
         w.stop()
