@@ -4,7 +4,10 @@
 // launch queues the kernel by name, like aclrtBinaryGetFunction + aclrtLaunchKernel.
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "acl/npusim.h"
 #include "kernel_objects.h"
@@ -38,16 +41,21 @@ aclError embedded_binary(const void *binary, size_t size, aclrtBinHandle *out) {
 }
 
 // A printing kernel's output: a device buffer of its own per launch, headed by {used, capacity},
-// written out by a host function queued right after the kernel, which then frees it.
+// written out by a host function queued right after the kernel, which then frees it. A job whose
+// host function never runs (aclrtDestroyStreamForce drops it) is written when its stream goes, as
+// CANN prints a kernel's output however the stream ends.
 constexpr size_t kPrintHeader = 2 * sizeof(uint64_t);
 
 struct PrintJob {
   void *buffer;
   size_t size;
+  aclrtStream stream;
 };
 
-void flush_prints(void *arg) {
-  auto *job = static_cast<PrintJob *>(arg);
+std::mutex g_jobs_mu;
+std::set<PrintJob *> g_jobs;  // written out by whoever takes a job out first
+
+void write_out(PrintJob *job) {
   uint64_t header[2] = {0, 0};
   if (aclrtMemcpy(header, sizeof header, job->buffer, sizeof header, ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS) {
     const size_t used = std::min<uint64_t>(header[0], job->size - kPrintHeader);
@@ -60,6 +68,15 @@ void flush_prints(void *arg) {
   }
   aclrtFree(job->buffer);
   delete job;
+}
+
+void flush_prints(void *arg) {
+  auto *job = static_cast<PrintJob *>(arg);
+  {
+    std::lock_guard<std::mutex> g(g_jobs_mu);
+    if (g_jobs.erase(job) == 0) return;  // already written out
+  }
+  write_out(job);
 }
 
 aclError launch_printing(aclrtFuncHandle fn, uint32_t blockDim, aclrtStream stream, const void *args,
@@ -76,7 +93,11 @@ aclError launch_printing(aclrtFuncHandle fn, uint32_t blockDim, aclrtStream stre
     aclrtFree(buffer);
     return rc;
   }
-  auto *job = new PrintJob{buffer, printBytes};
+  auto *job = new PrintJob{buffer, printBytes, stream};
+  {
+    std::lock_guard<std::mutex> g(g_jobs_mu);
+    g_jobs.insert(job);
+  }
   if (rc = aclrtLaunchHostFunc(stream, flush_prints, job); rc != ACL_SUCCESS) {
     aclrtSynchronizeStream(stream);  // the kernel may still write into the buffer
     flush_prints(job);
@@ -85,6 +106,26 @@ aclError launch_printing(aclrtFuncHandle fn, uint32_t blockDim, aclrtStream stre
 }
 
 }  // namespace
+
+namespace npusim::rt {
+
+void flush_stream_prints(aclrtStream stream) {
+  std::vector<PrintJob *> left;
+  {
+    std::lock_guard<std::mutex> g(g_jobs_mu);
+    for (auto it = g_jobs.begin(); it != g_jobs.end();) {
+      if ((*it)->stream != stream) {
+        ++it;
+        continue;
+      }
+      left.push_back(*it);
+      it = g_jobs.erase(it);
+    }
+  }
+  for (PrintJob *job : left) write_out(job);
+}
+
+}  // namespace npusim::rt
 
 extern "C" {
 

@@ -143,6 +143,9 @@ int32_t snapshot_lock(int64_t timeout_ms);
 // ACL_SUCCESS when aclInit ran and device is one of the daemon's, else the error, noted for api
 // (sysinfo.cpp).
 aclError device_known(int64_t device, const char *api);
+// cann-kernel-host (ascendc_launch.cpp): writes out what printing kernels launched on stream left
+// in their print buffers, for a stream destroyed before their host functions ran.
+void flush_stream_prints(aclrtStream stream);
 // cann-kernel-host (dump.cpp): aclInit's "dump" settings; a queued launch's arguments, written
 // while aclopStartDumpArgs is on.
 void load_dump_config(const char *configPath);

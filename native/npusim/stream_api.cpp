@@ -38,9 +38,12 @@ aclError destroy_stream(aclrtStream stream, bool force) {
   rq.stream = s->id;
   rq.flags = force ? 1 : 0;
   if (int32_t rc = r.pool.call(rq); rc != ACL_SUCCESS) return rc;
-  std::lock_guard<std::mutex> g(r.mu);
-  r.streams.erase(s);
-  delete s;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.streams.erase(s);
+    delete s;
+  }
+  flush_stream_prints(stream);  // ascendc_launch.cpp: kernels' output whose host function was dropped
   return ACL_SUCCESS;
 }
 

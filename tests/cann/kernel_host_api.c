@@ -1,8 +1,8 @@
 /* The runtime calls cann-kernel-host added, with their semantics checked (tests/cann/
  * test_kernel_host_api.py): data buffers, aclrtResetEvent, device status / utilization / stream
- * priority range, mstx marks and ranges in the profiler's
- * data, the dump settings from aclInit's configuration, acldumpSaveExceptionInfo and the kernel
- * argument dump. Prints one "ok NAME" line per check; exits non-zero at the first failure.
+ * priority range, mstx marks and ranges in the profiler's data, the dump settings from aclInit's
+ * configuration, acldumpSaveExceptionInfo, the kernel argument dump, and a kernel on VMM-mapped
+ * memory. Prints one "ok NAME" line per check; exits non-zero at the first failure.
  * Usage: kernel_host_api ACL_JSON PROFILE_DIR ARGS_DUMP_DIR KERNELS.so */
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +166,30 @@ static void dump(void *x, const char *args_dir, const char *kernels) {
     CHECK(aclopStopDumpArgs(ACL_OP_DUMP_OP_AICORE_ARGS));
     CHECK(aclrtLaunchKernel(fn, 3, &va, sizeof va, NULL));  /* not dumped */
     CHECK(aclrtSynchronizeStream(NULL));
+
+    /* A kernel on memory reached through a VMM mapping (an alias of a physical allocation), at an
+     * offset of a page into the physical allocation: it computes there like on aclrtMalloc memory. */
+    aclrtPhysicalMemProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+    size_t g = 0;
+    CHECK(aclrtMemGetAllocationGranularity(&prop, ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM, &g));
+    aclrtDrvMemHandle phys;
+    void *mapped;
+    CHECK(aclrtMallocPhysical(&phys, 2 * g, &prop, 0));
+    CHECK(aclrtReserveMemAddress(&mapped, g, 0, NULL, 0));
+    CHECK(aclrtMapMem(mapped, g, g, phys, 0));
+    static float ones[N], twice[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f + (float)i;
+    CHECK(aclrtMemcpy(mapped, g, ones, sizeof ones, ACL_MEMCPY_HOST_TO_DEVICE));
+    struct { void *a, *b, *c; uint64_t n; } vm = {mapped, mapped, mapped, N};
+    CHECK(aclrtLaunchKernel(fn, 2, &vm, sizeof vm, NULL));
+    CHECK(aclrtSynchronizeStream(NULL));
+    CHECK(aclrtMemcpy(twice, sizeof twice, mapped, sizeof twice, ACL_MEMCPY_DEVICE_TO_HOST));
+    for (int i = 0; i < N; i++) EXPECT(twice[i] == 2.0f * ones[i]);
+    CHECK(aclrtUnmapMem(mapped));
+    CHECK(aclrtReleaseMemAddress(mapped));
+    CHECK(aclrtFreePhysical(phys));
     CHECK(aclrtBinaryUnLoad(bin));
     printf("args %p\n", x);
 
