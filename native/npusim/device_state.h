@@ -167,7 +167,8 @@ class DeviceState {
   // The direct path (export.cpp): the session of a client pid (null if none), and its allocations
   // in address order.
   std::shared_ptr<Session> find(pid_t pid);
-  std::vector<std::shared_ptr<Buffer>> buffers(Session &s);
+  // with_aliases: VMM mappings and IPC imports too (what a kernel may touch; kernel_host.cpp).
+  std::vector<std::shared_ptr<Buffer>> buffers(Session &s, bool with_aliases = false);
 
   // Virtual memory (vmm.cpp). reserve: at == 0 picks a free range, else re-creates one there.
   int32_t reserve(Session &s, uint32_t device, uint64_t size, uint64_t align, uint64_t at, uint64_t *va);

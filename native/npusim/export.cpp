@@ -54,12 +54,12 @@ std::shared_ptr<Session> DeviceState::find(pid_t pid) {
   return it == sessions_.end() ? nullptr : it->second;
 }
 
-std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s) {
+std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s, bool with_aliases) {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<std::shared_ptr<Buffer>> out;
   out.reserve(s.allocs.size());
   for (auto &[va, b] : s.allocs)
-    if (!b->backing) out.push_back(b);  // a mapping's data is its physical allocation's
+    if (with_aliases || !b->backing) out.push_back(b);  // a mapping's data is its physical allocation's
   return out;
 }
 

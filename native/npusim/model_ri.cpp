@@ -161,9 +161,12 @@ int32_t replay(const Recorded &r, StreamObj *s) {
   for (EventObj *x : runtime().events)
     if (x->id == t.event) e = x;
   if (e == nullptr) return ACL_ERROR_INVALID_PARAM;  // destroyed since the capture
-  if (t.kind == proto::TaskKind::WaitEvent) t.target = std::max<uint64_t>(1, e->records);
+  if (t.kind == proto::TaskKind::WaitEvent) t.target = wait_target(e);
   int32_t rc = submit(t, s);
-  if (rc == ACL_SUCCESS && t.kind == proto::TaskKind::RecordEvent) ++e->records;
+  if (rc == ACL_SUCCESS && t.kind == proto::TaskKind::RecordEvent) {
+    ++e->records;
+    e->reset = false;
+  }
   return rc;
 }
 

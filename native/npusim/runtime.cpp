@@ -166,6 +166,7 @@ aclError aclInit(const char *configPath) {
   }
   r.initialized = true;
   ++r.epoch;
+  load_dump_config(configPath);  // dump.cpp
   start_ctl();  // by-pid checkpoint requests (ctl.cpp)
   return ACL_SUCCESS;
 }

@@ -38,9 +38,12 @@ aclError destroy_stream(aclrtStream stream, bool force) {
   rq.stream = s->id;
   rq.flags = force ? 1 : 0;
   if (int32_t rc = r.pool.call(rq); rc != ACL_SUCCESS) return rc;
-  std::lock_guard<std::mutex> g(r.mu);
-  r.streams.erase(s);
-  delete s;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.streams.erase(s);
+    delete s;
+  }
+  flush_stream_prints(stream);  // ascendc_launch.cpp: kernels' output whose host function was dropped
   return ACL_SUCCESS;
 }
 
@@ -123,7 +126,7 @@ aclError aclrtStreamWaitEventWithTimeout(aclrtStream stream, aclrtEvent event, i
   {
     // Waits for the latest record queued so far; an event never recorded is waited for forever.
     std::lock_guard<std::mutex> g(runtime().mu);
-    t.target = std::max<uint64_t>(1, e->records);
+    t.target = wait_target(e);
   }
   return submit(t, s);
 }
@@ -171,7 +174,10 @@ aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
   t.event = e->id;
   std::lock_guard<std::mutex> g(runtime().mu);  // keeps records in queue order across threads
   int32_t rc = submit(t, s);
-  if (rc == ACL_SUCCESS && !capturing(s)) ++e->records;  // a captured record counts when the model runs
+  if (rc == ACL_SUCCESS && !capturing(s)) {  // a captured record counts when the model runs
+    ++e->records;
+    e->reset = false;
+  }
   return rc;
 }
 
@@ -191,7 +197,7 @@ aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout) {
   }
   {
     std::lock_guard<std::mutex> g(runtime().mu);
-    if (e->records == 0) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
+    if (e->records == 0 || e->reset) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
     rq.value[0] = e->records;
   }
   return runtime().pool.call(rq);
@@ -304,6 +310,20 @@ extern "C" {
 aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag) {
   if (flag != ACL_EVENT_RECORD_DEFAULT && flag != ACL_EVENT_RECORD_EXTERNAL) return ACL_ERROR_INVALID_PARAM;
   return aclrtRecordEvent(event, stream);
+}
+
+// cann-kernel-host: CANN wants the stream's tasks that use the event finished before a reset (the
+// caller's duty), so the reset takes effect at once: the event reads as not recorded, and a wait
+// queued from now on waits for its next record.
+aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  EventObj *e = nullptr;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  e->reset = true;
+  return ACL_SUCCESS;
 }
 
 aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout, uint32_t flag) {

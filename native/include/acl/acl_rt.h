@@ -141,6 +141,9 @@ ACL_FUNC_VISIBILITY aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStr
 /* timeout: ms, as aclrtStreamWaitEventWithTimeout (0 waits for ever, the only value ACL_EVENT_WAIT_EXTERNAL takes). */
 ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout,
                                                           uint32_t flag);
+/* cann-kernel-host: the event reads as not recorded until its next record; a wait queued after the
+ * reset waits for that record. Finish the tasks that use the event first (CANN's rule). */
+ACL_FUNC_VISIBILITY aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream);
 
 /* ---- Virtual memory, IPC memory, notify, IPC events (cann-ipc-vmm) ---- */
 #define ACL_IPC_EVENT_HANDLE_SIZE 64U
@@ -911,6 +914,37 @@ ACL_FUNC_VISIBILITY aclError aclrtLaunchKernelWithHostArgs(
 /* A model run instance's id: what aclprofModelSubscribe takes. */
 ACL_FUNC_VISIBILITY aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t* modelRIId);
 /* ---- end cann-rest ---- */
+
+/* cann-kernel-host: device queries. Status NORMAL while the daemon answers for the device; the
+ * utilization's cube/vector/AI CPU rates read 0 (no counters), memoryUtilization is the percentage
+ * of the device's memory in use; stream priorities run from 0 (greatest) to 7 (least). */
+typedef struct aclrtUtilizationExtendInfo aclrtUtilizationExtendInfo;
+typedef struct aclrtUtilizationInfo {
+    int32_t cubeUtilization;
+    int32_t vectorUtilization;
+    int32_t aicpuUtilization;
+    int32_t memoryUtilization;
+    aclrtUtilizationExtendInfo *utilizationExtend; /* reserved, must be NULL */
+} aclrtUtilizationInfo;
+typedef enum aclrtDeviceStatus {
+    ACL_RT_DEVICE_STATUS_NORMAL = 0,
+    ACL_RT_DEVICE_STATUS_ABNORMAL,
+    ACL_RT_DEVICE_STATUS_END = 0xFFFF,
+} aclrtDeviceStatus;
+ACL_FUNC_VISIBILITY aclError aclrtGetDeviceUtilizationRate(int32_t deviceId, aclrtUtilizationInfo *utilizationInfo);
+ACL_FUNC_VISIBILITY aclError aclrtQueryDeviceStatus(int32_t deviceId, aclrtDeviceStatus *deviceStatus);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceGetStreamPriorityRange(int32_t *leastPriority, int32_t *greatestPriority);
+
+/* cann-kernel-host: host functions run by a thread of the application (callbacks.cpp). */
+ACL_FUNC_VISIBILITY aclError aclrtSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream);
+ACL_FUNC_VISIBILITY aclError aclrtProcessHostFunc(int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtUnSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream);
+
+/* cann-kernel-host: model dump settings (acl_dump.h): InitDump, then SetDump reads the "dump"
+ * object of a JSON file, FinalizeDump ends it. */
+ACL_FUNC_VISIBILITY aclError aclmdlInitDump();
+ACL_FUNC_VISIBILITY aclError aclmdlSetDump(const char *dumpCfgPath);
+ACL_FUNC_VISIBILITY aclError aclmdlFinalizeDump();
 
 #ifdef __cplusplus
 }
