@@ -36,6 +36,7 @@ from ..image.format import (
 )
 from ..image.staging import Staging, Writeback
 from ..platform.criu import DumpOptions
+from ..platform.procfs import process_exists
 from . import processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn
 from .services import REAL, GuardianLike, Services
@@ -299,8 +300,8 @@ class CheckpointRun:
             staged = not self.staging.committed and self.device_dir.is_dir() and any(self.device_dir.iterdir())
         except OSError:
             staged = False
-        if self.device_back or not staged:
-            return False
+        if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
+            return False  # put back, nothing staged, or nobody left to need it
         warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
                             f"`npusnap recover {self.pid} --device-images {self.device_dir}` puts it back")
         return True
