@@ -30,7 +30,6 @@ from .support import (
     assert_no_valid_checkpoint,
     assert_running_intact,
     one_error_line,
-    proc_state,
     start_train,
     wait_recovers,
 )
@@ -117,6 +116,23 @@ def test_a_member_that_exits_mid_checkpoint_fails_the_set(members, npusim_daemon
     assert_no_valid_checkpoint(target)
     for w in (members[0], members[2]):
         assert_running_intact(w, reference, env)
+
+
+@pytest.mark.parametrize("point", ["after:lock", "before:dump@{pid2}", "after:dump@{pid3}"])
+def test_the_cli_sigkilled_mid_set_every_member_comes_back(point, members, npusim_daemon, reference: Reference,
+                                                          tmp_path) -> None:
+    """The guardian resumes every member CRIU left stopped and, on the direct path, puts each
+    member's staged device data back (device/PID/); the leases unlock the rest."""
+    env = npusim_daemon.env
+    pids = [w.pid for w in members]
+    target = tmp_path / "ck"
+    cli = PausedCli(["checkpoint", *pids, "-D", target, "--data-path", "direct"],
+                    point.format(pid2=pids[1], pid3=pids[2]), env)
+    cli.kill()
+    for w in members:
+        wait_recovers(w, bound=30, env=env)
+        assert_running_intact(w, reference, env)
+    assert_no_valid_checkpoint(target, partial_ok=True)
 
 
 def test_a_restore_failure_in_one_member_leaves_none_running(npusim_daemon, reference: Reference, tmp_path) -> None:

@@ -7,7 +7,10 @@ set; --leave-running runs every member on."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,40 @@ def test_leave_running_runs_every_member_on_unlocked(npusim_daemon, reference, t
     finally:
         for w in ws:
             w.stop()
+
+
+def test_members_with_different_backends_make_one_set(npusim_daemon, reference, tmp_path) -> None:
+    """A training on npusim and a plain process (no device runtime: backend none) in one set."""
+    ref = reference(_train(1, 0))
+    counter = [sys.executable, "-c", "import time\nfor i in range(100000):\n    print(i, flush=True)\n"
+               "    time.sleep(0.05)\n"]
+    train = Workload(under_agent(_train(1)), tmp_path / "train.out", env=npusim_daemon.env)
+    plain = Workload(counter, tmp_path / "plain.out", env=npusim_daemon.env)
+    try:
+        train.wait_for_line(f"step {AT} ", timeout=60)
+        plain.wait_for_line("3", timeout=60)
+        ck = tmp_path / "ck"
+        r = npusnap("checkpoint", train.pid, plain.pid, "-D", ck, "--json", env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert [m["device"]["backend"] for m in doc["members"]] == ["sim", "none"]
+        assert doc["device"]["backend"] == "mixed" and doc["device"]["devices"] == [1]
+        for w in (train, plain):
+            assert w.proc.wait(timeout=10) == -signal.SIGKILL
+        counted = len(plain.lines())
+        npusim_daemon.restart()
+        rs = npusnap("restore", ck, "--detach", "--json", env=npusim_daemon.env, timeout=180)
+        assert rs.returncode == 0, rs.stderr
+        assert json.loads(rs.stdout)["pids"] == [train.pid, plain.pid]
+        plain.wait_for_line(str(counted + 3), timeout=60)  # counting on from where it was
+        assert plain.lines()[: counted + 3] == [str(i) for i in range(counted + 3)]
+        deadline = time.monotonic() + 120
+        while pid_alive(train.pid):  # not our child any more: it exits on its own
+            assert time.monotonic() < deadline, "the restored training did not finish"
+            time.sleep(0.1)
+        assert strip_ready(train.lines()) == ref
+    finally:
+        for w in (train, plain):
+            w.stop()
+            if pid_alive(w.pid):
+                os.kill(w.pid, signal.SIGKILL)
