@@ -77,6 +77,35 @@ def dump(pid: int, opts: CheckpointOptions, progress: Progress = quiet, services
     return run.execute([run.describe_device, run.dump, run.seal], run.finish_dump)
 
 
+def transaction(signals: Signals, undos: UndoStack, progress: Progress, discard: Callable[[], None],
+                work: Callable[[], Manifest], finish: Callable[[Manifest], None]) -> Manifest:
+    """Run work (the steps, then the commit) under the signal handlers; on any failure or
+    signal the undos run, newest first (discard, the oldest, removes the staging directory)."""
+    with signals:
+        undos.push("cleanup", discard)
+        try:
+            manifest = work()
+        except BaseException:
+            signals.rolling_back = True
+            undos.rollback()
+            raise
+        undos.forget()
+        # Committed: signals no longer interrupt, and a failure from here on costs
+        # nothing but this process's own state.
+        if signals.pending:
+            warn(progress, "interrupt received after the checkpoint was committed: finishing it")
+        finish(manifest)
+        return manifest
+
+
+def commit(staging: Staging, signals: Signals, manifest: Manifest) -> Manifest:
+    """The commit point: the manifest written and the directory renamed into place."""
+    with signals.commit_point():
+        staging.commit(manifest)
+        testhooks.pause("commit", until=lambda: signals.pending)
+    return manifest
+
+
 class CheckpointRun:
     """One checkpoint: what its steps share. Each step is a method; execute() runs them.
 
@@ -142,24 +171,13 @@ class CheckpointRun:
         self.staging = Staging(self.opts.directory, self.opts.replace)
         # From now on, our death is cleaned up after.
         self.guardian = self.services.guardian(self.staging.path, self.pid)
+        def work() -> Manifest:
+            for step in steps:
+                step()
+            return self._commit()
+
         try:
-            with self.signals:
-                self.undos.push("cleanup", self._discard)
-                try:
-                    for step in steps:
-                        step()
-                    manifest = self._commit()
-                except BaseException:
-                    self.signals.rolling_back = True
-                    self.undos.rollback()
-                    raise
-                self.undos.forget()
-                # Committed: signals no longer interrupt, and a failure from here on costs
-                # nothing but this process's own state.
-                if self.signals.pending:
-                    warn(self.progress, "interrupt received after the checkpoint was committed: finishing it")
-                finish(manifest)
-                return manifest
+            return transaction(self.signals, self.undos, self.progress, self._discard, work, finish)
         finally:
             self.backend.release()
             self.guardian.release()
@@ -229,11 +247,7 @@ class CheckpointRun:
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
 
     def _commit(self) -> Manifest:
-        manifest = self._manifest()
-        with self.signals.commit_point():
-            self.staging.commit(manifest)
-            testhooks.pause("commit", until=lambda: self.signals.pending)
-        return manifest
+        return commit(self.staging, self.signals, self._manifest())
 
     # -- after the commit
     def finish_checkpoint(self, manifest: Manifest) -> None:

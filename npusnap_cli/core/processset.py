@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from .. import testhooks
 from ..backends import Backend, BackendName, DataPath, State
 from ..errors import NpusnapError, UnsupportedTarget, WrongState
 from ..image.format import (
@@ -40,7 +39,7 @@ from ..image.format import (
 )
 from ..image.staging import Staging
 from . import processes
-from .checkpoint import CheckpointOptions, CheckpointRun
+from .checkpoint import CheckpointOptions, CheckpointRun, commit, transaction
 from .progress import Event, Phases, Progress, quiet, warn
 from .restore import (
     RESTORE_LEASE_S,
@@ -134,33 +133,24 @@ class SetCheckpoint:
         for m in self.members:
             m.share(self.staging, self.guardian, self.undos, self.signals)
         try:
-            with self.signals:
-                self.undos.push("cleanup", self._discard)
-                try:
-                    self._lock_all()
-                    with self.phase("backup") as t:
-                        for m in self.members:
-                            with self._member(m):
-                                m.backup()
-                        t.bytes = sum(m.device.bytes for m in self.members)
-                    with self.phase("dump") as self.dump_timing:
-                        for m in self.members:
-                            self._dump(m)
-                    self._seal()
-                    manifest = self._commit()
-                except BaseException:
-                    self.signals.rolling_back = True
-                    self.undos.rollback()
-                    raise
-                self.undos.forget()
-                if self.signals.pending:
-                    warn(self.progress, "interrupt received after the checkpoint was committed: finishing it")
-                self._finish(manifest)
-                return manifest
+            return transaction(self.signals, self.undos, self.progress, self._discard, self._steps, self._finish)
         finally:
             for m in self.members:
                 m.backend.release()
             self.guardian.release()
+
+    def _steps(self) -> Manifest:
+        self._lock_all()
+        with self.phase("backup") as t:
+            for m in self.members:
+                with self._member(m):
+                    m.backup()
+            t.bytes = sum(m.device.bytes for m in self.members)
+        with self.phase("dump") as self.dump_timing:
+            for m in self.members:
+                self._dump(m)
+        self._seal()
+        return commit(self.staging, self.signals, self._manifest())
 
     def _lock_all(self) -> None:
         """Every member's lock at once. Signals wait until every lock has returned (each is
@@ -212,12 +202,6 @@ class SetCheckpoint:
             t.bytes = self.dump_timing.bytes = sum(m.dump_timing.bytes for m in self.members)
             self.files = files
 
-    def _commit(self) -> Manifest:
-        manifest = self._manifest()
-        with self.signals.commit_point():
-            self.staging.commit(manifest)
-            testhooks.pause("commit", until=lambda: self.signals.pending)
-        return manifest
 
     def _manifest(self) -> Manifest:
         first = self.members[0]._manifest()  # host, versions, options: the same for every member
