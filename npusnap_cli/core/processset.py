@@ -63,6 +63,19 @@ def checkpoint_set(pids: Sequence[int], opts: CheckpointOptions, progress: Progr
     return SetCheckpoint(pids, opts, progress, services).execute()
 
 
+@contextlib.contextmanager
+def _naming(pid: int, index: int, count: int) -> Iterator[None]:
+    """An error names the member it came from, and its place in the set (once)."""
+    try:
+        yield
+    except NpusnapError as e:
+        if not getattr(e, "names_member", False):
+            e.message = f"process {pid} (set member {index + 1} of {count}): {e.message}"
+            e.args = (e.message,)
+            e.names_member = True  # type: ignore[attr-defined]
+        raise
+
+
 def _serialized(progress: Progress) -> Progress:
     """The members' locks report from their own threads: one event at a time."""
     lock = threading.Lock()
@@ -87,7 +100,7 @@ class SetCheckpoint:
         self.progress = _serialized(progress)
         self.members: list[CheckpointRun] = []
         for i, pid in enumerate(pids):
-            with self._naming(pid, i, len(pids)):
+            with _naming(pid, i, len(pids)):
                 self.members.append(CheckpointRun(pid, opts, self.progress, services, opts.data_path, member=True))
         self._refuse_overlaps()
         for m in self.members:
@@ -109,20 +122,8 @@ class SetCheckpoint:
                         f"{m.pid}'s tree and cannot be a member of the set as well",
                         f"leave {p.pid} out of the list (it comes with {m.pid})")
 
-    @contextlib.contextmanager
-    def _naming(self, pid: int, index: int, count: int) -> Iterator[None]:
-        """An error names the member it came from, and its place in the set."""
-        try:
-            yield
-        except NpusnapError as e:
-            if not getattr(e, "names_member", False):
-                e.message = f"process {pid} (set member {index + 1} of {count}): {e.message}"
-                e.args = (e.message,)
-                e.names_member = True  # type: ignore[attr-defined]
-            raise
-
     def _member(self, m: CheckpointRun) -> contextlib.AbstractContextManager[None]:
-        return self._naming(m.pid, self.members.index(m), len(self.members))
+        return _naming(m.pid, self.members.index(m), len(self.members))
 
     # -- the pipeline
     def execute(self) -> Manifest:
@@ -280,7 +281,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
             try:
                 guardian.kill_if_dead([p.pid for p in manifest.processes])
                 for i, entry in enumerate(manifest.members):
-                    with _naming_member(entry, i, len(manifest.members)):
+                    with _naming(entry.pid, i, len(manifest.members)):
                         member_phase = Phases(progress, member=entry.pid)
                         results.append(MemberRestored(entry.pid, entry.pid, member_phase.timings))
                         pid = _restore_member(entry, manifest, root, opts, criu, view, guardian, member_phase,
@@ -291,7 +292,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                 with phase("unlock"), signals.critical():  # every member runs, or none
                     for (entry, _), backend in zip(restored, backends):  # in member order, both
                         if backend is not None:
-                            with _naming_member(entry, manifest.members.index(entry), len(manifest.members)):
+                            with _naming(entry.pid, manifest.members.index(entry), len(manifest.members)):
                                 backend.unlock()
                 signals.settled = True
             except BaseException:
@@ -306,16 +307,6 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
     finally:
         guardian.release()
     return SetRestoreResult(manifest, results, phase.timings)
-
-
-@contextlib.contextmanager
-def _naming_member(entry: MemberEntry, index: int, count: int) -> Iterator[None]:
-    try:
-        yield
-    except NpusnapError as e:
-        e.message = f"process {entry.pid} (set member {index + 1} of {count}): {e.message}"
-        e.args = (e.message,)
-        raise
 
 
 def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions, criu: CriuDriver,
