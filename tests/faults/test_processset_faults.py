@@ -137,7 +137,7 @@ def test_the_cli_sigkilled_mid_set_every_member_comes_back(point, members, npusi
 
 def test_a_restore_failure_in_one_member_leaves_none_running(npusim_daemon, reference: Reference, tmp_path) -> None:
     env = npusim_daemon.env
-    ws = _start(tmp_path, env, steps=150)
+    ws = _start(tmp_path, env, steps=300)
     try:
         pids = [w.pid for w in ws]
         ck = tmp_path / "ck"
