@@ -6,7 +6,7 @@ PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' -not -name _protocol.py 2>/dev/null) \
            pyproject.toml CMakeLists.txt scripts/gen_protocol.py
 
-.PHONY: setup demo test faults bench bench-quick criu zdtm completions man docs clean
+.PHONY: setup demo test cluster-test faults bench bench-quick criu zdtm completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -34,6 +34,12 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/pytest
+
+# The multi-node Slurm test cluster's tests alone (scripts/test-cluster.sh; `make test` runs them
+# too, and skips them when Slurm is missing): installs Slurm and munge first.
+cluster-test: setup
+	bash scripts/install-build-deps.sh cluster
+	$(VENV)/bin/pytest tests/cluster -q
 
 # Signals at random moments of checkpoint and restore: 100 SIGINTs and 20 SIGSTOP/SIGCONT pauses
 # (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run), and 20 SIGINTs each

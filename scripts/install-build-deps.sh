@@ -3,12 +3,19 @@
 # the tests use (iptables: CRIU's default network lock, tested for real).
 # Idempotent: installs only what is missing (needs root then).
 #
-# usage: scripts/install-build-deps.sh [zdtm]   (zdtm: also what CRIU's zdtm tests build with)
+# usage: scripts/install-build-deps.sh [zdtm] [cluster]
+#   zdtm:    also what CRIU's zdtm tests build with
+#   cluster: also what scripts/test-cluster.sh runs (Slurm's daemons and clients, munge, ip,
+#            nsenter/unshare); `make setup` never installs these, `make cluster-test` and .ci/run do
 set -euo pipefail
 pkgs=(libxxhash-dev cmake g++ iptables)
-if [ "${1:-}" = zdtm ]; then
-    pkgs+=(libaio-dev libnl-route-3-dev nftables)
-fi
+for mode in "$@"; do
+    case "$mode" in
+        zdtm) pkgs+=(libaio-dev libnl-route-3-dev nftables) ;;
+        cluster) pkgs+=(slurm-wlm slurmctld slurmd slurm-client munge iproute2 util-linux) ;;
+        *) echo "install-build-deps: unknown mode '$mode' (zdtm, cluster)" >&2; exit 2 ;;
+    esac
+done
 need=()
 for pkg in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")

@@ -16,6 +16,9 @@ namespace {
 enum : uint64_t { kSum = 10, kMax = 11, kMin = 12, kEqual = 13 };
 enum : int32_t { kGeq = 0, kEq = 1, kAnd = 2, kNor = 3 };
 
+}  // namespace
+
+// fp16 and bf16 <-> float, round to nearest even (also HCCL's reductions: hccl_reduce.cpp).
 float half_to_float(uint16_t h) {
   const uint32_t sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -24)
@@ -54,6 +57,8 @@ uint16_t float_to_bf16(float f) {
   x += 0x7fff + ((x >> 16) & 1);  // round to nearest even
   return static_cast<uint16_t>(x >> 16);
 }
+
+namespace {
 
 template <typename T>
 T combine(uint64_t kind, T a, T b) {

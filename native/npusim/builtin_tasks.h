@@ -18,5 +18,10 @@ constexpr uint64_t kRandomCounterBytes = 16;
 int32_t run(Work &w);
 // Whether a ValueWait task's condition holds now.
 bool value_met(const Work &w);
+// fp16 and bf16 <-> float, round to nearest even.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bf16_to_float(uint16_t b);
+uint16_t float_to_bf16(float f);
 
 }  // namespace npusim::builtin

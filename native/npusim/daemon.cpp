@@ -1,6 +1,11 @@
 // npusimd: the software NPU's device daemon.
 //
 //   npusimd [--socket PATH] --devices N --memory BYTES_PER_DEVICE [--group NAME] [--foreground]
+//           [--hccl-listen ADDR[:PORT]]
+//
+// HCCL (hccl_root.cpp): the daemon listens for other daemons' HCCL traffic on one TCP port, on
+// ADDR (IPv4, default 127.0.0.1); with a PORT it listens from the start, else from the first
+// HcclGetRootInfo (any free port, carried in the root info) or rank-table root (HCCL_IF_BASE_PORT).
 //
 // Serves its own uid, root and the members of --group NAME (like a device node owned by
 // HwHiAiUser); the socket is 0660 owner:group (0600 without a group), in a directory that must
@@ -10,6 +15,7 @@
 // (the pid printed is the daemon's). Exits 3 if a live daemon already answers on PATH, 4 if the
 // socket's directory is not trusted; a stale socket file is replaced. SIGTERM/SIGINT or an admin
 // Shutdown request remove the socket and exit.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -28,6 +34,7 @@
 
 #include "access.h"
 #include "device_state.h"
+#include "hccl_daemon.h"
 #include "trust.h"
 #include "va.h"
 #include "wire.h"
@@ -52,6 +59,7 @@ struct Options {
   uint32_t devices = 1;
   uint64_t memory = 1ULL << 30;
   bool foreground = false;
+  std::string hccl_listen;  // hccl: ADDR[:PORT]
 };
 
 // Accepts a plain byte count or one with a K/M/G suffix (powers of 1024).
@@ -84,7 +92,9 @@ Options parse(int argc, char **argv) {
     else if (a == "--memory") o.memory = parse_bytes(value());
     else if (a == "--group") o.group = value();
     else if (a == "--foreground") o.foreground = true;
-    else die(2, "usage: npusimd [--socket PATH] --devices N --memory BYTES [--group NAME] [--foreground]");
+    else if (a == "--hccl-listen") o.hccl_listen = value();
+    else die(2, "usage: npusimd [--socket PATH] --devices N --memory BYTES [--group NAME] [--foreground] "
+                "[--hccl-listen ADDR[:PORT]]");
   }
   if (o.devices == 0 || o.devices > npusim::va::kMaxDevices) die(2, "--devices must be 1..256");
   if (o.memory == 0 || o.memory > npusim::va::kWindowSize) die(2, "--memory must be 1 byte..1 TiB");
@@ -130,6 +140,20 @@ int listen_on(const std::string &path, const Options &opt, gid_t gid) {
   return fd;
 }
 
+// hccl: --hccl-listen ADDR[:PORT].
+void listen_hccl(const std::string &spec) {
+  if (spec.empty()) return;
+  const size_t colon = spec.find(':');
+  const std::string addr = spec.substr(0, colon);
+  in_addr ip{};
+  char *end = nullptr;
+  const unsigned long port = colon == std::string::npos ? 0 : std::strtoul(spec.c_str() + colon + 1, &end, 10);
+  if (::inet_pton(AF_INET, addr.c_str(), &ip) != 1 || port > 65535 || (end != nullptr && *end != '\0'))
+    die(2, "invalid --hccl-listen (want IPv4[:PORT]): " + spec);
+  std::string why;
+  if (!npusim::hccl::configure(ip.s_addr, static_cast<uint16_t>(port), &why)) die(1, why);
+}
+
 void detach() {
   pid_t child = ::fork();
   if (child < 0) die(1, std::string("fork: ") + std::strerror(errno));
@@ -165,6 +189,7 @@ int main(int argc, char **argv) {
     npusim::access::set_group(gid, opt.group);
   }
   const int listen_fd = listen_on(opt.socket, opt, gid);
+  listen_hccl(opt.hccl_listen);
   if (opt.foreground) {
     std::printf("ready %d\n", ::getpid());
     std::fflush(stdout);
@@ -173,6 +198,7 @@ int main(int argc, char **argv) {
   }
 
   static npusim::DeviceState state(opt.devices, opt.memory, opt.socket);
+  npusim::hccl::start();
   pollfd fds[2] = {{listen_fd, POLLIN, 0}, {pipefd[0], POLLIN, 0}};
   for (;;) {
     if (::poll(fds, 2, -1) < 0) {

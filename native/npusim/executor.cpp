@@ -11,6 +11,7 @@
 #include "acl/acl_base.h"
 #include "device_state.h"
 #include "builtin_tasks.h"
+#include "hccl_daemon.h"
 #include "kernel_host.h"
 #include "kernels.h"
 
@@ -105,6 +106,7 @@ int32_t run_work(Work &w) {
     case TaskKind::Reduce:
     case TaskKind::RandomNum: return builtin::run(w);
     case TaskKind::Kernel: return kernels::run(w);
+    case TaskKind::HcclCollective: return hccl::run(w);
     default: return ACL_SUCCESS;  // events and value waits are handled by the stream worker
   }
 }

@@ -81,6 +81,13 @@ enum class Op : uint32_t {
   EventExport,    // event, value[1]: the old number (restore) or 0: an IPC event from now on -> value[0]=key number (any pid may open it)
   EventImport,    // value[0]=key number -> value[0]=event id in the caller's session, value[1]=completed
   ShareImporters, // flags: 0 any, 1 memory, 2 notify, 3 event -> value[0]=imports by other processes of what the caller shares, value[1]=one of their pids
+  // hccl: communicators and collectives (hccl_wire.h has each request's fields; Reply.code is an
+  // HcclResult). Each reads `size` trailing bytes.
+  HcclRootInfo,     // a communicator this daemon is the root of
+  HcclCommInit,     // join one (blocks until every rank joined or the connect timeout)
+  HcclCommDestroy,
+  HcclEnqueue,      // stream, task (HcclCollective)
+  HcclCommInfo,     // the member's sequence numbers
 };
 
 enum class TaskKind : uint32_t {
@@ -105,6 +112,8 @@ enum class TaskKind : uint32_t {
   // Notify (cann-ipc-vmm)
   RecordNotify,      // event=notify id: set
   WaitNotify,        // event=notify id, target=timeout ms (0: forever): wait until set, then clear
+  // hccl
+  HcclCollective,    // one rank's step of a collective or Send/Recv (fields: hccl_wire.h)
 };
 
 struct Task {

@@ -8,6 +8,7 @@
 #include "access.h"
 #include "device_state.h"
 #include "export.h"
+#include "hccl_daemon.h"
 #include "kernel_host.h"
 #include "wire.h"
 
@@ -53,7 +54,10 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
       return rc;
     }
     case Op::Quiesce: return xfer::quiesce(s, rq.flags);
-    case Op::Release: state.release(s); return ACL_SUCCESS;
+    case Op::Release:
+      hccl::release(s);  // hccl: first, or a stream worker in a collective would hold up the release
+      state.release(s);
+      return ACL_SUCCESS;
     case Op::EventCreate:
       rp.value[0] = streams::event_create(s, rq.value[0], rq.value[1]);
       return ACL_SUCCESS;
@@ -120,6 +124,8 @@ bool serve_connection(DeviceState &state, int fd) {
     } else if (rq.op == Op::BinaryLoad || rq.op == Op::BinaryUnload || rq.op == Op::FunctionLookup ||
                rq.op == Op::LaunchKernel) {
       if (!kernels::serve(state, *session, fd, uid, rq, rp)) break;  // reads its own trailing bytes
+    } else if (rq.op >= Op::HcclRootInfo && rq.op <= Op::HcclCommInfo) {  // hccl
+      if (!hccl::serve(state, *session, fd, rq, rp)) break;  // reads its own trailing bytes
     } else {
       rp.code = handle(state, *session, rq, rp);
     }

@@ -55,6 +55,10 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     backed up and dumped into the one DIRECTORY, all or nothing; `npusnap restore`
     brings the whole set back.
     """
+    from .. import warmup
+    from ..platform.criu import rpc_messages
+
+    warmup.start(rpc_messages, "yaml")  # CRIU's RPC for the dump, YAML for the manifest: loaded while we wait
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint
