@@ -35,10 +35,6 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
     for the restored process and exits with its exit code; --detach returns at once.
     """
-    from .. import warmup
-    from ..platform.criu import rpc_messages
-
-    warmup.start(rpc_messages)  # CRIU's RPC messages, loaded while the checkpoint is verified
     from ..core.restore import RestoreOptions, wait_exit_code
     from ..core.restore import restore as run_restore
 
