@@ -56,9 +56,8 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     brings the whole set back.
     """
     from .. import warmup
-    from ..platform.criu import rpc_messages
 
-    warmup.start(rpc_messages, "yaml")  # CRIU's RPC for the dump, YAML for the manifest: loaded while we wait
+    warmup.start("yaml")  # YAML for the manifest: loaded while we wait on the agent and CRIU
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint

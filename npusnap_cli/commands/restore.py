@@ -42,10 +42,6 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
     """
-    from .. import warmup
-    from ..platform.criu import rpc_messages
-
-    warmup.start(rpc_messages)  # CRIU's RPC messages, loaded while the checkpoint is verified
     from ..core.restore import RestoreOptions, wait_exit_code
     from ..core.restore import restore as run_restore
 
