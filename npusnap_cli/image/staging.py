@@ -57,7 +57,7 @@ class Staging:
             shutil.rmtree(self.path, ignore_errors=True)
             raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
         self.committed = False
-        self.follower: Optional[Follower] = None
+        self.followers: list[Follower] = []  # one per dump (a process set dumps each member apart)
 
     @property
     def criu_dir(self) -> Path:
@@ -71,8 +71,9 @@ class Staging:
     def follow(self, directory: Path) -> Follower:
         """Around the writing of directory (CRIU's dump): its files are hashed and their write-back
         started while they are written; seal() takes those checksums instead of reading again."""
-        self.follower = Follower(directory)
-        return self.follower
+        follower = Follower(directory)
+        self.followers.append(follower)
+        return follower
 
     def seal(self, known: Sequence[FileEntry] = ()) -> list[FileEntry]:
         """Make images 0600, fsync them, and return their manifest entries. Files in
@@ -81,12 +82,12 @@ class Staging:
         follower hashed while they were written are not read again either."""
         written = {f.path: f for f in known}
         hashed: dict[str, tuple[int, str]] = {}
-        if self.follower is not None:
-            base = self.follower.directory.relative_to(self.path)
+        for follower in self.followers:
+            base = follower.directory.relative_to(self.path)
             try:
-                hashed = {str(base / name): v for name, v in self.follower.digests().items()}
+                hashed.update({str(base / name): v for name, v in follower.digests().items()})
             except OSError:
-                hashed = {}  # read again below
+                pass  # read again below
         entries = []
         to_sync = []
         rels = list(image_files(self.path))

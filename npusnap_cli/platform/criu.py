@@ -1,5 +1,5 @@
 """Driving CRIU: find a usable binary, then speak its protobuf RPC (`criu swrk`)
-with pycriu's message definitions. Never parses CRIU's text output.
+with our own encoding of its messages (criurpc.py). Never parses CRIU's text output.
 
 We spawn `criu swrk` ourselves instead of using pycriu's helper so that every
 request has a deadline, CRIU can be killed on Ctrl-C, and its exit is reaped.
@@ -13,8 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,38 +27,11 @@ SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/s
 
 
 def rpc_messages() -> Any:
-    """pycriu's RPC messages, without the rest of pycriu: its package imports every image
-    definition (~25 ms of a checkpoint's fixed cost), and the pipeline needs only these. Loaded
-    under its own name, so a later `import pycriu` finds it there and defines nothing twice."""
-    name = "pycriu.rpc_pb2"
-    with _RPC_LOCK:  # the warm-up thread (warmup.py) may be loading it right now
-        if name in sys.modules:
-            return sys.modules[name]
-        return _load_rpc(name)
+    """CRIU's RPC messages: our own encoder and decoder of rpc.proto's wire format (criurpc.py),
+    which spares every checkpoint and restore the protobuf runtime's import."""
+    from . import criurpc
 
-
-_RPC_LOCK = threading.Lock()
-
-
-def _load_rpc(name: str) -> Any:
-    import importlib.util
-
-    try:
-        package = importlib.util.find_spec("pycriu")
-        where = [Path(d) / "rpc_pb2.py" for d in (package.submodule_search_locations or [])] if package else []
-        spec = next((importlib.util.spec_from_file_location(name, p) for p in where if p.is_file()), None)
-        if spec is None or spec.loader is None:
-            raise ImportError("no module named 'pycriu.rpc_pb2'")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    except ImportError as e:
-        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
-    return module
+    return criurpc
 
 
 @dataclass
@@ -212,7 +183,10 @@ class Swrk:
             if not buf:
                 raise CriuFailed(f"CRIU exited without answering (status {proc.poll()})")
             resp = rpc.criu_resp()
-            resp.ParseFromString(buf)
+            try:
+                resp.ParseFromString(buf)
+            except ValueError as e:
+                raise CriuFailed(f"CRIU's answer is not an RPC answer ({e}): is {self.binary} CRIU?") from None
             return resp
         except KeyboardInterrupt:
             raise Interrupted() from None

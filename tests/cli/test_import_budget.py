@@ -10,10 +10,13 @@ import sys
 
 import pytest
 
+from tests.helpers import Workload, kill_and_wait, requires_criu
+
 # Modules loaded, counted in a fresh interpreter (CPython's own ~30 at start-up included).
 BUDGET = {"help": 120, "checkpoint": 180, "restore": 180}
 # Never loaded before a command runs: rich (people's output only), yaml (the manifest, loaded on
-# a thread while CRIU works), pycriu and protobuf (the dump's RPC, idem), npusim (native).
+# a thread while CRIU works), pycriu and protobuf (never on these paths: criurpc.py speaks CRIU's
+# RPC), npusim (native).
 HEAVY = ("rich", "yaml", "pycriu", "google", "npusim", "secrets", "concurrent")
 
 
@@ -44,21 +47,40 @@ def test_a_commands_path_fits_its_budget(command: str) -> None:
     assert len(modules) <= BUDGET[command], f"{len(modules)} modules for {command}"
 
 
-def test_criu_rpc_and_pstree_load_without_pycriu_images(tmp_path) -> None:
-    """The dump needs CRIU's RPC messages and its pstree.img: neither loads pycriu's image
-    definitions (every image type's protobuf, ~25 ms), nor pycriu's package."""
-    pytest.importorskip("pycriu.rpc_pb2")
+def test_criu_rpc_and_pstree_load_without_protobuf(tmp_path) -> None:
+    """The dump's RPC (our own encoding, criurpc.py) and its pstree.img are read without pycriu
+    and without the protobuf runtime (~45 ms of imports)."""
     # pstree.img with one process (pid 7, one thread), behind IMG_COMMON_MAGIC
     entry = b"\x08\x07\x10\x00\x18\x07\x20\x07\x28\x07"
     (tmp_path / "pstree.img").write_bytes((0x54564319).to_bytes(4, "little") + (0x50273030).to_bytes(4, "little")
                                           + len(entry).to_bytes(4, "little") + entry)
     modules = _loaded("from pathlib import Path\nfrom npusnap_cli.platform.criu import dumped_tree, rpc_messages\n"
-                      "rpc = rpc_messages(); rpc.criu_req(type=rpc.DUMP, opts=rpc.criu_opts(images_dir_fd=-1))\n"
-                      f"assert dumped_tree(Path({str(tmp_path)!r})) == [(7, 0, 1)]\n"
-                      "import pycriu\nassert pycriu.rpc is rpc  # one definition: a later import of pycriu reuses it")
-    assert "pycriu.images" in modules  # loaded only by the explicit `import pycriu` at the end ...
-    modules = _loaded("from npusnap_cli.platform.criu import rpc_messages\nrpc_messages()")
-    assert "pycriu.rpc_pb2" in modules and "pycriu" not in modules and "pycriu.images" not in modules
+                      "rpc = rpc_messages(); rpc.criu_req(type=rpc.DUMP, opts=rpc.criu_opts(images_dir_fd=-1))"
+                      ".SerializeToString()\nrpc.criu_resp.FromString(b'\\x08\\x01\\x10\\x01')\n"
+                      f"assert dumped_tree(Path({str(tmp_path)!r})) == [(7, 0, 1)]")
+    assert "npusnap_cli.platform.criurpc" in modules and not _heavy(modules)
+
+
+@requires_criu
+def test_checkpoint_and_restore_never_import_protobuf(tmp_path) -> None:
+    """End to end, on a real process and a real CRIU: nothing on either command's path (its
+    warm-up thread included) imports protobuf or pycriu."""
+    w = Workload(["sleep", "1000"], tmp_path / "out")
+    try:
+        for args in (["checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none"],
+                     ["restore", tmp_path / "ck", "--detach"]):
+            r = subprocess.run([sys.executable, "-X", "importtime", "-m", "npusnap_cli", *map(str, args)],
+                               capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            assert r.returncode == 0, r.stderr
+            imported = [line.rpartition("|")[2].strip() for line in r.stderr.splitlines()
+                        if line.startswith("import time:")]
+            assert "npusnap_cli.platform.criurpc" in imported
+            assert not [m for m in imported if m.split(".")[0] in ("google", "pycriu")], args[0]
+            if args[0] == "checkpoint":
+                w.proc.wait(timeout=10)  # killed by the checkpoint: its pid is free for the restore
+    finally:
+        w.proc.poll()
+        kill_and_wait(w.pid)
 
 
 @pytest.mark.parametrize("handler", [False, True])

@@ -70,7 +70,8 @@ def uninterrupted(n: int, daemons, ranks, short_dir: Path) -> list[list[str]]:
 
 # The runbook's phase commands (as a job coordinator drives a node), or one `npusnap restore` per
 # rank with the same --rendezvous (as ranks on different hosts are restored).
-@pytest.mark.parametrize("n, trials, flow", [(2, 3, "runbook"), (3, 2, "restore")])
+# Or `npusnap checkpoint PID PID -D DIR` and `npusnap restore DIR`: the set, whole.
+@pytest.mark.parametrize("n, trials, flow", [(2, 2, "runbook"), (3, 2, "restore"), (2, 2, "set")])
 def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, flow: str, daemons, ranks,
                                                            short_dir: Path) -> None:
     want = uninterrupted(n, daemons, ranks, short_dir)
@@ -84,6 +85,18 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
             w.wait_for_line("step 2", timeout=60)
         delay = rng.uniform(0, 0.25)  # anywhere in a step: in the kernels, the AllReduce or the sleep
         time.sleep(delay)
+        if flow == "set":
+            ck = short_dir / f"set{trial}"
+            r = npusnap("checkpoint", *pids, "-D", ck, env=env, timeout=120)
+            assert r.returncode == 0, r.stderr
+            for w in workers:
+                w.wait_exit(timeout=30)
+            daemon.stop()
+            daemon.start()
+            r = npusnap("restore", ck, "--detach", env=env, timeout=120)
+            assert r.returncode == 0, r.stderr
+            finish_and_compare(workers, want, trial, delay)
+            continue
         assert_ok(on_all(pids, "lock", "ITEM", "--timeout", "30", env=env), f"lock (trial {trial})")
         infos = [json.loads(npusnap("status", pid, "--json", env=env).stdout) for pid in pids]
         seqs = {d["device"]["communicators"][0]["seq"] for d in infos}
@@ -110,16 +123,20 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
             assert sorted(p.name for p in meet.iterdir()) == [f"hccl-{comm_id(infos)}.root"]
         finally:
             shutil.rmtree(meet)
-        for w in workers:
-            w.wait_for_line("done", timeout=60)
-            w.wait_exit(timeout=30)
-        got = [results(w.lines()) for w in workers]
-        assert got == want, f"trial {trial} (delay {delay:.3f}s) differs from the uninterrupted run"
-        for w in workers:
-            state = json.loads(next(x for x in w.lines() if x.startswith("info "))[5:])
-            assert state["seq"] == STEPS and state["daemon_completed"] == STEPS and not state["broken"], state
-        ranks.stop()
-        ranks.ranks.clear()
+        finish_and_compare(workers, want, trial, delay)
+
+
+def finish_and_compare(workers: list[Workload], want: list[list[str]], trial: int, delay: float) -> None:
+    for w in workers:
+        w.wait_for_line("done", timeout=60)
+        w.wait_exit(timeout=30)
+    got = [results(w.lines()) for w in workers]
+    assert got == want, f"trial {trial} (delay {delay:.3f}s) differs from the uninterrupted run"
+    for w in workers:
+        state = json.loads(next(x for x in w.lines() if x.startswith("info "))[5:])
+        assert state["seq"] == STEPS and state["daemon_completed"] == STEPS and not state["broken"], state
+    for w in workers:
+        w.stop()
 
 
 def comm_id(infos: list[dict]) -> str:

@@ -123,6 +123,7 @@ class FakeCriu:
         self.binary = FakeBinary()
         self.on_dump = on_dump
         self.dumped: list[int] = []
+        self.trees: dict[Path, list[int]] = {}  # images directory -> the tree dumped there (a set has several)
         self.restored: list[subprocess.Popen[bytes]] = []
         self.network_lock_released: list[Path] = []
 
@@ -137,12 +138,12 @@ class FakeCriu:
         (images_dir / f"core-{o.pid}.img").write_bytes(CORE_MAGIC.to_bytes(4, "little") + (4).to_bytes(4, "little")
                                                        + b"\x1a\x02\x08\x01")
         os.kill(pid, signal.SIGSTOP)
-        self.dumped = [pid]
+        self.dumped = self.trees[Path(images_dir)] = [pid]
         self.on_dump()
         self.script.after("dump")
 
     def dumped_tree(self, images_dir: Path) -> list[tuple[int, int, int]]:
-        return [(pid, os.getpid(), 1) for pid in self.dumped]
+        return [(pid, os.getpid(), 1) for pid in self.trees.get(Path(images_dir), self.dumped)]
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False, tcp_established: bool = False,
                 log_level: int = 4, extra: object = None, started: Optional[Callable[[int], None]] = None,
@@ -150,8 +151,11 @@ class FakeCriu:
         """The restored process stops itself first when leave_stopped (as CRIU leaves it), and
         once running it writes `ran` beside the checkpoint: a test can tell whether it ever ran."""
         self.script.at("criu-restore")
+        criu_dir = Path(images_dir)
+        while criu_dir.name != "criu" and criu_dir != criu_dir.parent:  # a set member's: criu/PID
+            criu_dir = criu_dir.parent
         code = (("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)\n" if leave_stopped else "")
-                + f"open({str(Path(images_dir).parent.parent / 'ran')!r}, 'w').close()\nimport time; time.sleep(120)")
+                + f"open({str(criu_dir.parent.parent / 'ran')!r}, 'w').close()\nimport time; time.sleep(120)")
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self.restored.append(proc)
         deadline = time.monotonic() + 30

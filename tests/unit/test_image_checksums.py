@@ -94,7 +94,7 @@ def test_seal_reads_a_file_the_follower_did_not_see_whole(tmp_path: Path) -> Non
     try:
         with st.follow(st.criu_dir):
             (st.criu_dir / "pages-1.img").write_bytes(b"a" * 4096)
-        st.follower.digests = lambda: {"pages-1.img": (10, "stale")}  # type: ignore[union-attr,method-assign]
+        st.followers[0].digests = lambda: {"pages-1.img": (10, "stale")}  # type: ignore[method-assign]
         [entry] = st.seal()
         assert (entry.size, entry.checksum) == checksum_file(st.criu_dir / "pages-1.img")
     finally:
