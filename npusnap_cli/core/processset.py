@@ -286,6 +286,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
             try:
                 guardian.kill_if_dead([p.pid for p in manifest.processes])
                 ready: list[tuple[MemberEntry, int, Phases]] = []
+                hccl = any(e.device.resources.get("hccl communicators", 0) > 0 for e in manifest.members)
                 for i, entry in enumerate(manifest.members):
                     with _naming(entry.pid, i, len(manifest.members)):
                         member_phase = Phases(progress, member=entry.pid)
@@ -293,10 +294,15 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                         pid = _restore_member(entry, manifest, root, opts, criu, view, guardian, member_phase,
                                               signals, progress, restored)
                         results[-1].pid = pid
-                        ready.append((entry, pid, member_phase))
-                # Every member's process exists before any device restore: HCCL ranks re-form their
-                # communicators together (each waits for its peers), so theirs run at once.
-                _device_restores(ready, manifest, root, opts, progress, services, backends)
+                        if hccl:
+                            ready.append((entry, pid, member_phase))
+                        else:
+                            _device_restore(pid, entry, manifest, root, opts, member_phase, progress,
+                                            services, backends)
+                # HCCL ranks re-form their communicators together (each waits for its peers): every
+                # member's process exists first, then their device restores run at once.
+                if hccl:
+                    _device_restores(ready, manifest, root, opts, progress, services, backends)
                 with phase("unlock"), signals.critical():  # every member runs, or none
                     for (entry, _), backend in zip(restored, backends):  # in member order, both
                         if backend is not None:
