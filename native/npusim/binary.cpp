@@ -37,12 +37,15 @@ void forget_kernel_objects() {
   k = KernelObjects{};
 }
 
-int32_t send_kernel(const proto::Task &task, const std::string &args, StreamObj *stream) {
+int32_t send_kernel(const proto::Task &task, const std::string &args, StreamObj *stream, FunctionObj *function) {
   proto::Request rq = wire::request(proto::Op::LaunchKernel);
   rq.stream = stream->id;
   rq.task = task;
   rq.size = args.size();
-  return runtime().pool.call(rq, nullptr, &args);
+  proto::Reply rp{};
+  int32_t rc = runtime().pool.call(rq, &rp, &args);
+  if (rc == ACL_SUCCESS) note_task(stream, rp.value[0], function, &args);
+  return rc;
 }
 
 int32_t launch_kernel(FunctionObj *function, uint32_t blocks, const std::string &args, StreamObj *stream) {
@@ -58,7 +61,7 @@ int32_t launch_kernel(FunctionObj *function, uint32_t blocks, const std::string 
   dump_kernel_args(function->name, blocks, args);  // dump.cpp, while aclopStartDumpArgs is on
   int32_t rc = ACL_SUCCESS;
   if (capture_task(t, args, stream, &rc)) return rc;
-  return send_kernel(t, args, stream);
+  return send_kernel(t, args, stream, function);
 }
 
 }  // namespace npusim::rt

@@ -63,6 +63,7 @@ struct Work {
   std::vector<std::shared_ptr<Buffer>> hold;
   std::string body;                                   // a kernel's argument bytes
   std::shared_ptr<kernels::SessionKernels> kernels;  // a kernel's runner
+  uint64_t ordinal = 0;  // its place on its stream (1, 2, ...): the task id the client reports
 };
 
 struct Stream {
@@ -73,6 +74,7 @@ struct Stream {
   uint64_t done = 0;
   bool cancel = false;
   int32_t error = 0;  // first failure of an async task, reported by the next synchronize
+  uint64_t error_task = 0;  // the ordinal of the task that failed with error
   bool stop_on_failure = false;  // ACL_STOP_ON_FAILURE: a failed task drops the rest of the queue
   std::thread worker;
 };
@@ -210,10 +212,15 @@ bool serve_connection(DeviceState &state, int fd);
 namespace streams {
 uint32_t create(Session &s, uint32_t device);
 int32_t destroy(Session &s, uint32_t id, bool force);
+// Drops the work queued on a stream that has not started (the running task finishes); the stream
+// stays usable. report: the error its next synchronize reports (0: none).
+int32_t abort(Session &s, uint32_t id, int32_t report);
 bool device_of(Session &s, uint32_t id, uint32_t *device);
-int32_t enqueue(Session &s, uint32_t id, Work &&w);
+// ordinal: where the task's place on the stream is reported (its task id), may be null.
+int32_t enqueue(Session &s, uint32_t id, Work &&w, uint64_t *ordinal = nullptr);
 // timeout_ms < 0: wait for ever; else at most that long (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT).
-int32_t sync(Session &s, uint32_t id, int64_t timeout_ms = -1);
+// failed_task: the ordinal of the task whose failure is reported (0: none), may be null.
+int32_t sync(Session &s, uint32_t id, int64_t timeout_ms = -1, uint64_t *failed_task = nullptr);
 int32_t sync_device(Session &s, uint32_t device, int64_t timeout_ms = -1);
 int32_t drain(Session &s, int64_t timeout_ms);
 void stop_all(Session &s);

@@ -18,6 +18,9 @@ struct rtExceptionInfo {
   uint32_t tid;
   uint32_t deviceid;
   uint32_t retcode;
+  void *function;    // a failed kernel launch's function handle, else null
+  const void *args;  // its argument bytes (a copy), else null
+  uint32_t args_len;
 };
 
 namespace {
@@ -39,11 +42,17 @@ aclError note_error(aclError code, const std::string &message) {
 
 const std::string &recent_error() { return t_message; }
 
-void report_task_exception(int32_t device, int32_t stream_id, aclError code) {
+void report_task_exception(StreamObj *stream, uint64_t task, aclError code) {
   aclrtExceptionInfoCallback cb = g_exception_callback.load();
   if (cb == nullptr) return;
-  rtExceptionInfo info{0, static_cast<uint32_t>(stream_id), static_cast<uint32_t>(::syscall(SYS_gettid)), static_cast<uint32_t>(device),
-                       static_cast<uint32_t>(code)};
+  // The launch's arguments outlive the callback: a program may keep the pointer it was handed.
+  static thread_local FailedLaunch t_launch;
+  t_launch = FailedLaunch{};
+  const bool launch = find_launch(stream, task, &t_launch);
+  rtExceptionInfo info{static_cast<uint32_t>(task), static_cast<uint32_t>(stream->public_id),
+                       static_cast<uint32_t>(::syscall(SYS_gettid)), static_cast<uint32_t>(stream->device),
+                       static_cast<uint32_t>(code), launch ? t_launch.function : nullptr,
+                       launch ? t_launch.args.data() : nullptr, static_cast<uint32_t>(t_launch.args.size())};
   cb(&info);
 }
 
@@ -93,5 +102,24 @@ uint32_t aclrtGetStreamIdFromExceptionInfo(const aclrtExceptionInfo *info) { ret
 uint32_t aclrtGetThreadIdFromExceptionInfo(const aclrtExceptionInfo *info) { return info ? info->tid : 0xFFFFFFFFU; }
 uint32_t aclrtGetDeviceIdFromExceptionInfo(const aclrtExceptionInfo *info) { return info ? info->deviceid : 0xFFFFFFFFU; }
 uint32_t aclrtGetErrorCodeFromExceptionInfo(const aclrtExceptionInfo *info) { return info ? info->retcode : 0xFFFFFFFFU; }
+
+aclError aclrtGetArgsFromExceptionInfo(const aclrtExceptionInfo *info, void **devArgsPtr, uint32_t *devArgsLen) {
+  if (info == nullptr || devArgsPtr == nullptr || devArgsLen == nullptr)
+    return note_error(ACL_ERROR_INVALID_PARAM, "aclrtGetArgsFromExceptionInfo: info, devArgsPtr or devArgsLen is NULL");
+  if (info->function == nullptr)
+    return note_error(ACL_ERROR_INVALID_PARAM, "aclrtGetArgsFromExceptionInfo: the failed task is not a kernel launch");
+  *devArgsPtr = const_cast<void *>(info->args);
+  *devArgsLen = info->args_len;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtGetFuncHandleFromExceptionInfo(const aclrtExceptionInfo *info, aclrtFuncHandle *func) {
+  if (info == nullptr || func == nullptr)
+    return note_error(ACL_ERROR_INVALID_PARAM, "aclrtGetFuncHandleFromExceptionInfo: info or func is NULL");
+  if (info->function == nullptr)
+    return note_error(ACL_ERROR_INVALID_PARAM, "aclrtGetFuncHandleFromExceptionInfo: the failed task is not a kernel launch");
+  *func = info->function;
+  return ACL_SUCCESS;
+}
 
 }  // extern "C"

@@ -59,6 +59,7 @@ int32_t launch_kernel(FunctionObj *function, uint32_t blocks, const std::string 
 // The most blocks of one launch on stream that run at once (res_limit.cpp: the vector-core limit).
 uint32_t effective_cores(StreamObj *stream);
 // Sends a Kernel task to the daemon now (the replay of a captured launch uses it too).
-int32_t send_kernel(const proto::Task &task, const std::string &args, StreamObj *stream);
+// function: the handle a failed launch's exception info names (task_ids.cpp), may be null.
+int32_t send_kernel(const proto::Task &task, const std::string &args, StreamObj *stream, FunctionObj *function = nullptr);
 
 }  // namespace npusim::rt

@@ -91,6 +91,8 @@ enum class Op : uint32_t {
   HcclLockQuery,    // a locking rank's report to the root: the free pass (snapshot of collectives)
   // cann-rest
   HostRegister,   // device, addr (0: any; else there: restore), size, value[0]: the caller's memfd (its fd number) -> value[0]=addr
+  // cann-last
+  StreamAbort,    // stream, flags: 0 stop (aclrtStreamStop), 1 abort (the next synchronize reports ACL_ERROR_RT_STREAM_ABORT)
 };
 
 enum class TaskKind : uint32_t {

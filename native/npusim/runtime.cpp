@@ -101,8 +101,12 @@ int32_t submit(const proto::Task &task, StreamObj *stream) {
   if (capture_task(task, {}, stream, &captured)) return captured;  // recorded into a model (model_ri.cpp)
   proto::Request rq = wire::request(stream ? proto::Op::Enqueue : proto::Op::Exec);
   rq.task = task;
-  if (stream != nullptr) rq.stream = stream->id;
-  return runtime().pool.call(rq);
+  if (stream == nullptr) return runtime().pool.call(rq);
+  rq.stream = stream->id;
+  proto::Reply rp{};
+  int32_t rc = runtime().pool.call(rq, &rp);
+  if (rc == ACL_SUCCESS) note_task(stream, rp.value[0], nullptr, nullptr);
+  return rc;
 }
 
 void release_device(int32_t device) {

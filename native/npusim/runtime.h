@@ -160,7 +160,21 @@ aclError note_error(aclError code, const std::string &message);
 const std::string &recent_error();
 // Tells the aclrtSetExceptionInfoCallback callback (if any) that a task on a stream failed
 // (stream_id: as aclrtStreamGetId reports it, -1 if never asked).
-void report_task_exception(int32_t device, int32_t stream_id, aclError code);
+// task: the failed task's place on the stream (the daemon's StreamSync reply), 0 if unknown.
+void report_task_exception(StreamObj *stream, uint64_t task, aclError code);
+// cann-last (task_ids.cpp): a task queued on stream got its place there (its task id, what
+// aclrtGetThreadLastTaskId reports to the queuing thread); a kernel launch names its function and
+// argument bytes, kept for the exception info of a launch that fails.
+void note_task(StreamObj *stream, uint64_t ordinal, void *function, const std::string *args);
+struct FailedLaunch {
+  void *function = nullptr;
+  std::string args;
+};
+// The launch with that place on stream, if it was one of its last launches.
+bool find_launch(StreamObj *stream, uint64_t ordinal, FailedLaunch *out);
+void forget_tasks(StreamObj *stream);
+// cann-last (stream_abort.cpp): the aclrtRegStreamStateCallback callbacks.
+void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // HCCL at Lock (hccl_snapshot.cpp): reports each communicator's issued count to its root and
 // learns the free pass; *ready once no communicator is behind it and (unless alone) every rank is
 // locking (else *waiting says what it waits for). Unlock or a failed lock ends it (withdraw:

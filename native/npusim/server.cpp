@@ -45,14 +45,15 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
       rp.value[0] = streams::create(s, static_cast<uint32_t>(rq.device));
       return ACL_SUCCESS;
     case Op::StreamDestroy: return streams::destroy(s, rq.stream, rq.flags != 0);
+    case Op::StreamAbort: return streams::abort(s, rq.stream, rq.flags == 1 ? ACL_ERROR_RT_STREAM_ABORT : ACL_SUCCESS);
     case Op::Enqueue: {
       uint32_t device = 0;
       if (!streams::device_of(s, rq.stream, &device)) return ACL_ERROR_INVALID_PARAM;
       Work w;
       int32_t rc = state.resolve(s, rq.task, device, true, w);
-      return rc != ACL_SUCCESS ? rc : streams::enqueue(s, rq.stream, std::move(w));
+      return rc != ACL_SUCCESS ? rc : streams::enqueue(s, rq.stream, std::move(w), &rp.value[0]);
     }
-    case Op::StreamSync: return streams::sync(s, rq.stream, sync_timeout(rq));
+    case Op::StreamSync: return streams::sync(s, rq.stream, sync_timeout(rq), &rp.value[0]);
     case Op::DeviceSync: return streams::sync_device(s, static_cast<uint32_t>(rq.device), sync_timeout(rq));
     case Op::Drain: {
       int32_t rc = streams::drain(s, rq.timeout_ms);

@@ -34,6 +34,7 @@ aclError destroy_stream(aclrtStream stream, bool force) {
   CallScope scope;
   StreamObj *s = nullptr;
   if (int32_t rc = check_user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  notify_stream_state(stream, ACL_RT_STREAM_STATE_DESTROY_PRE);
   proto::Request rq = wire::request(proto::Op::StreamDestroy);
   rq.stream = s->id;
   rq.flags = force ? 1 : 0;
@@ -41,8 +42,9 @@ aclError destroy_stream(aclrtStream stream, bool force) {
   {
     std::lock_guard<std::mutex> g(r.mu);
     r.streams.erase(s);
-    delete s;
   }
+  forget_tasks(s);
+  delete s;
   flush_stream_prints(stream);  // ascendc_launch.cpp: kernels' output whose host function was dropped
   return ACL_SUCCESS;
 }
@@ -76,10 +78,13 @@ aclError aclrtCreateStream(aclrtStream *stream) {
   proto::Reply rp{};
   if (int32_t rc = r.pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
   auto *s = new StreamObj{static_cast<uint32_t>(rp.value[0]), d, false};
-  std::lock_guard<std::mutex> g(r.mu);
-  s->ctx = owning_context(r);
-  r.streams.insert(s);
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    s->ctx = owning_context(r);
+    r.streams.insert(s);
+  }
   *stream = s;
+  notify_stream_state(s, ACL_RT_STREAM_STATE_CREATE_POST);
   return ACL_SUCCESS;
 }
 
@@ -102,9 +107,10 @@ aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) 
     rq.flags = proto::kSyncTimed;
     rq.timeout_ms = timeout;
   }
-  int32_t rc = runtime().pool.call(rq);
+  proto::Reply rp{};
+  int32_t rc = runtime().pool.call(rq, &rp);
   if (rc == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) return note_error(rc, "aclrtSynchronizeStreamWithTimeout: the stream's work did not finish in " + std::to_string(timeout) + " ms");
-  if (rc != ACL_SUCCESS) report_task_exception(s->device, s->public_id, rc);  // a task on it failed
+  if (rc != ACL_SUCCESS) report_task_exception(s, rp.value[0], rc);  // a task on it failed
   return rc;
 }
 

@@ -111,7 +111,10 @@ void worker(Session *s, std::shared_ptr<Stream> st) {
       int32_t rc = run_work(w);
       w.hold.clear();
       l.lock();
-      if (rc != ACL_SUCCESS && st->error == ACL_SUCCESS) st->error = rc;
+      if (rc != ACL_SUCCESS && st->error == ACL_SUCCESS) {
+        st->error = rc;
+        st->error_task = w.ordinal;
+      }
     }
     ++st->done;
     s->cv.notify_all();
@@ -126,13 +129,15 @@ std::shared_ptr<Stream> find(Session &s, uint32_t id) {
 // Waits (s.mu held) until st has run everything queued before this call.
 // With a deadline: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT once it passed (the work stays queued).
 int32_t wait_stream(Session &s, std::unique_lock<std::mutex> &l, const std::shared_ptr<Stream> &st,
-                    const std::chrono::steady_clock::time_point *deadline = nullptr) {
+                    const std::chrono::steady_clock::time_point *deadline = nullptr, uint64_t *failed_task = nullptr) {
   const uint64_t target = st->enqueued;
   auto over = [&] { return st->cancel || st->done >= target; };
   if (deadline == nullptr) s.cv.wait(l, over);
   else if (!s.cv.wait_until(l, *deadline, over)) return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
   int32_t rc = st->error;
+  if (failed_task != nullptr) *failed_task = rc != ACL_SUCCESS ? st->error_task : 0;
   st->error = ACL_SUCCESS;
+  st->error_task = 0;
   return rc;
 }
 
@@ -164,6 +169,23 @@ int32_t destroy(Session &s, uint32_t id, bool force) {
   return ACL_SUCCESS;
 }
 
+int32_t abort(Session &s, uint32_t id, int32_t report) {
+  std::lock_guard<std::mutex> g(s.mu);
+  auto st = find(s, id);
+  if (!st) return ACL_ERROR_INVALID_PARAM;
+  // A dropped event record still completes: a wait for it on another stream must not hang.
+  for (Work &w : st->queue) {
+    if (w.task.kind != proto::TaskKind::RecordEvent) continue;
+    auto it = s.events.find(w.task.event);
+    if (it != s.events.end()) it->second.complete(now_ns());
+  }
+  st->done += st->queue.size();
+  st->queue.clear();
+  if (report != ACL_SUCCESS && st->error == ACL_SUCCESS) st->error = report;
+  s.cv.notify_all();
+  return ACL_SUCCESS;
+}
+
 bool device_of(Session &s, uint32_t id, uint32_t *device) {
   std::lock_guard<std::mutex> g(s.mu);
   auto st = find(s, id);
@@ -171,12 +193,13 @@ bool device_of(Session &s, uint32_t id, uint32_t *device) {
   return st != nullptr;
 }
 
-int32_t enqueue(Session &s, uint32_t id, Work &&w) {
+int32_t enqueue(Session &s, uint32_t id, Work &&w, uint64_t *ordinal) {
   std::lock_guard<std::mutex> g(s.mu);
   auto st = find(s, id);
   if (!st) return ACL_ERROR_INVALID_PARAM;
+  w.ordinal = ++st->enqueued;
+  if (ordinal != nullptr) *ordinal = w.ordinal;
   st->queue.push_back(std::move(w));
-  ++st->enqueued;
   s.cv.notify_all();
   return ACL_SUCCESS;
 }
@@ -187,12 +210,12 @@ std::chrono::steady_clock::time_point deadline_in(int64_t timeout_ms) {
 }
 }  // namespace
 
-int32_t sync(Session &s, uint32_t id, int64_t timeout_ms) {
+int32_t sync(Session &s, uint32_t id, int64_t timeout_ms, uint64_t *failed_task) {
   std::unique_lock<std::mutex> l(s.mu);
   auto st = find(s, id);
   if (!st) return ACL_ERROR_INVALID_PARAM;
   const auto deadline = deadline_in(timeout_ms);
-  return wait_stream(s, l, st, timeout_ms < 0 ? nullptr : &deadline);
+  return wait_stream(s, l, st, timeout_ms < 0 ? nullptr : &deadline, failed_task);
 }
 
 int32_t sync_device(Session &s, uint32_t device, int64_t timeout_ms) {

@@ -946,6 +946,61 @@ ACL_FUNC_VISIBILITY aclError aclmdlInitDump();
 ACL_FUNC_VISIBILITY aclError aclmdlSetDump(const char *dumpCfgPath);
 ACL_FUNC_VISIBILITY aclError aclmdlFinalizeDump();
 
+/* ---- cann-last: stream stop/abort and state callbacks, exception info of a failed launch,
+ * managed memory ---- */
+/* Stop and Abort drop the tasks queued on the stream that have not started (a running task
+ * finishes); the stream stays usable. After Abort the next synchronize reports
+ * ACL_ERROR_RT_STREAM_ABORT. A state callback runs after each aclrtCreateStream* and before each
+ * aclrtDestroyStream*; registering NULL under a name removes that registration. */
+typedef enum {
+    ACL_RT_STREAM_STATE_CREATE_POST = 1,
+    ACL_RT_STREAM_STATE_DESTROY_PRE,
+} aclrtStreamState;
+typedef void (*aclrtStreamStateCallback)(aclrtStream stm, aclrtStreamState state, void* args);
+ACL_FUNC_VISIBILITY aclError aclrtStreamAbort(aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtStreamStop(aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtRegStreamStateCallback(
+    const char* regName, aclrtStreamStateCallback callback, void* args);
+/* Task ids: a task's place on its stream (1, 2, ...; they start again after a restore). The
+ * exception info of a failed kernel launch names its function handle and its argument bytes
+ * (npusim: a copy in host memory, valid until the thread's next exception report; a failed task
+ * that is no kernel launch: ACL_ERROR_INVALID_PARAM). */
+ACL_FUNC_VISIBILITY aclError aclrtGetThreadLastTaskId(uint32_t* taskId);
+ACL_FUNC_VISIBILITY aclError aclrtGetArgsFromExceptionInfo(
+    const aclrtExceptionInfo* info, void** devArgsPtr, uint32_t* devArgsLen);
+ACL_FUNC_VISIBILITY aclError aclrtGetFuncHandleFromExceptionInfo(const aclrtExceptionInfo* info, aclrtFuncHandle* func);
+/* Managed memory: npusim's SoC has no unified memory (as CANN's Ascend 910 series): every call
+ * returns ACL_ERROR_RT_FEATURE_NOT_SUPPORT. */
+#define ACL_RT_MEM_ATTACH_GLOBAL 0x01U
+typedef enum aclrtMemManagedAdviseType {
+    ACL_MEM_ADVISE_SET_READ_MOSTLY = 0,
+    ACL_MEM_ADVISE_UNSET_READ_MOSTLY,
+    ACL_MEM_ADVISE_SET_PREFERRED_LOCATION,
+    ACL_MEM_ADVISE_UNSET_PREFERRED_LOCATION,
+    ACL_MEM_ADVISE_SET_ACCESSED_BY,
+    ACL_MEM_ADVISE_UNSET_ACCESSED_BY,
+} aclrtMemManagedAdviseType;
+typedef enum aclrtMemManagedLocationType {
+    ACL_MEM_LOCATIONTYPE_INVALID = 0,
+    ACL_MEM_LOCATIONTYPE_DEVICE,
+    ACL_MEM_LOCATIONTYPE_HOST,
+    ACL_MEM_LOCATIONTYPE_HOST_NUMA,
+    ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT,
+} aclrtMemManagedLocationType;
+typedef struct aclrtMemManagedLocation {
+    aclrtMemManagedLocationType type;
+    int32_t id;
+} aclrtMemManagedLocation;
+ACL_FUNC_VISIBILITY aclError aclrtMemAllocManaged(void** ptr, uint64_t size, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtMemManagedAdvise(
+    const void* const ptr, uint64_t size, aclrtMemManagedAdviseType advise, aclrtMemManagedLocation location);
+ACL_FUNC_VISIBILITY aclError aclrtMemManagedPrefetchAsync(
+    const void* ptr, size_t size, aclrtMemManagedLocation location, uint32_t flags, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtMemManagedPrefetchBatchAsync(
+    const void** ptrs, size_t* sizes, size_t count, aclrtMemManagedLocation* prefetchLocs, size_t* prefetchLocIdxs,
+    size_t numPrefetchLocs, uint64_t flags, aclrtStream stream);
+/* ---- end cann-last ---- */
+
 #ifdef __cplusplus
 }
 #endif
