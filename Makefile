@@ -42,12 +42,15 @@ cluster-test: setup
 	$(VENV)/bin/pytest tests/cluster -q
 
 # Signals at random moments of checkpoint and restore: 100 SIGINTs and 20 SIGSTOP/SIGCONT pauses
-# (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run).
+# (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run), and 20 SIGINTs each
+# into a process set's checkpoint and restore (tests/faults/test_processset_faults.py).
 FAULT_SIGINT  ?= 100
+FAULT_SET_SIGINT ?= 20
 FAULT_SIGSTOP ?= 20
 faults: setup
-	NPUSNAP_FAULT_SIGINT=$(FAULT_SIGINT) NPUSNAP_FAULT_SIGSTOP=$(FAULT_SIGSTOP) \
-		$(VENV)/bin/pytest tests/faults/test_random_faults.py -q -rs -p no:cacheprovider
+	NPUSNAP_FAULT_SIGINT=$(FAULT_SIGINT) NPUSNAP_FAULT_SIGSTOP=$(FAULT_SIGSTOP) NPUSNAP_FAULT_SET_SIGINT=$(FAULT_SET_SIGINT) \
+		$(VENV)/bin/pytest tests/faults/test_random_faults.py tests/faults/test_processset_faults.py::test_sigint_at_random_instants_of_a_set_checkpoint_and_restore \
+		-q -rs -p no:cacheprovider
 
 bench: setup
 	$(PY) -m bench

@@ -86,13 +86,13 @@ class Terminal:
                 elif isinstance(event, PhaseStarted):
                     if watch is not None:
                         watch.stop()
-                    watch = _Watch(progress, event.name) if progress is not None else None
+                    watch = _Watch(progress, event.label) if progress is not None else None
                 elif isinstance(event, PhaseFinished):
-                    if watch is not None and watch.name == event.name:
+                    if watch is not None and watch.name == event.label:
                         watch.stop()
                         watch = None
                 elif isinstance(event, BytesExpected):
-                    if watch is not None and watch.name == event.phase:
+                    if watch is not None and watch.name == event.label:
                         watch.follow(event.directory, event.total)
 
             try:

@@ -3,6 +3,8 @@ unless its environment variable is set.
 
 * NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit (NPUSNAP_TEST_PAUSE_S): the checkpoint
   pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline).
+* NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline
+  fails there with an injected error, as if that phase had failed (tests/processset).
 * NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a
   process driven by the shim as a CUDA process (real ones are found by /dev/nvidia* mappings).
 
@@ -29,6 +31,12 @@ def pause(point: str, until: Callable[[], bool] = lambda: False) -> None:
     deadline = time.monotonic() + float(os.environ.get("NPUSNAP_TEST_PAUSE_S") or 60)
     while time.monotonic() < deadline and not until():
         time.sleep(0.05)
+
+
+def fail(point: str) -> None:
+    """NPUSNAP_TEST_FAIL=point: raise an injected failure here."""
+    if os.environ.get("NPUSNAP_TEST_FAIL") == point:
+        raise NpusnapError(f"test failure injected at {point}")
 
 
 def shim_cuda_process(pid: int, maps: str) -> bool:

@@ -152,15 +152,17 @@ def build_c(source: Path, out: Path, *flags: str) -> Path:
     return out
 
 
-def rewind_to_checkpoint(checkpoint: Path, path: Path) -> None:
+def rewind_to_checkpoint(checkpoint: Path, path: Path, member: Optional[int] = None) -> None:
     """Truncate an output file to the size it had at checkpoint time.
 
     CRIU restores open files by name and refuses one whose size changed since
     the dump; a process left running keeps writing, so before restoring its
-    image the file is put back as it was (as a migration would ship it)."""
+    image the file is put back as it was (as a migration would ship it).
+    member: the pid of a process set's member whose file it is (criu/PID/)."""
     import pycriu
 
-    with open(checkpoint / "criu" / "files.img", "rb") as f:
+    images = checkpoint / "criu" / (str(member) if member else "")
+    with open(images / "files.img", "rb") as f:
         entries = pycriu.images.load(f)["entries"]
     for e in entries:
         reg = e.get("reg")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
@@ -9,12 +9,15 @@ from ..backends import BACKENDS, DATA_PATHS
 from ..criuopts import CriuOptions
 from ..numbers import Seconds
 from ..output import Terminal, human_bytes
-from . import criu_option, json_option, pid_argument
+from . import criu_option, json_option
 from .criu_flags import dump_flags
+
+if TYPE_CHECKING:
+    from ..image.format import Manifest
 
 
 @click.command()
-@pid_argument
+@click.argument("pids", metavar="PID...", nargs=-1, required=True)
 @click.option("-D", "--directory", "directory", required=True, type=click.Path(path_type=Path),
               help="Where to write the checkpoint (created; must not hold one unless --replace).")
 @click.option("--leave-running", is_flag=True, help="Keep the process running after the checkpoint.")
@@ -38,7 +41,7 @@ from .criu_flags import dump_flags
 @criu_option
 @json_option
 @click.pass_obj
-def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_job: bool,
+def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
                replace: bool, sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
@@ -47,6 +50,10 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     By default the process is killed once the checkpoint is safely on disk (like
     `criu dump`); with --leave-running it carries on. A failure at any point leaves
     the process running and unlocked, and no checkpoint directory behind.
+
+    Several PIDs make one set: every process (each with its tree) is locked at once,
+    backed up and dumped into the one DIRECTORY, all or nothing; `npusnap restore`
+    brings the whole set back.
     """
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
@@ -62,11 +69,20 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     from ..image.signing import Signer
 
     signer = Signer(sign_key) if sign_key else None  # a bad key fails before anything starts
+    targets = [parse_pid(p) for p in pids]
     with term.reporter(live=not shell_job) as report:
-        m = run_checkpoint(parse_pid(pid), opts, progress=report)
+        if len(targets) == 1:
+            m = run_checkpoint(targets[0], opts, progress=report)
+        else:
+            from ..core.processset import checkpoint_set
+
+            m = checkpoint_set(targets, opts, progress=report)
     if signer:
         signer.sign(directory.absolute())
     size = sum(f.size for f in m.files)
+    if m.is_set:
+        _report_set(term, m, directory, leave_running, size)
+        return
     if term.json_mode:
         term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,
                                  "left_running": leave_running, "bytes": size,
@@ -77,3 +93,24 @@ def checkpoint(term: Terminal, pid: str, directory: Path, leave_running: bool, s
     term.success(f"checkpointed {m.pid} into {directory} ({human_bytes(size)}; {phases})")
     if not leave_running:
         term.info(f"process {m.pid} was stopped; `npusnap restore {directory}` brings it back")
+
+
+def _report_set(term: Terminal, m: Manifest, directory: Path, leave_running: bool, size: int) -> None:
+    from ..image.format import member_summary
+
+    members = [member_summary(m, e) for e in m.members]
+    if term.json_mode:
+        term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,
+                                 "pids": [e.pid for e in m.members], "left_running": leave_running,
+                                 "bytes": size, "device": m.device.__dict__,
+                                 "phases": [p.__dict__ for p in m.phases], "members": members,
+                                 "warnings": term.warnings})
+        return
+    phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
+    listed = " ".join(str(e.pid) for e in m.members)
+    term.success(f"checkpointed the set {listed} into {directory} ({human_bytes(size)}; {phases})")
+    for s in members:
+        term.info(f"  process {s['pid']}: {human_bytes(s['bytes'])} in {s['files']} files, "
+                  f"device {s['device']['backend']} {human_bytes(s['device']['bytes'])}")
+    if not leave_running:
+        term.info(f"the processes were stopped; `npusnap restore {directory}` brings them all back")

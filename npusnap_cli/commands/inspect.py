@@ -71,6 +71,7 @@ def render_tree(ins: Inspection) -> Tree:
         node = _process(parent, proc)
         stack.extend((node, c) for c in reversed(children.get(proc.pid, [])))
 
+    _members(root, ins)
     _device(root, ins)
     phases = root.add(_t("[bold]Phases[/bold]"))
     for ph in ins.phases:
@@ -139,6 +140,22 @@ def _memory(parent: Tree, m: MemoryInfo) -> None:
     for k in m.kinds:
         node.add(_t(f"{k.kind}: {human_bytes(k.dumped)} dumped, {human_bytes(k.mapped)} mapped "
                     f"({k.vmas} {'mapping' if k.vmas == 1 else 'mappings'})"))
+
+
+def _members(root: Tree, ins: Inspection) -> None:
+    """A process set: each member's size, checksum, device and phases."""
+    if not ins.members:
+        return
+    node = root.add(_t(f"[bold]Set[/bold] of {len(ins.members)} processes"))
+    for m in ins.members:
+        dev = m["device"]
+        member = node.add(_t(f"[bold]{m['pid']}[/bold]: {_clean(_command(m['command'])) or '?'}"))
+        member.add(_t(f"{m['processes']} processes, {human_bytes(m['bytes'])} in {m['files']} files, "
+                      f"checksum {_clean(m['checksum'])}"))
+        member.add(_t(f"device: {_clean(str(dev['backend']))}"
+                      + (f" {', '.join(str(x) for x in dev['devices'])}" if dev["devices"] else "")
+                      + f", {human_bytes(dev['bytes'])} ({_clean(str(dev['method']))})"))
+        member.add(_t("phases: " + ", ".join(f"{_clean(p['name'])} {p['seconds']:.3f}s" for p in m["phases"])))
 
 
 def _device(root: Tree, ins: Inspection) -> None:

@@ -14,7 +14,7 @@ import os
 import shlex
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -42,6 +42,7 @@ class Entry:
     files: int = 0
     device: Optional[str] = None  # backend: none | sim | ascend | cuda
     problem: Optional[str] = None # why it is invalid
+    members: list[dict[str, Any]] = field(default_factory=list)  # a process set's: pid, files, bytes each
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +85,7 @@ def _newest_first(e: Entry) -> tuple[float, int, str]:
 
 def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
     from ..errors import NpusnapError
-    from ..image.format import MANIFEST, load_manifest, safe_member
+    from ..image.format import MANIFEST, load_manifest, member_summary, safe_member
     from ..image.format import verify as verify_dir
 
     mtime, age, disk = _tree_facts(path)
@@ -107,6 +108,8 @@ def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
     entry.bytes = sum(f.size for f in m.files)
     entry.files = len(m.files)
     entry.device = m.device.backend
+    entry.members = [{"pid": e.pid, "files": n["files"], "bytes": n["bytes"]}
+                     for e in m.members for n in [member_summary(m, e)]]
     try:
         if verify:
             verify_dir(path, m)
@@ -170,7 +173,7 @@ def list_checkpoints(term: Terminal, directory: Path, verify: bool) -> None:
     notes = []
     for e in entries:
         style = {"valid": "green", "invalid": "red", "incomplete": "yellow", "leftover": "yellow"}[e.state]
-        table.add_row(Text(shown(e.name)), Text(_when(e.timestamp)), Text(str(e.pid) if e.pid is not None else "-"),
+        table.add_row(Text(shown(e.name)), Text(_when(e.timestamp)), Text(_pids(e)),
                       Text(shown(e.command or "-")), Text(human_bytes(e.bytes or e.disk_bytes)),
                       Text(e.device or "-"), Text(e.state, style=style))
         if e.problem:
@@ -178,6 +181,13 @@ def list_checkpoints(term: Terminal, directory: Path, verify: bool) -> None:
     term.render(table)
     for note in notes:
         term.render(note)
+
+
+def _pids(e: Entry) -> str:
+    """A set shows every member's pid."""
+    if e.members:
+        return " ".join(str(m["pid"]) for m in e.members)
+    return str(e.pid) if e.pid is not None else "-"
 
 
 def _when(timestamp: float) -> str:

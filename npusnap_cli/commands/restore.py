@@ -3,12 +3,15 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
 from ..criuopts import CriuOptions
 from ..output import Terminal
+
+if TYPE_CHECKING:
+    from ..core.restore import RestoreOptions
 from . import criu_option, json_option, trust_options
 from .criu_flags import restore_flags
 
@@ -34,16 +37,23 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
 
     Verifies the checkpoint first and refuses a bad one. In the foreground it waits
     for the restored process and exits with its exit code; --detach returns at once.
+
+    A set (`npusnap checkpoint PID PID ...`) comes back whole or not at all: in the
+    foreground npusnap waits for every member and exits with the first non-zero exit
+    code in member order; --pidfile gets one pid a line.
     """
     from ..core.restore import RestoreOptions, wait_exit_code
     from ..core.restore import restore as run_restore
 
     term: Terminal = ctx.obj
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
+    opts = RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, device_map=mapping,
+                          criu=criu_opts, require_signature=require_signature, trusted_keys=list(trusted_keys))
+    if _is_set(directory):
+        _restore_set(ctx, term, opts, detach, pidfile)
+        return
     with term.reporter(live=not _shell_job(directory)) as report:
-        result = run_restore(RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only,
-                                            device_map=mapping, criu=criu_opts, require_signature=require_signature,
-                                            trusted_keys=list(trusted_keys)), progress=report)
+        result = run_restore(opts, progress=report)
     if pidfile:
         _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]
@@ -62,6 +72,47 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     ctx.exit(code)
 
 
+def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", detach: bool,
+                 pidfile: Optional[Path]) -> None:
+    from ..core.processset import restore_set
+    from ..core.restore import wait_exit_code
+
+    with term.reporter(live=not _shell_job(opts.directory)) as report:
+        result = restore_set(opts, progress=report)
+    pids = [m.pid for m in result.members]
+    if pidfile:
+        _write_pidfile(pidfile, *pids)
+    members = [{"checkpointed_pid": m.checkpointed, "pid": m.pid, "phases": [p.__dict__ for p in m.phases]}
+               for m in result.members]
+    doc = {"directory": str(opts.directory), "pid": pids[0], "pids": pids, "members": members,
+           "phases": [p.__dict__ for p in result.phases]}
+    if detach:
+        if term.json_mode:
+            term.data("restore", {**doc, "warnings": term.warnings})
+        else:
+            term.success(f"restored the set {' '.join(map(str, pids))} from {opts.directory}")
+        return
+    term.info(f"restored the set {' '.join(map(str, pids))}; waiting for every member to exit")
+    codes = [wait_exit_code(pid) for pid in pids]
+    for member, code in zip(members, codes):
+        member["exit_code"] = code
+    code = next((c for c in codes if c != 0), 0)
+    if term.json_mode:
+        term.data("restore", {**doc, "exit_code": code, "warnings": term.warnings})
+    ctx.exit(code)
+
+
+def _is_set(directory: Path) -> bool:
+    """Whether DIRECTORY holds a process set; errors are left to the restore to report."""
+    from ..errors import NpusnapError
+    from ..image.format import load_manifest
+
+    try:
+        return load_manifest(directory.absolute()).is_set
+    except NpusnapError:
+        return False
+
+
 def _shell_job(directory: Path) -> bool:
     """Whether the checkpoint is a shell job's: it is restored onto our terminal, where a
     live progress display would draw over it. Errors are left to the restore to report."""
@@ -74,7 +125,7 @@ def _shell_job(directory: Path) -> bool:
         return False
 
 
-def _write_pidfile(pidfile: Path, pid: int) -> None:
+def _write_pidfile(pidfile: Path, *pids: int) -> None:
     """A random temporary name made with O_EXCL|O_NOFOLLOW, then renamed: a link planted
     in a shared directory is never written through."""
     import secrets
@@ -91,7 +142,7 @@ def _write_pidfile(pidfile: Path, pid: int) -> None:
             raise StorageProblem(f"cannot write the pidfile {pidfile}: {e.strerror}") from e
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(f"{pid}\n")
+                f.write("".join(f"{pid}\n" for pid in pids))
             os.replace(tmp, pidfile)
         except OSError as e:
             with contextlib.suppress(OSError):

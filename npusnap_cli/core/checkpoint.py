@@ -24,12 +24,22 @@ from .. import __version__, netlock, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
-from ..image.format import CRIU_DIR, DEVICE_DIR, DeviceState, FileEntry, Manifest, PhaseTiming, ProcessEntry
+from ..image.format import (
+    CRIU_DIR,
+    DEVICE_DIR,
+    DeviceState,
+    FileEntry,
+    Manifest,
+    PhaseTiming,
+    ProcessEntry,
+    in_member,
+)
 from ..image.staging import Staging, Writeback
 from ..platform.criu import DumpOptions
+from ..platform.procfs import process_exists
 from . import processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn
-from .services import REAL, Services
+from .services import REAL, GuardianLike, Services
 from .signals import Signals
 from .undo import UndoStack
 
@@ -67,12 +77,46 @@ def dump(pid: int, opts: CheckpointOptions, progress: Progress = quiet, services
     return run.execute([run.describe_device, run.dump, run.seal], run.finish_dump)
 
 
+def transaction(signals: Signals, undos: UndoStack, progress: Progress, discard: Callable[[], None],
+                work: Callable[[], Manifest], finish: Callable[[Manifest], None]) -> Manifest:
+    """Run work (the steps, then the commit) under the signal handlers; on any failure or
+    signal the undos run, newest first (discard, the oldest, removes the staging directory)."""
+    with signals:
+        undos.push("cleanup", discard)
+        try:
+            manifest = work()
+        except BaseException:
+            signals.rolling_back = True
+            undos.rollback()
+            raise
+        undos.forget()
+        # Committed: signals no longer interrupt, and a failure from here on costs
+        # nothing but this process's own state.
+        if signals.pending:
+            warn(progress, "interrupt received after the checkpoint was committed: finishing it")
+        finish(manifest)
+        return manifest
+
+
+def commit(staging: Staging, signals: Signals, manifest: Manifest) -> Manifest:
+    """The commit point: the manifest written and the directory renamed into place."""
+    with signals.commit_point():
+        staging.commit(manifest)
+        testhooks.pause("commit", until=lambda: signals.pending)
+    return manifest
+
+
 class CheckpointRun:
-    """One checkpoint: what its steps share. Each step is a method; execute() runs them."""
+    """One checkpoint: what its steps share. Each step is a method; execute() runs them.
+
+    A process set (core/processset.py) runs one of these per member (member=True): its images go
+    to criu/PID/ and device/PID/, and the set hands every member the same staging directory,
+    guardian, undo stack and signals (share()) and drives the steps itself."""
 
     def __init__(self, pid: int, opts: CheckpointOptions, progress: Progress, services: Services,
-                 data_path: DataPathChoice) -> None:
+                 data_path: DataPathChoice, member: bool = False) -> None:
         self.pid, self.opts, self.progress = pid, opts, progress
+        self.sub = str(pid) if member else None  # a set member's subdirectory of criu/ and device/
         self.target = services.open_target(pid)
         self.criu = services.criu(opts.criu_path)
         self.extra = opts.criu
@@ -83,7 +127,7 @@ class CheckpointRun:
         self.services = services
         self.direct = self.backend.method == DataPath.DIRECT
         self.undos = UndoStack(lambda m: warn(progress, m))
-        self.phase = Phases(progress)
+        self.phase = Phases(progress, member=pid if member else None)
         self.signals = Signals()
         self.device = DeviceState()
         self.device_files: list[FileEntry] = []
@@ -92,6 +136,25 @@ class CheckpointRun:
         self.files: list[FileEntry] = []
         self.dump_timing = PhaseTiming("dump", 0.0)
         self.device_back = not self.direct  # the direct path's staged device data is the only copy until this
+        self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
+
+    def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
+        """A set member: the set's staging directory, guardian, undo stack and signals."""
+        self.staging, self.guardian, self.undos, self.signals = staging, guardian, undos, signals
+
+    def _what(self, undo: str) -> str:
+        return f"{undo} of process {self.pid}" if self.sub else undo
+
+    def _in(self, base: Path) -> Path:
+        return base / self.sub if self.sub else base
+
+    @property
+    def criu_dir(self) -> Path:
+        return self._in(self.staging.criu_dir)
+
+    @property
+    def device_dir(self) -> Path:
+        return self._in(self.staging.device_dir)
 
     def expect(self, expected: State) -> None:
         """Refuse a process whose device is not where this pipeline starts; checked before anything is locked."""
@@ -108,24 +171,13 @@ class CheckpointRun:
         self.staging = Staging(self.opts.directory, self.opts.replace)
         # From now on, our death is cleaned up after.
         self.guardian = self.services.guardian(self.staging.path, self.pid)
+        def work() -> Manifest:
+            for step in steps:
+                step()
+            return self._commit()
+
         try:
-            with self.signals:
-                self.undos.push("cleanup", self._discard)
-                try:
-                    for step in steps:
-                        step()
-                    manifest = self._commit()
-                except BaseException:
-                    self.signals.rolling_back = True
-                    self.undos.rollback()
-                    raise
-                self.undos.forget()
-                # Committed: signals no longer interrupt, and a failure from here on costs
-                # nothing but this process's own state.
-                if self.signals.pending:
-                    warn(self.progress, "interrupt received after the checkpoint was committed: finishing it")
-                finish(manifest)
-                return manifest
+            return transaction(self.signals, self.undos, self.progress, self._discard, work, finish)
         finally:
             self.backend.release()
             self.guardian.release()
@@ -134,18 +186,33 @@ class CheckpointRun:
     def lock(self) -> None:
         # Pushed before the lock: a signal may land the instant a phase returns. The undo
         # undoes whatever part of lock and backup really happened.
-        self.undos.push("device rollback", self._device_rollback)
+        self.push_device_rollback()
+        self.lock_device()
+        self.after_lock()
+
+    def push_device_rollback(self) -> None:
+        self.undos.push(self._what("device rollback"), self._device_rollback)
+
+    def lock_device(self) -> None:
+        """The lock itself (a set runs its members' at once, one thread each)."""
         with self.phase("lock"):
             self.backend.lock(self.opts.lock_timeout, lease=self.opts.lease)
+
+    def after_lock(self) -> None:
         if self.direct:
-            self.guardian.recover_from(self.staging.device_dir)  # if we die, it brings the device data back
+            self.guardian.recover_from(self.device_dir)  # if we die, it brings the device data back
 
     def backup(self) -> None:
         self.backend.fence()  # a CLI stopped past its lease stops here, before each step
         with self.phase("backup") as t:
             if self.direct:
-                self.progress(BytesExpected("backup", self.staging.device_dir, self.backend.describe().bytes))
-            self.device_files = self.backend.backup(self.staging.device_dir)
+                self.progress(BytesExpected("backup", self.device_dir, self.backend.describe().bytes,
+                                            self.phase.member))
+            if self.sub:
+                self.device_dir.mkdir(0o700, exist_ok=True)
+            self.device_files = self.backend.backup(self.device_dir)
+            if self.sub:  # the backend names its files as in a single checkpoint
+                self.device_files = [in_member(f, self.pid) for f in self.device_files]
             self.device = self.backend.describe()
             t.bytes = self.device.bytes
 
@@ -157,12 +224,16 @@ class CheckpointRun:
         self.backend.fence()
         before = self.target.tree()
         self.guardian.watch([p.pid for p in before])  # CRIU leaves them stopped: resumed if we die
-        criu_dir = self.staging.criu_dir
+        criu_dir = self.criu_dir
+        if self.sub:
+            criu_dir.mkdir(0o700, exist_ok=True)
+        log_dir = self.log_dir or self.staging.log_dir
         with self.phase("dump") as self.dump_timing, self.signals.critical(), Writeback(criu_dir):
-            self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before])))
-            self.undos.push("resume", lambda: self._run_on(criu_dir))
+            self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
+                                        self.phase.member))
+            self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
             self.criu.dump(DumpOptions(
-                pid=self.pid, images_dir=criu_dir, log_dir=self.staging.log_dir,
+                pid=self.pid, images_dir=criu_dir, log_dir=log_dir,
                 leave_stopped=True, shell_job=self.opts.shell_job,
                 tcp_established=self.opts.tcp_established, timeout=self.opts.criu_timeout, extra=self.extra,
             ))
@@ -176,26 +247,28 @@ class CheckpointRun:
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
 
     def _commit(self) -> Manifest:
-        manifest = self._manifest()
-        with self.signals.commit_point():
-            self.staging.commit(manifest)
-            testhooks.pause("commit", until=lambda: self.signals.pending)
-        return manifest
+        return commit(self.staging, self.signals, self._manifest())
 
     # -- after the commit
     def finish_checkpoint(self, manifest: Manifest) -> None:
         if not self.opts.leave_running:
             processes.kill(self.frozen)
             return
-        self._run_on(self.staging.final / CRIU_DIR)
+        self._run_on(self._in(self.staging.final / CRIU_DIR))
         # From the committed directory: the staging path has moved.
-        self.backend.finish_after_commit(self.staging.final / DEVICE_DIR, self.device_files)
+        self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
+
+    def _own_files(self) -> list[FileEntry]:
+        """The device files as the backend named them (a set member's without their PID/)."""
+        from ..image.format import member_relative
+
+        return [member_relative(f) for f in self.device_files] if self.sub else self.device_files
 
     def finish_dump(self, manifest: Manifest) -> None:
         if not self.opts.leave_running:
             processes.kill(self.frozen)
             return
-        self._run_on(self.staging.final / CRIU_DIR)
+        self._run_on(self._in(self.staging.final / CRIU_DIR))
 
     # -- helpers and undos
     def _manifest(self) -> Manifest:
@@ -231,14 +304,18 @@ class CheckpointRun:
         self.device_back = True
 
     def _discard(self) -> None:
-        staging = self.staging
+        if not self.keeps_device_data():
+            self.staging.discard()
+
+    def keeps_device_data(self) -> bool:
+        """After a rollback: whether the staged device data is still the workload's only copy
+        (a failed put-back). Then it is never deleted (no manifest: it does not look valid)."""
         try:
-            staged = not staging.committed and any(staging.device_dir.iterdir())
+            staged = not self.staging.committed and self.device_dir.is_dir() and any(self.device_dir.iterdir())
         except OSError:
             staged = False
-        if self.device_back or not staged:
-            staging.discard()
-            return
-        # The workload still needs this data: never delete it (no manifest: it does not look valid).
-        warn(self.progress, f"the device data of process {self.pid} stays in {staging.device_dir}: "
-                            f"`npusnap recover {self.pid} --device-images {staging.device_dir}` puts it back")
+        if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
+            return False  # put back, nothing staged, or nobody left to need it
+        warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
+                            f"`npusnap recover {self.pid} --device-images {self.device_dir}` puts it back")
+        return True

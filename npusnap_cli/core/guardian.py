@@ -65,9 +65,12 @@ if words[-1:] != ["done"]:
             os.kill(pid, sig)
         except OSError:
             pass
-    if "recover" in words and pids:  # direct path: the device data is only in staging/device
-        subprocess.run([python, "-m", "npusnap_cli", "recover", str(pids[0]),
-                        "--device-images", os.path.join(staging, "device")],
+    # direct path: the device data is only in staging/device (a set member's: staging/device/PID)
+    recovers = [(str(pids[0]), os.path.join(staging, "device"))] if "recover" in words and pids else []
+    recovers += [(w[8:], os.path.join(staging, "device", w[8:])) for w in words
+                 if w.startswith("recover:") and w[8:].isdigit()]
+    for pid, device_dir in recovers:
+        subprocess.run([python, "-m", "npusnap_cli", "recover", pid, "--device-images", device_dir],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=3600)
     if staging != "-":
@@ -106,8 +109,11 @@ class Guardian:
     def recover_from(self, device_dir: Path) -> None:
         """The device data is about to exist only in device_dir: if we die, put it back
         (`npusnap recover PID --device-images`) before removing the partial checkpoint."""
-        assert device_dir.parent == self.staging
-        self._say("recover")
+        if device_dir.parent == self.staging:
+            self._say("recover")
+            return
+        assert self.staging is not None and device_dir.parent.parent == self.staging  # a set member's
+        self._say(f"recover:{device_dir.name}")
 
     def _say(self, words: str) -> None:
         assert self.proc.stdin is not None

@@ -10,7 +10,7 @@ import enum
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Optional, Union
 
 from .. import testhooks
 from ..image.format import PhaseTiming
@@ -19,6 +19,11 @@ from ..image.format import PhaseTiming
 @dataclass(frozen=True)
 class PhaseStarted:
     name: str
+    member: Optional[int] = None  # a process set's member (its pid); None: the whole checkpoint
+
+    @property
+    def label(self) -> str:
+        return self.name if self.member is None else f"{self.name} {self.member}"
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,11 @@ class PhaseFinished:
     name: str
     seconds: float
     bytes: int
+    member: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.member is None else f"{self.name} {self.member}"
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,11 @@ class BytesExpected:
     phase: str
     directory: Path
     total: int
+    member: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        return self.phase if self.member is None else f"{self.phase} {self.member}"
 
 
 class Level(str, enum.Enum):
@@ -66,20 +81,28 @@ def info(progress: Progress, text: str) -> None:
 
 
 class Phases:
-    """Times each phase, announces its start and end, and keeps the timings for the manifest."""
+    """Times each phase, announces its start and end, and keeps the timings for the manifest.
+    A set member's phases carry its pid, in the events and in the test hooks' points (NAME@PID)."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, member: Optional[int] = None) -> None:
         self.progress = progress
+        self.member = member
         self.timings: list[PhaseTiming] = []
+
+    def _hooks(self, point: str) -> None:
+        if self.member is not None:
+            point = f"{point}@{self.member}"
+        testhooks.pause(point)
+        testhooks.fail(point)
 
     @contextlib.contextmanager
     def __call__(self, name: str, nbytes: int = 0) -> Iterator[PhaseTiming]:
-        testhooks.pause(f"before:{name}")
-        self.progress(PhaseStarted(name))
+        self._hooks(f"before:{name}")
+        self.progress(PhaseStarted(name, self.member))
         t = PhaseTiming(name, 0.0, nbytes)
         start = time.monotonic()
         yield t
         t.seconds = round(time.monotonic() - start, 6)
         self.timings.append(t)
-        self.progress(PhaseFinished(name, t.seconds, t.bytes))
-        testhooks.pause(f"after:{name}")
+        self.progress(PhaseFinished(name, t.seconds, t.bytes, self.member))
+        self._hooks(f"after:{name}")

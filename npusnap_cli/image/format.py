@@ -9,6 +9,10 @@
 
 A checkpoint is built under a temporary sibling name and renamed into place
 only when complete, so a partial checkpoint never looks valid.
+
+A process set (several independent trees checkpointed as one) keeps the same layout with one
+subdirectory per member, named by its pid: DIR/criu/PID/, DIR/device/PID/, and its dump log
+as logs/dump-PID.log; the manifest lists the members (format version 2, see SET_FORMAT_VERSION).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
 # What may sit in logs/ besides restore-* directories: dump's logs, and those of restores
 # made before restores got their own directory. Never written through: see restore_log_dir.
 LOG_NAMES = frozenset({"dump.log", "stats-dump", "restore.log", "stats-restore"})
+MEMBER_LOG = re.compile(r"^(dump-[0-9]+\.log|stats-dump-[0-9]+)$")  # a set member's dump logs
 RESTORE_LOG_DIR = re.compile(r"^restore-[A-Za-z0-9_]{8}$")
 CHUNK = 8 << 20
 
@@ -99,9 +104,17 @@ class Manifest:
     phases: list[PhaseTiming] = field(default_factory=list)
     files: list[FileEntry] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
+    members: list["MemberEntry"] = field(default_factory=list)  # a process set's; empty for one process
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.members:
+            del d["members"]  # a single process's manifest stays exactly what it always was
+        return d
+
+    @property
+    def is_set(self) -> bool:
+        return bool(self.members)
 
     @classmethod
     def from_dict(cls, d: Any) -> "Manifest":
@@ -115,10 +128,12 @@ class Manifest:
             kw["device"] = DeviceState(**d.get("device", {}))
             kw["phases"] = [PhaseTiming(**p) for p in d.get("phases", [])]
             kw["files"] = [FileEntry(**f) for f in d.get("files", [])]
+            kw["members"] = _members_from(d)
             m = cls(**kw)
         except (TypeError, ValueError, AttributeError) as e:
             raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e
         m._check_types()
+        _check_members(m)
         return m
 
     def _check_types(self) -> None:
@@ -156,13 +171,108 @@ def _check_version(d: dict[str, Any]) -> None:
         version = int(d.get("format_version", -1))
     except (TypeError, ValueError):
         raise ImageInvalid(f"manifest format version {d.get('format_version')!r} is not a number") from None
-    if version > FORMAT_VERSION:
+    if version > SET_FORMAT_VERSION:
         raise ImageInvalid(
-            f"manifest format version {version} is newer than this npusnap understands ({FORMAT_VERSION})",
+            f"manifest format version {version} is newer than this npusnap understands ({SET_FORMAT_VERSION})",
             "upgrade npusnap to restore this checkpoint",
         )
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, SET_FORMAT_VERSION):
         raise ImageInvalid(f"unsupported manifest format version {version}")
+
+
+# ---------------------------------------------------------------- process sets
+# A set's manifest: the top level describes the set as a whole (pid and command of its first
+# member, every member's processes, the devices summed up, the set's phases, every file); each
+# member has its own entry, and its files under criu/PID/ and device/PID/. Version 2, so that an
+# npusnap that predates sets refuses it instead of restoring criu/ as one tree.
+
+SET_FORMAT_VERSION = 2
+
+
+@dataclass
+class MemberEntry:
+    pid: int
+    command: list[str] = field(default_factory=list)
+    processes: list[ProcessEntry] = field(default_factory=list)
+    device: DeviceState = field(default_factory=DeviceState)
+    phases: list[PhaseTiming] = field(default_factory=list)
+
+    @property
+    def subdir(self) -> str:
+        return str(self.pid)
+
+    def owns(self, entry: FileEntry) -> bool:
+        parts = Path(entry.path).parts
+        return len(parts) > 2 and parts[0] in CHECKSUMMED_DIRS and parts[1] == self.subdir
+
+    def files(self, manifest: Manifest) -> list[FileEntry]:
+        """This member's files, named as in a single checkpoint (criu/X, device/X)."""
+        return [member_relative(f) for f in manifest.files if self.owns(f)]
+
+
+def member_relative(entry: FileEntry) -> FileEntry:
+    """criu/PID/X -> criu/X: a member's file as its own pipeline names it."""
+    parts = Path(entry.path).parts
+    return FileEntry(str(Path(parts[0], *parts[2:])), entry.size, entry.checksum)
+
+
+def in_member(entry: FileEntry, pid: int) -> FileEntry:
+    """criu/X -> criu/PID/X: the inverse of member_relative."""
+    parts = Path(entry.path).parts
+    return FileEntry(str(Path(parts[0], str(pid), *parts[1:])), entry.size, entry.checksum)
+
+
+def set_device(devices: Sequence[DeviceState]) -> DeviceState:
+    """The set's device section: what its members hold, summed up."""
+    def common(values: list[str]) -> str:
+        return values[0] if len(set(values)) == 1 else "mixed"
+
+    return DeviceState(backend=common([d.backend for d in devices]) if devices else "none",
+                       devices=sorted({x for d in devices for x in d.devices}),
+                       allocations=sum(d.allocations for d in devices), bytes=sum(d.bytes for d in devices),
+                       method=common([d.method for d in devices]) if devices else "none",
+                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)))
+
+
+def member_summary(m: Manifest, e: MemberEntry) -> dict[str, Any]:
+    """One member as inspect, verify, list and checkpoint report it: its size, its files, one
+    checksum over its files' checksums (equal sums: equal images), its device and phases."""
+    files = [f for f in m.files if e.owns(f)]
+    h = new_hasher()
+    for f in sorted(files, key=lambda f: f.path):
+        h.update(f"{member_relative(f).path} {f.size} {f.checksum}\n".encode())
+    return {"pid": e.pid, "command": list(e.command), "processes": len(e.processes),
+            "files": len(files), "bytes": sum(f.size for f in files), "checksum": str(h.hexdigest()),
+            "device": dataclasses.asdict(e.device), "phases": [dataclasses.asdict(p) for p in e.phases]}
+
+
+def _members_from(d: dict[str, Any]) -> list[MemberEntry]:
+    members = d.get("members", [])
+    if not isinstance(members, list):
+        raise TypeError("members is not a list")
+    return [MemberEntry(pid=e["pid"], command=e.get("command", []),
+                        processes=[ProcessEntry(**p) for p in e.get("processes", [])],
+                        device=DeviceState(**e.get("device", {})),
+                        phases=[PhaseTiming(**p) for p in e.get("phases", [])]) for e in members]
+
+
+def _check_members(m: Manifest) -> None:
+    """A set's manifest has version 2 and members with distinct pids, every file in one of
+    them; a single process's has version 1 and no members."""
+    def bad(why: str) -> ImageInvalid:
+        return ImageInvalid(f"manifest.yaml is malformed: {why}")
+
+    if (m.format_version == SET_FORMAT_VERSION) != m.is_set:
+        raise bad(f"format version {m.format_version} with {len(m.members)} set members")
+    pids = [e.pid for e in m.members]
+    if not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids) or len(set(pids)) != len(pids):
+        raise bad(f"set members {pids!r} are not distinct pids")
+    for e in m.members:
+        if not isinstance(e.command, list) or not all(isinstance(p.pid, int) for p in e.processes):
+            raise bad(f"set member {e.pid}'s entry")
+    for f in m.files if m.is_set else ():
+        if not any(e.owns(f) for e in m.members):
+            raise bad(f"{f.path} belongs to no set member")
 
 
 def new_hasher() -> Any:
@@ -338,7 +448,7 @@ def _check_logs(logs: Path, kind: Any, bad: Any) -> None:
     for name in sorted(os.listdir(logs)):
         rel = f"{LOG_DIR}/{name}"
         mode = kind(logs / name, rel)
-        if stat.S_ISREG(mode) and name in LOG_NAMES:
+        if stat.S_ISREG(mode) and (name in LOG_NAMES or MEMBER_LOG.match(name)):
             continue
         if not (stat.S_ISDIR(mode) and RESTORE_LOG_DIR.match(name)):
             raise bad(rel, "is not a log npusnap writes")

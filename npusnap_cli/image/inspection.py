@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import EnvironmentProblem, ImageInvalid
-from .format import CRIU_DIR, DeviceState, Manifest, load_manifest, safe_member
+from .format import CRIU_DIR, DeviceState, Manifest, load_manifest, member_summary, safe_member
 
 # CRIU's VMA status bits (criu/include/image.h) and the mmap flags we look at.
 VMA_AREA_STACK = 1 << 1
@@ -159,6 +159,7 @@ class Inspection:
     phases: list[PhaseInfo]
     images: ImageSizes
     notes: list[str] = field(default_factory=list)
+    members: list[dict[str, Any]] = field(default_factory=list)  # a process set's: format.member_summary
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,19 +172,26 @@ def inspect(root: Path) -> Inspection:
     """Read DIR's manifest and CRIU images into an Inspection (reads only)."""
     manifest = load_manifest(root)
     ins = _from_manifest(root, manifest)
-    reader = _ImageReader(root, manifest)
-
-    ins.processes = _processes(reader, manifest, ins.notes)
+    # One process tree per CRIU image directory: a set's members each have their own.
+    trees = [(manifest, CRIU_DIR)]
+    if manifest.is_set:
+        trees = [(dataclasses.replace(manifest, pid=e.pid, command=e.command, processes=e.processes),
+                  f"{CRIU_DIR}/{e.subdir}") for e in manifest.members]
+        ins.members = [member_summary(manifest, e) for e in manifest.members]
     page_size = mmap.PAGESIZE
-    for proc in ins.processes:
-        proc.memory = _memory(reader, proc.pid, page_size)
-        proc.files, proc.sockets = _fds(reader, proc.pid, _files_id(reader, proc.pid))
-        proc.cwd = _cwd(reader, proc.pid)
-        proc.exe = reader.exe_name(proc.pid)
+    for tree_manifest, criu_dir in trees:
+        reader = _ImageReader(root, manifest, criu_dir)
+        procs = _processes(reader, tree_manifest, ins.notes)
+        for proc in procs:
+            proc.memory = _memory(reader, proc.pid, page_size)
+            proc.files, proc.sockets = _fds(reader, proc.pid, _files_id(reader, proc.pid))
+            proc.cwd = _cwd(reader, proc.pid)
+            proc.exe = reader.exe_name(proc.pid)
+        ins.processes += procs
 
     ins.memory_dumped = sum(p.memory.dumped for p in ins.processes if p.memory is not None)
     pages_on_disk = sum(f.size for f in ins.images.files
-                        if Path(f.path).parent == Path(CRIU_DIR)
+                        if str(Path(f.path).parent) in {d for _, d in trees}
                         and Path(f.path).name.startswith("pages-"))
     if pages_on_disk and ins.memory_dumped != pages_on_disk:
         ins.notes.append(f"the pagemaps account for {ins.memory_dumped} bytes but pages-*.img hold "
@@ -239,8 +247,9 @@ def _image_sizes(manifest: Manifest) -> ImageSizes:
 class _ImageReader:
     """Decodes the CRIU images the manifest lists; never anything else."""
 
-    def __init__(self, root: Path, manifest: Manifest) -> None:
+    def __init__(self, root: Path, manifest: Manifest, criu_dir: str = CRIU_DIR) -> None:
         self.root = root
+        self.criu_dir = criu_dir  # criu/, or a set member's criu/PID/
         self.listed = {str(f.path) for f in manifest.files}
         for rel in sorted(self.listed):
             safe_member(root, rel)   # inside DIR, present, and no symlink on the way
@@ -248,13 +257,13 @@ class _ImageReader:
         self._files: Optional[dict[int, dict[str, Any]]] = None
 
     def has(self, name: str) -> bool:
-        return f"{CRIU_DIR}/{name}" in self.listed
+        return f"{self.criu_dir}/{name}" in self.listed
 
     def load(self, name: str, magic: str) -> Optional[list[dict[str, Any]]]:
         """The entries of criu/NAME, or None when the checkpoint has no such image."""
         if name in self._cache:
             return self._cache[name]
-        rel = f"{CRIU_DIR}/{name}"
+        rel = f"{self.criu_dir}/{name}"
         entries = self._decode(rel, magic) if rel in self.listed else None
         self._cache[name] = entries
         return entries

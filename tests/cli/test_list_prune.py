@@ -249,3 +249,50 @@ def load_created(path: Path) -> str:
     from npusnap_cli.image.format import load_manifest
 
     return str(load_manifest(path).created)
+
+
+def make_set(final: Path, day: int, pids: tuple[int, ...] = (2001, 2002)) -> Path:
+    """A process set's checkpoint: each member's images under criu/PID/ and device/PID/."""
+    from npusnap_cli.image.format import SET_FORMAT_VERSION, MemberEntry, set_device
+
+    s = Staging(final)
+    for i, pid in enumerate(pids):
+        for sub in (s.criu_dir / str(pid), s.device_dir / str(pid)):
+            sub.mkdir()
+        (s.criu_dir / str(pid) / "pages-1.img").write_bytes(b"p" * 4096 * (i + 1))
+        (s.device_dir / str(pid) / "dev0.img").write_bytes(b"d" * 100)
+    members = [MemberEntry(pid=pid, command=["python", "rank.py", str(i)], device=DeviceState(backend="sim", bytes=100))
+               for i, pid in enumerate(pids)]
+    m = Manifest(pid=pids[0], created=f"2024-01-{day:02d}T12:00:00+00:00", host="h", kernel="k",
+                 npusnap_version="0.1.0", criu_version="4.2.1", command=members[0].command,
+                 device=set_device([e.device for e in members]), files=s.seal(),
+                 format_version=SET_FORMAT_VERSION, members=members)
+    return s.commit(m)
+
+
+def test_list_verify_and_prune_understand_a_set(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    make(tmp_path / "single", 1)
+    make_set(tmp_path / "set-old", 2)
+    make_set(tmp_path / "set-new", 3)
+    found = listing(capsys, tmp_path, "--verify")
+    assert found["set-new"]["state"] == "valid" and found["single"]["members"] == []
+    assert found["set-new"]["members"] == [{"pid": 2001, "files": 2, "bytes": 4196},
+                                           {"pid": 2002, "files": 2, "bytes": 8292}]
+    assert found["set-new"]["bytes"] == 4196 + 8292 and found["set-new"]["device"] == "sim"
+    rc, out, err = run(capsys, "verify", tmp_path / "set-new", "--json")
+    assert rc == 0, err
+    members = json.loads(out)["members"]
+    assert [m["pid"] for m in members] == [2001, 2002] and members[0]["checksum"] != members[1]["checksum"]
+    rc, out, err = run(capsys, "list", tmp_path)
+    assert rc == 0 and "2001 2002" in out, out
+    rc, out, err = run(capsys, "prune", tmp_path, "--keep", "1", "--json")
+    assert rc == 0, err
+    assert sorted(Path(d["path"]).name for d in json.loads(out)["deleted"]) == ["set-old", "single"]
+    assert not (tmp_path / "set-old").exists() and (tmp_path / "set-new" / "manifest.yaml").is_file()
+
+
+def test_a_set_whose_member_image_was_altered_fails_verify(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    ck = make_set(tmp_path / "set", 1)
+    (ck / "criu" / "2002" / "pages-1.img").write_bytes(b"q" * 8192)  # same size, other bytes
+    rc, out, err = run(capsys, "verify", ck)
+    assert rc == 8 and "criu/2002/pages-1.img: checksum mismatch" in err, err

@@ -120,6 +120,7 @@ class FakeCriu:
         self.binary = FakeBinary()
         self.on_dump = on_dump
         self.dumped: list[int] = []
+        self.trees: dict[Path, list[int]] = {}  # images directory -> the tree dumped there (a set has several)
         self.restored: list[subprocess.Popen[bytes]] = []
         self.network_lock_released: list[Path] = []
 
@@ -131,12 +132,12 @@ class FakeCriu:
         (images_dir / "pages-1.img").write_bytes(os.urandom(8192))
         (images_dir / "pstree.img").write_bytes(b"fake")
         os.kill(pid, signal.SIGSTOP)
-        self.dumped = [pid]
+        self.dumped = self.trees[Path(images_dir)] = [pid]
         self.on_dump()
         self.script.after("dump")
 
     def dumped_tree(self, images_dir: Path) -> list[tuple[int, int, int]]:
-        return [(pid, os.getpid(), 1) for pid in self.dumped]
+        return [(pid, os.getpid(), 1) for pid in self.trees.get(Path(images_dir), self.dumped)]
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False, tcp_established: bool = False,
                 log_level: int = 4, extra: object = None, started: Optional[Callable[[int], None]] = None) -> int:

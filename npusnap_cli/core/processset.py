@@ -1,0 +1,349 @@
+"""A process set: several independent process trees on one host, checkpointed as ONE consistent
+checkpoint (one directory, one manifest, all or nothing) and restored as one. The per-node worker
+of a multi-node job runs this; `npusnap checkpoint PID PID ...` is its command.
+
+    checkpoint:  lock every member at once (one thread each: the set's skew is one lock's time)
+                 -> back up each -> dump each (CRIU: one tree per dump, criu/PID/) -> seal
+                 -> commit the set's manifest -> kill all | run all on (--leave-running)
+    restore:     verify -> per member: CRIU restore + device restore (it stays LOCKED)
+                 -> unlock every member (the commit point)
+
+Each member is a core.checkpoint.CheckpointRun whose steps the set drives; they share one staging
+directory, one undo stack, one guardian and one set of signal handlers, so any failure, timeout or
+Ctrl-C before the commit undoes every member (device restored and unlocked, tree resumed) and
+leaves no checkpoint. A restore that fails kills every member restored so far; the checkpoint
+stays intact for a retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from ..backends import Backend, BackendName, DataPath, State
+from ..errors import NpusnapError, UnsupportedTarget, WrongState
+from ..image.format import (
+    CRIU_DIR,
+    DEVICE_DIR,
+    SET_FORMAT_VERSION,
+    FileEntry,
+    Manifest,
+    MemberEntry,
+    PhaseTiming,
+    restore_log_dir,
+    set_device,
+)
+from ..image.staging import Staging
+from . import processes
+from .checkpoint import CheckpointOptions, CheckpointRun, commit, transaction
+from .progress import Event, Phases, Progress, quiet, warn
+from .restore import (
+    RESTORE_LEASE_S,
+    RestoreOptions,
+    _refuse_pids_in_use,
+    _restore_options,
+    _unlock_closed_connections,
+    _verified,
+)
+from .services import REAL, CriuDriver, GuardianLike, ImagesViewLike, Services
+from .signals import Signals
+from .undo import UndoStack
+
+LOG_NAMES_OF_A_DUMP = ("dump.log", "stats-dump")  # what CRIU writes into a dump's log directory
+
+
+def checkpoint_set(pids: Sequence[int], opts: CheckpointOptions, progress: Progress = quiet,
+                   services: Services = REAL) -> Manifest:
+    """Checkpoint every pid (each with its process tree) into opts.directory as one set.
+    Raises NpusnapError, naming the member that failed, after undoing every member."""
+    return SetCheckpoint(pids, opts, progress, services).execute()
+
+
+@contextlib.contextmanager
+def _naming(pid: int, index: int, count: int) -> Iterator[None]:
+    """An error names the member it came from, and its place in the set (once)."""
+    try:
+        yield
+    except NpusnapError as e:
+        if not getattr(e, "names_member", False):
+            e.message = f"process {pid} (set member {index + 1} of {count}): {e.message}"
+            e.args = (e.message,)
+            e.names_member = True  # type: ignore[attr-defined]
+        raise
+
+
+def _serialized(progress: Progress) -> Progress:
+    """The members' locks report from their own threads: one event at a time."""
+    lock = threading.Lock()
+
+    def report(event: Event) -> None:
+        with lock:
+            progress(event)
+
+    return report
+
+
+class SetCheckpoint:
+    def __init__(self, pids: Sequence[int], opts: CheckpointOptions, progress: Progress,
+                 services: Services) -> None:
+        if not pids:
+            raise WrongState("a process set needs at least one process")
+        twice = sorted({p for p in pids if list(pids).count(p) > 1})
+        if twice:
+            raise UnsupportedTarget(f"process {twice[0]} is named twice; a set holds each process once",
+                                    "name every process of the set once")
+        self.opts, self.services = opts, services
+        self.progress = _serialized(progress)
+        self.members: list[CheckpointRun] = []
+        for i, pid in enumerate(pids):
+            with _naming(pid, i, len(pids)):
+                self.members.append(CheckpointRun(pid, opts, self.progress, services, opts.data_path, member=True))
+        self._refuse_overlaps()
+        for m in self.members:
+            with self._member(m):
+                m.expect(State.RUNNING)
+        self.phase = Phases(self.progress)
+        self.undos = UndoStack(lambda text: warn(self.progress, text))
+        self.signals = Signals()
+
+    def _refuse_overlaps(self) -> None:
+        """A member inside another member's tree would be dumped twice (and CRIU refuses a
+        tree whose part is already stopped): refused before anything is locked."""
+        pids = {m.pid for m in self.members}
+        for m in self.members:
+            for p in m.target.tree()[1:]:
+                if p.pid in pids:
+                    raise UnsupportedTarget(
+                        f"process {p.pid} is a descendant of process {m.pid}: it is checkpointed with "
+                        f"{m.pid}'s tree and cannot be a member of the set as well",
+                        f"leave {p.pid} out of the list (it comes with {m.pid})")
+
+    def _member(self, m: CheckpointRun) -> contextlib.AbstractContextManager[None]:
+        return _naming(m.pid, self.members.index(m), len(self.members))
+
+    # -- the pipeline
+    def execute(self) -> Manifest:
+        first = self.members[0]
+        self.staging = Staging(self.opts.directory, self.opts.replace)
+        # From now on, our death is cleaned up after.
+        self.guardian = self.services.guardian(self.staging.path, first.pid)
+        for m in self.members:
+            m.share(self.staging, self.guardian, self.undos, self.signals)
+        try:
+            return transaction(self.signals, self.undos, self.progress, self._discard, self._steps, self._finish)
+        finally:
+            for m in self.members:
+                m.backend.release()
+            self.guardian.release()
+
+    def _steps(self) -> Manifest:
+        self._lock_all()
+        with self.phase("backup") as t:
+            for m in self.members:
+                with self._member(m):
+                    m.backup()
+            t.bytes = sum(m.device.bytes for m in self.members)
+        with self.phase("dump") as self.dump_timing:
+            for m in self.members:
+                self._dump(m)
+        self._seal()
+        return commit(self.staging, self.signals, self._manifest())
+
+    def _lock_all(self) -> None:
+        """Every member's lock at once. Signals wait until every lock has returned (each is
+        bounded by --lock-timeout): an undo must never race a lock still in flight."""
+        for m in self.members:
+            m.push_device_rollback()
+        failed: dict[int, BaseException] = {}
+
+        def lock(m: CheckpointRun) -> None:
+            try:
+                m.lock_device()
+            except BaseException as e:  # reported by the main thread, in member order
+                failed[m.pid] = e
+
+        with self.phase("lock"), self.signals.critical():
+            threads = [threading.Thread(target=lock, args=(m,), name=f"lock-{m.pid}") for m in self.members]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            for m in self.members:
+                if m.pid in failed:
+                    with self._member(m):
+                        raise failed[m.pid]
+        for m in self.members:
+            m.after_lock()
+
+    def _dump(self, m: CheckpointRun) -> None:
+        # CRIU names its log dump.log: each member dumps into a log directory of its own, and
+        # its logs join the set's as dump-PID.log once the dump succeeded (a failed one's log
+        # stays where the error points).
+        m.log_dir = self.staging.log_dir / str(m.pid)
+        m.log_dir.mkdir(0o700, exist_ok=True)
+        with self._member(m):
+            m.dump()
+        for name in LOG_NAMES_OF_A_DUMP:
+            with contextlib.suppress(FileNotFoundError):
+                (m.log_dir / name).rename(self.staging.log_dir / _member_log(name, m.pid))
+        for leftover in m.log_dir.iterdir():  # nothing else is expected; never left to break the commit
+            leftover.unlink()
+        m.log_dir.rmdir()
+
+    def _seal(self) -> None:
+        with self.phase("seal") as t:
+            files = self.staging.seal(known=[f for m in self.members for f in m.device_files])
+            for m in self.members:
+                m.files = [f for f in files if f.path.startswith(f"{CRIU_DIR}/{m.pid}/")]
+                m.dump_timing.bytes = sum(f.size for f in m.files)
+            t.bytes = self.dump_timing.bytes = sum(m.dump_timing.bytes for m in self.members)
+            self.files = files
+
+
+    def _manifest(self) -> Manifest:
+        first = self.members[0]._manifest()  # host, versions, options: the same for every member
+        members = [MemberEntry(pid=m.pid, command=m.target.command, processes=m.tree, device=m.device,
+                               phases=m.phase.timings) for m in self.members]
+        return dataclasses.replace(
+            first, processes=[p for m in self.members for p in m.tree],
+            device=set_device([m.device for m in self.members]), phases=self.phase.timings,
+            files=self.files, format_version=SET_FORMAT_VERSION, members=members)
+
+    def _finish(self, manifest: Manifest) -> None:
+        """After the commit: every member killed, or every member run on (--leave-running). One
+        member's failure to run on does not keep the others from it; the first is reported."""
+        first: Optional[BaseException] = None
+        for m in self.members:
+            try:
+                with self._member(m):
+                    m.finish_checkpoint(manifest)
+            except Exception as e:
+                warn(self.progress, str(e))
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _discard(self) -> None:
+        kept = [m.pid for m in self.members if m.keeps_device_data()]  # every member warns for itself
+        if not kept:
+            self.staging.discard()
+
+
+def _member_log(name: str, pid: int) -> str:
+    stem, dot, ext = name.partition(".")
+    return f"{stem}-{pid}{dot}{ext}"
+
+
+# ---------------------------------------------------------------- restore
+
+
+@dataclass
+class MemberRestored:
+    checkpointed: int  # the member's pid in the checkpoint (CRIU restores it under the same pid)
+    pid: int
+    phases: list[PhaseTiming] = field(default_factory=list)
+
+
+@dataclass
+class SetRestoreResult:
+    manifest: Manifest
+    members: list[MemberRestored]
+    phases: list[PhaseTiming] = field(default_factory=list)
+
+
+def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Services = REAL) -> SetRestoreResult:
+    """Restore every member of the set in opts.directory, or none: a failure, timeout or Ctrl-C
+    before the last unlock kills the members restored so far (the checkpoint stays intact).
+    Each restored root becomes our child."""
+    root = opts.directory.absolute()
+    phase = Phases(progress)
+    manifest = _verified(root, opts, phase)
+    if not manifest.is_set:
+        raise WrongState(f"{opts.directory} holds one process's checkpoint, not a set")
+    if opts.criu_only:
+        raise WrongState("--criu-only is a runbook step for one process; a set is restored whole",
+                         "restore the set without --criu-only")
+    for entry in manifest.members:
+        services.device_fits(entry.device)
+    _refuse_pids_in_use(manifest)
+    criu = services.criu(opts.criu_path)
+    services.become_subreaper()
+    restored: list[tuple[MemberEntry, int]] = []  # the roots to kill on failure
+    backends: list[Optional[Backend]] = []
+    results: list[MemberRestored] = []
+    guardian = services.guardian(None, manifest.pid)
+    try:
+        with Signals() as signals, services.images_view() as view:
+            try:
+                guardian.kill_if_dead([p.pid for p in manifest.processes])
+                for i, entry in enumerate(manifest.members):
+                    with _naming(entry.pid, i, len(manifest.members)):
+                        member_phase = Phases(progress, member=entry.pid)
+                        results.append(MemberRestored(entry.pid, entry.pid, member_phase.timings))
+                        pid = _restore_member(entry, manifest, root, opts, criu, view, guardian, member_phase,
+                                              signals, progress, restored)
+                        results[-1].pid = pid
+                        backend = _device_restore(pid, entry, manifest, root, opts, member_phase, progress,
+                                                  services, backends)
+                with phase("unlock"), signals.critical():  # every member runs, or none
+                    for (entry, _), backend in zip(restored, backends):  # in member order, both
+                        if backend is not None:
+                            with _naming(entry.pid, manifest.members.index(entry), len(manifest.members)):
+                                backend.unlock()
+                signals.settled = True
+            except BaseException:
+                signals.rolling_back = True
+                for entry, pid in reversed(restored):
+                    processes.kill_tree(pid, list(dict.fromkeys([pid, *(p.pid for p in entry.processes)])))
+                raise
+            finally:
+                for b in backends:
+                    if b is not None:
+                        b.release()
+    finally:
+        guardian.release()
+    return SetRestoreResult(manifest, results, phase.timings)
+
+
+def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions, criu: CriuDriver,
+                    view: ImagesViewLike, guardian: GuardianLike, phase: Phases, signals: Signals, progress: Progress,
+                    restored: list[tuple[MemberEntry, int]]) -> int:
+    images = root / CRIU_DIR / entry.subdir
+    log_dir = restore_log_dir(root)  # one fresh private directory per member's restore
+    restored.append((entry, entry.pid))  # CRIU restores the member under its pid: killed if it fails half-way
+    with phase("criu-restore"), signals.critical():
+        pid = criu.restore(view.enter(images, lambda m: warn(progress, m)), log_dir,
+                                shell_job=bool(manifest.options.get("shell_job")),
+                                tcp_established=bool(manifest.options.get("tcp_established")),
+                                extra=_restore_options(manifest, opts),
+                                started=guardian.wait_for_criu)
+        restored[-1] = (entry, pid)
+    _unlock_closed_connections(images, manifest, opts, progress)
+    return pid
+
+
+def _device_restore(pid: int, entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions,
+                    phase: Phases, progress: Progress, services: Services,
+                    backends: list[Optional[Backend]]) -> Optional[Backend]:
+    """The member's device data back on its device; it stays LOCKED until the set's unlock."""
+    if entry.device.backend == BackendName.NONE:
+        backends.append(None)
+        return None
+    backend = services.restore_backend(pid, entry.device, opts.device_map)
+    backends.append(backend)
+    backend.adopt_lease(RESTORE_LEASE_S)  # renewed until the unlock, while the other members restore
+    if backend.method in (DataPath.IN_PROCESS, DataPath.DIRECT) and backend.state() == State.RUNNING:
+        warn(progress, f"process {pid}'s agent finished the device restore by itself (npusnap was stopped)")
+        backends[-1] = None
+        backend.release()
+        return None
+    with phase("device-restore") as t:
+        files: list[FileEntry] = [f for f in entry.files(manifest) if f.path.startswith(f"{DEVICE_DIR}/")]
+        backend.restore(root / DEVICE_DIR / entry.subdir, files)
+        t.bytes = entry.device.bytes
+    return backend
+

@@ -1,0 +1,152 @@
+"""A process set end to end: three examples/train.py runs under `npusnap run` (on npusim devices
+0, 1 and 0 again), checkpointed together by `npusnap checkpoint PID PID PID` with real CRIU,
+killed, the daemon restarted (an empty device), and restored together by `npusnap restore`:
+every member's output bit-identical to an uninterrupted run. inspect, verify and list read the
+set; --leave-running runs every member on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+
+from .support import status, strip_ready, train_argv, train_device_bytes, under_agent
+
+pytestmark = [requires_criu, pytest.mark.criu]
+
+STEPS, AT, SLEEP_MS = 80, 3, 60  # ~5 s: the members still run when a slow checkpoint starts
+DEVICES = (0, 1, 0)  # two members share device 0: their allocations keep their own addresses
+
+
+def _train(device: int, sleep_ms: int = SLEEP_MS, steps: int = STEPS) -> list[str]:
+    return [*train_argv(steps, sleep_ms), "--device", str(device)]
+
+
+def _start(tmp_path: Path, env: dict[str, str], steps: int = STEPS) -> list[Workload]:
+    ws: list[Workload] = []
+    try:
+        for i, device in enumerate(DEVICES):
+            ws.append(Workload(under_agent(_train(device, steps=steps)), tmp_path / f"train{i}.out", env=env))
+        for w in ws:
+            w.wait_for_line(f"step {AT} ", timeout=60)
+    except BaseException:
+        for w in ws:
+            w.stop()
+        raise
+    return ws
+
+
+@pytest.mark.parametrize("data_path", ["direct", "in-process"])
+def test_a_set_checkpointed_killed_and_restored_is_bit_identical(npusim_daemon, reference, tmp_path,
+                                                                 data_path) -> None:
+    refs = {device: reference(_train(device, 0)) for device in set(DEVICES)}
+    ws = _start(tmp_path, npusim_daemon.env)
+    try:
+        ck = tmp_path / "ck"
+        r = npusnap("checkpoint", *(w.pid for w in ws), "-D", ck, "--data-path", data_path, "--json",
+                    env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["pids"] == [w.pid for w in ws] and doc["left_running"] is False
+        assert [p["name"] for p in doc["phases"]] == ["lock", "backup", "dump", "seal"]
+        assert doc["device"]["devices"] == [0, 1] and doc["device"]["bytes"] == 3 * train_device_bytes()
+        for member, w, device in zip(doc["members"], ws, DEVICES):
+            assert member["pid"] == w.pid and member["device"]["devices"] == [device]
+            assert member["device"]["method"] == data_path and member["bytes"] > 0
+        for w in ws:  # every member killed once the set was committed, mid-run
+            assert w.proc.wait(timeout=10) == -signal.SIGKILL
+            assert AT < len(strip_ready(w.lines())) < STEPS
+
+        m = yaml.safe_load((ck / "manifest.yaml").read_text())
+        assert m["format_version"] == 2 and [e["pid"] for e in m["members"]] == [w.pid for w in ws]
+        for w in ws:
+            assert any(f["path"].startswith(f"criu/{w.pid}/pages-") for f in m["files"])
+            assert (data_path == "direct") == any(f["path"].startswith(f"device/{w.pid}/") for f in m["files"])
+        v = npusnap("verify", ck, "--json", check=True)
+        vdoc = json.loads(v.stdout)
+        assert [x["pid"] for x in vdoc["members"]] == [w.pid for w in ws]
+        assert sum(x["bytes"] for x in vdoc["members"]) == vdoc["bytes"]
+        ins = json.loads(npusnap("inspect", ck, "--json", check=True).stdout)
+        assert [x["checksum"] for x in ins["members"]] == [x["checksum"] for x in vdoc["members"]]
+        assert {p["pid"] for p in ins["processes"]} >= {w.pid for w in ws}
+        assert all(p["memory"]["dumped"] > 0 for p in ins["processes"] if p["pid"] in {w.pid for w in ws})
+        listed = json.loads(npusnap("list", tmp_path, "--json", check=True).stdout)["checkpoints"]
+        assert [c["state"] for c in listed] == ["valid"] and len(listed[0]["members"]) == 3
+
+        npusim_daemon.restart()  # a fresh, empty device
+        rs = npusnap("restore", ck, "--json", env=npusim_daemon.env, timeout=180)
+        assert rs.returncode == 0, rs.stderr
+        rdoc = json.loads(rs.stdout)
+        assert rdoc["pids"] == [w.pid for w in ws] and rdoc["exit_code"] == 0
+        assert [x["exit_code"] for x in rdoc["members"]] == [0, 0, 0]
+        assert all([p["name"] for p in x["phases"]] == ["criu-restore", "device-restore"] for x in rdoc["members"])
+        for w, device in zip(ws, DEVICES):
+            assert strip_ready(w.lines()) == refs[device]
+    finally:
+        for w in ws:
+            w.stop()
+
+
+def test_leave_running_runs_every_member_on_unlocked(npusim_daemon, reference, tmp_path) -> None:
+    long = 400  # ~24 s: the members are still running when the checkpoint returns, even on a loaded machine
+    refs = {device: reference(_train(device, 0, long)) for device in set(DEVICES)}
+    ws = _start(tmp_path, npusim_daemon.env, steps=long)
+    try:
+        r = npusnap("checkpoint", *(w.pid for w in ws), "-D", tmp_path / "ck", "--leave-running",
+                    env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        assert "checkpointed the set" in r.stderr
+        for w in ws:
+            assert pid_alive(w.pid) and status(w.pid, npusim_daemon.env)["state"] == "RUNNING"
+        for w, device in zip(ws, DEVICES):
+            assert w.proc.wait(timeout=180) == 0
+            assert strip_ready(w.lines()) == refs[device]
+        npusnap("verify", tmp_path / "ck", check=True)
+    finally:
+        for w in ws:
+            w.stop()
+
+
+def test_members_with_different_backends_make_one_set(npusim_daemon, reference, tmp_path) -> None:
+    """A training on npusim and a plain process (no device runtime: backend none) in one set."""
+    ref = reference(_train(1, 0))
+    counter = [sys.executable, "-c", "import time\nfor i in range(100000):\n    print(i, flush=True)\n"
+               "    time.sleep(0.05)\n"]
+    train = Workload(under_agent(_train(1)), tmp_path / "train.out", env=npusim_daemon.env)
+    plain = Workload(counter, tmp_path / "plain.out", env=npusim_daemon.env)
+    try:
+        train.wait_for_line(f"step {AT} ", timeout=60)
+        plain.wait_for_line("3", timeout=60)
+        ck = tmp_path / "ck"
+        r = npusnap("checkpoint", train.pid, plain.pid, "-D", ck, "--json", env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert [m["device"]["backend"] for m in doc["members"]] == ["sim", "none"]
+        assert doc["device"]["backend"] == "mixed" and doc["device"]["devices"] == [1]
+        for w in (train, plain):
+            assert w.proc.wait(timeout=10) == -signal.SIGKILL
+        counted = len(plain.lines())
+        npusim_daemon.restart()
+        rs = npusnap("restore", ck, "--detach", "--json", env=npusim_daemon.env, timeout=180)
+        assert rs.returncode == 0, rs.stderr
+        assert json.loads(rs.stdout)["pids"] == [train.pid, plain.pid]
+        plain.wait_for_line(str(counted + 3), timeout=60)  # counting on from where it was
+        assert plain.lines()[: counted + 3] == [str(i) for i in range(counted + 3)]
+        deadline = time.monotonic() + 120
+        while pid_alive(train.pid):  # not our child any more: it exits on its own
+            assert time.monotonic() < deadline, "the restored training did not finish"
+            time.sleep(0.1)
+        assert strip_ready(train.lines()) == ref
+    finally:
+        for w in (train, plain):
+            w.stop()
+            if pid_alive(w.pid):
+                os.kill(w.pid, signal.SIGKILL)
