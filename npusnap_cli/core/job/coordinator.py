@@ -97,6 +97,7 @@ class Session:
         addr = listen or slurm.local_address_towards(slurm.node_address(self.nodes[0]))
         self.listener = socket.create_server((addr, 0), backlog=len(self.nodes) + 8)
         self.address = f"{addr}:{self.listener.getsockname()[1]}"
+        say(f"npusnap job: coordinator of job {job} listening on {self.address}")
         self.events: queue.Queue[Event] = queue.Queue()
         self.channels: dict[str, Channel] = {}
         self.output: list[str] = []
@@ -387,7 +388,8 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
         stages.append({"name": "connect", "seconds": round(time.monotonic() - t, 6)})
         t = time.monotonic()
         for old, new in place.items():
-            session.channels[new].send("restore", dir=m.node(old).dir, from_node=old)
+            ranks = [{"pid": r.pid, "step": r.step, "procid": r.procid} for r in m.ranks_of(old)]
+            session.channels[new].send("restore", dir=m.node(old).dir, from_node=old, ranks=ranks)
         restored = session.gather("restored", "restore", d.prepare)
         session.broadcast("go")
         stages.append({"name": "restore", "seconds": round(time.monotonic() - t, 6)})

@@ -5,9 +5,16 @@ neither is the batch script (it has no step id)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
+
+# Ranks restored into a job keep their old Slurm environment (CRIU brings back their memory):
+# the restore worker lists them here, so the next checkpoint of that job finds them.
+REGISTRY = Path("/run/npusnap/jobs")
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,21 @@ def _environ(pid: int) -> dict[str, str]:
     return out
 
 
-def _ppid(pid: int) -> int:
+def _stat(pid: int, field: int) -> int:
+    """Field `field` (1-based, as proc(5) numbers them) of /proc/PID/stat; 0 when unknown."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
+            return int(f.read().rsplit(")", 1)[1].split()[field - 3])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def _ppid(pid: int) -> int:
+    return _stat(pid, 4)
+
+
+def _started(pid: int) -> int:
+    return _stat(pid, 22)  # start time: a pid reused since the restore is not the rank
 
 
 def _task(env: dict[str, str], job: str, own_step: Optional[str], node: str) -> Optional[tuple[int, int]]:
@@ -56,11 +72,39 @@ def find_ranks(job: str, node: str, own_step: Optional[str] = None) -> list[Rank
     """The job's ranks on this node, ordered by (step, procid). A task names its node
     (SLURMD_NODENAME): where several nodes share one /proc (the test cluster, multiple-slurmd
     mode) only this node's count."""
+    back, restore_step = restored(job, node)
     tasks: dict[int, tuple[int, int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             t = _task(_environ(int(entry)), job, own_step, node)
-            if t is not None:
+            if t is not None and t[0] != restore_step:  # the restore worker's step holds no rank of its own
                 tasks[int(entry)] = t
     tops = [Rank(pid, *t) for pid, t in tasks.items() if tasks.get(_ppid(pid)) != t]
+    tops += [r for r in back if r.pid not in tasks]
     return sorted(tops, key=lambda r: (r.step, r.procid, r.pid))
+
+
+def _registry(job: str, node: str) -> Path:
+    return REGISTRY / f"{job}.{node}.json"
+
+
+def register_restored(job: str, node: str, ranks: Sequence[Rank], worker_step: Optional[str]) -> None:
+    """Best effort: without it a restored job can be restored, not checkpointed again."""
+    with contextlib.suppress(OSError):
+        REGISTRY.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = _registry(job, node).with_suffix(".tmp")
+        listed = [{**r.__dict__, "started": _started(r.pid)} for r in ranks]
+        tmp.write_text(json.dumps({"worker_step": worker_step, "ranks": listed}))
+        tmp.rename(_registry(job, node))
+
+
+def restored(job: str, node: str) -> tuple[list[Rank], Optional[int]]:
+    """The ranks restored into job on node that still run, and the restore worker's step."""
+    try:
+        d = json.loads(_registry(job, node).read_text())
+        step = d.get("worker_step")
+        ranks = [(Rank(int(r["pid"]), int(r["step"]), int(r["procid"])), int(r["started"])) for r in d["ranks"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [], None
+    alive = [r for r, started in ranks if started and _started(r.pid) == started]
+    return alive, int(step) if isinstance(step, str) and step.isdigit() else None

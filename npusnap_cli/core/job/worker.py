@@ -28,7 +28,7 @@ from ...errors import JobAborted, NpusnapError
 from ...image.format import MANIFEST, Manifest
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
-from .ranks import Rank, find_ranks
+from .ranks import Rank, find_ranks, register_restored
 
 
 @dataclass
@@ -118,9 +118,11 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             ch.send("failed", node=node, error=f"no rank of job {opts.job} runs on {node}")
             return JobAborted.exit_code
         directory = opts.staging / "nodes" / node
-        copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=opts.shell_job,
+        # Slurm's tasks are process-group leaders, not session leaders: CRIU needs --shell-job.
+        shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
+        copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  lease=max(10.0, opts.lease), data_path=DataPathChoice.IN_PROCESS)
+                                  data_path=DataPathChoice.IN_PROCESS)
         gate = _Gate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
@@ -132,6 +134,8 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             return e.exit_code
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
+            if gate.set_committed:  # the job cannot commit without this node: undone like an abort
+                _recover_after_commit(ranks, directory)
             if not gate.voted:
                 with contextlib.suppress(OSError):
                     ch.send("failed", node=node, error=e.one_line())
@@ -142,6 +146,13 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         return 0
     finally:
         ch.close()
+
+
+def _sid(pid: int) -> int:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return pid
 
 
 def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
@@ -187,6 +198,13 @@ def restore_worker(opts: WorkerOptions) -> int:
             ch.send("failed", node=node, error=e.one_line())
             return e.exit_code
         pids = [m.pid for m in result.members]
+        job = os.environ.get("SLURM_JOB_ID")
+        if job:
+            by_pid = {int(r["pid"]): r for r in msg.get("ranks", [])}
+            register_restored(job, node, [Rank(m.pid, int(by_pid[m.checkpointed]["step"]),
+                                               int(by_pid[m.checkpointed]["procid"]))
+                                          for m in result.members if m.checkpointed in by_pid],
+                              os.environ.get("SLURM_STEP_ID"))
         ch.send("restored", node=node, pids=pids,
                 members=[{"pid": m.pid, "phases": [p.__dict__ for p in m.phases]} for m in result.members])
         try:
