@@ -62,14 +62,18 @@ def idle_cluster(cluster: Cluster) -> Iterator[Cluster]:
         cluster.cancel_all()
 
 
-@pytest.fixture
-def live_cluster(cluster: Cluster) -> Iterator[Cluster]:
-    """idle_cluster, brought up again first if a test brought it down (test_down_leaves_nothing)."""
+def ensure_up(cluster: Cluster) -> None:
     if cluster.script("status").returncode != 0:
         try:
             cluster.up()
         except RuntimeError as e:
             pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def live_cluster(cluster: Cluster) -> Iterator[Cluster]:
+    """idle_cluster, brought up again first if a test brought it down (test_down_leaves_nothing)."""
+    ensure_up(cluster)
     try:
         yield cluster
     finally:

@@ -136,9 +136,8 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             say(f"failed: {e.one_line()}")
             if gate.set_committed:  # the job cannot commit without this node: undone like an abort
                 _recover_after_commit(ranks, directory)
-            if not gate.voted:
-                with contextlib.suppress(OSError):
-                    ch.send("failed", node=node, error=e.one_line())
+            with contextlib.suppress(OSError):
+                ch.send("failed", node=node, error=e.one_line())
             return e.exit_code
         with contextlib.suppress(OSError):
             ch.send("finished", node=node)
