@@ -104,6 +104,8 @@ class Session:
         self.step: Optional[subprocess.Popen[str]] = None
         self._closing = False
         self.lost: dict[str, str] = {}  # node -> why its worker's connection is gone
+        self.aborted: Optional[str] = None  # why, once abort() was called: late workers hear it too
+        self._lock = threading.Lock()
         self.step_ended = ""
         threading.Thread(target=self._accept, daemon=True, name="job-accept").start()
 
@@ -144,7 +146,11 @@ class Session:
             self.say(f"npusnap job: refused a connection from {peer[0]}: {e}")
             ch.close()
             return
-        self.channels[node] = ch
+        with self._lock:
+            self.channels[node] = ch
+            if self.aborted is not None:
+                with contextlib.suppress(OSError):
+                    ch.send("abort", reason=self.aborted)
         self.events.put(Event(node, hello))
         while True:
             try:
@@ -187,9 +193,16 @@ class Session:
         return got
 
     def broadcast(self, kind: str, **fields: Any) -> None:
-        for ch in list(self.channels.values()):
-            with contextlib.suppress(OSError):
-                ch.send(kind, **fields)
+        with self._lock:
+            for ch in list(self.channels.values()):
+                with contextlib.suppress(OSError):
+                    ch.send(kind, **fields)
+
+    def abort(self, reason: str) -> None:
+        """`abort` to every worker, now and to any that connects later."""
+        with self._lock:
+            self.aborted = reason
+        self.broadcast("abort", reason=reason)
 
     def close(self, wait: float) -> None:
         self._closing = True
@@ -287,7 +300,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         if committed:
             raise
         if session is not None:
-            session.broadcast("abort", reason=str(getattr(e, "message", e)) or type(e).__name__)
+            session.abort(str(getattr(e, "message", e)) or type(e).__name__)
         if isinstance(e, OSError):
             raise StorageProblem(f"the job checkpoint could not be committed: {e}") from e
         raise
@@ -401,7 +414,7 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
         return RestoreResult(m, place, pids, codes, stages)
     except BaseException as e:
         if session is not None:
-            session.broadcast("abort", reason=str(getattr(e, "message", e)))
+            session.abort(str(getattr(e, "message", e)) or type(e).__name__)
         raise
     finally:
         if session is not None:
