@@ -342,7 +342,8 @@ def _job_manifest(job: str, nodes: list[str], staging: Path, hellos: dict[str, d
         for r in hellos[node]["ranks"]:
             member = members.get(r["pid"], {})
             ranks.append(jm.RankEntry(rank=-1, step=r["step"], procid=r["procid"], node=node, pid=r["pid"],
-                                      images=f"{rel}/criu/{r['pid']}", device=member.get("device", {})))
+                                      images=f"{rel}/criu/{r['pid']}", device=member.get("device", {}),
+                                      phases=member.get("phases", [])))
     ranks.sort(key=lambda r: (r.step, r.procid))
     for i, r in enumerate(ranks):
         r.rank = i

@@ -37,6 +37,7 @@ class RankEntry:
     pid: int
     images: str  # the rank's CRIU images, relative to DIR
     device: dict[str, Any] = field(default_factory=dict)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # this rank's lock, backup, dump
 
 
 @dataclass

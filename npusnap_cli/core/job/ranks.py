@@ -89,20 +89,32 @@ def _registry(job: str, node: str) -> Path:
 
 
 def register_restored(job: str, node: str, ranks: Sequence[Rank], worker_step: Optional[str]) -> None:
-    """Best effort: without it a restored job can be restored, not checkpointed again."""
+    """Best effort: without it a restored job can be restored, not checkpointed again. Called by
+    the restore worker, whose life (pid and start time) is the entry's: a job id that Slurm hands
+    out again later finds the entry stale."""
     with contextlib.suppress(OSError):
         REGISTRY.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = _registry(job, node).with_suffix(".tmp")
         listed = [{**r.__dict__, "started": _started(r.pid)} for r in ranks]
-        tmp.write_text(json.dumps({"worker_step": worker_step, "ranks": listed}))
+        worker = {"pid": os.getpid(), "started": _started(os.getpid()), "step": worker_step}
+        tmp.write_text(json.dumps({"worker": worker, "ranks": listed}))
         tmp.rename(_registry(job, node))
 
 
+def unregister_restored(job: str, node: str) -> None:
+    with contextlib.suppress(OSError):
+        _registry(job, node).unlink()
+
+
 def restored(job: str, node: str) -> tuple[list[Rank], Optional[int]]:
-    """The ranks restored into job on node that still run, and the restore worker's step."""
+    """The ranks restored into job on node that still run, and the restore worker's step; nothing
+    when that worker no longer runs."""
     try:
         d = json.loads(_registry(job, node).read_text())
-        step = d.get("worker_step")
+        worker = d["worker"]
+        if not worker["started"] or _started(int(worker["pid"])) != worker["started"]:
+            return [], None
+        step = worker.get("step")
         ranks = [(Rank(int(r["pid"]), int(r["step"]), int(r["procid"])), int(r["started"])) for r in d["ranks"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return [], None

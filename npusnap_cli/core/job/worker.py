@@ -28,7 +28,7 @@ from ...errors import JobAborted, NpusnapError
 from ...image.format import MANIFEST, Manifest
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
-from .ranks import Rank, find_ranks, register_restored
+from .ranks import Rank, find_ranks, register_restored, unregister_restored
 
 
 @dataclass
@@ -216,6 +216,8 @@ def restore_worker(opts: WorkerOptions) -> int:
                 kill_tree(m.pid, [m.pid, *(p.pid for p in m.processes)])
             return JobAborted.exit_code
         codes = _wait_children(pids)
+        if job:
+            unregister_restored(job, node)
         with contextlib.suppress(OSError):
             ch.send("exited", node=node, codes=codes)
         return next((c for c in codes.values() if c != 0), 0)
