@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 from ... import __version__
 from ...errors import JobAborted, StorageProblem, WrongState
 from ...image.format import hidden_sibling
+from ...image.staging import _fsync_path  # the same durability step as a single checkpoint's commit
 from . import manifest as jm
 from . import slurm
 from .protocol import Channel, ProtocolError, new_secret
@@ -286,7 +287,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
             raise StorageProblem(f"{final} appeared while the job was checkpointed")
         os.rename(staging, final)  # THE commit point
         committed = True
-        _fsync_dir(final.parent)
+        _fsync_path(final.parent)
         stage("commit", t)
         session.broadcast("done")
         t = time.monotonic()
@@ -316,14 +317,6 @@ def testhooks_commit() -> None:
 
     testhooks.pause("job-commit")
     testhooks.fail("job-commit")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _job_manifest(job: str, nodes: list[str], staging: Path, hellos: dict[str, dict[str, Any]],
