@@ -55,6 +55,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             budget_s = sizes.budget if args.budget is None else (args.budget or None)
             budget = Budget(budget_s, [("limits", 4 * sizes.limit_bytes), ("cpu-only", cpuonly.weight(sizes.cpu_bytes)),
+                                       ("cpu-only-tiny", cpuonly.weight(sizes.tiny_bytes)),
                                        *device.sections(sizes.host_bytes, sizes.device_bytes),
                                        ("latency", 256 << 20)])
             progress(f"physical limits ({human(sizes.limit_bytes)} buffers/files)")
@@ -62,6 +63,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             progress(f"CPU-only process of {human(sizes.cpu_bytes)}: bare criu vs npusnap")
             cpu = cpuonly.measure(res, criu, workdir, sizes.cpu_bytes, repeat, budget)
+            progress(f"tiny CPU-only process ({human(sizes.tiny_bytes)} of data): npusnap's fixed cost over bare criu")
+            tiny = cpuonly.measure(res, criu, workdir, sizes.tiny_bytes, repeat, budget, section="cpu-only-tiny")
 
             dev_runs = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes, repeat,
                                       sizes.zero_fraction, lim, budget, progress)
@@ -73,12 +76,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             ping = latency.agent_round_trip(res, workdir, sizes.pings)
             helps = latency.help_latency(sizes.helps)
 
-            runs: list[dict[str, Any]] = cpu.pop("runs") + dev_runs
+            runs: list[dict[str, Any]] = cpu.pop("runs") + tiny.pop("runs") + dev_runs
             doc: dict[str, Any] = {
-                "targets": report.targets(lim, cpu, runs, ping, helps, copy),
+                "targets": report.targets(lim, cpu, runs, ping, helps, copy, tiny),
                 "limits": lim,
                 "runs": runs,
                 "cpu_only": cpu,
+                "cpu_only_tiny": tiny,
                 "latency": {"agent_ping": ping, "help": helps},
                 "npusim_copies": copy,
                 "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),

@@ -80,7 +80,9 @@ def main() -> None:
             json.dump({"self_hwm": _vm("self")[1], "criu_hwm": max(criu, default=0),
                        "other_children_hwm": sum(other),
                        "children": {str(p): list(v) for p, v in watch.peaks.items()}}, f)
-    sys.exit(code)
+    from npusnap_cli.cli import exit_now
+
+    exit_now(code)  # as the real CLI ends: without the interpreter's finalization
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ class Sizes:
     zero_fraction: float = 0.25    # share of device memory left zero (for elision)
     plot: bool = False
     budget: Optional[float] = None  # seconds for the whole run (samples beyond the first are cut to fit)
+    tiny_bytes: int = 1 * MIB      # a tiny CPU-only process: npusnap's fixed cost over bare CRIU
 
 
 PRESETS = {

@@ -126,9 +126,12 @@ def host_compiles(sample: Path, example: Path, toolkit: Path) -> bool:
         re.findall(r"ascendc_(?:fatbin_)?library\s*\(([^)]*)\)", cmake))))
     sources = [f for f in sample.glob("*.cpp") if f.name not in {Path(k).name for k in kernel_files}]
     sources = [f for f in sources if "__global__" not in f.read_text(errors="replace")]
+    # The sample's CMakeLists add its parent directories (shared utils headers) to the include path.
+    parents = [f"-I{p}" for p in sample.parents if p == example or example in p.parents]
     for src in sources:
         r = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", f"-I{toolkit / 'include'}", f"-I{example}",
-                            f"-I{sample}", f"-I{example / '..'}", str(src)], capture_output=True, timeout=120)
+                            f"-I{sample}", *parents, f"-I{example / '..'}", str(src)], capture_output=True,
+                           timeout=120)
         if r.returncode != 0:
             return False
     return bool(sources)
@@ -143,6 +146,8 @@ def run_sample(sample: Path, example: Path, toolkit: Path, env: dict[str, str], 
                             '>/dev/null && cmake --build build -j2'],
                            cwd=sample, env=env, capture_output=True, text=True, timeout=600)
     built = build.returncode == 0
+    if kernel and built:
+        compiles = True  # its own build compiled the host code
     if not built:
         return Result(name, kernel, False, False, compiles, tail(build.stdout + build.stderr))
     if not run_sh.exists():

@@ -55,6 +55,7 @@ int32_t launch_kernel(FunctionObj *function, uint32_t blocks, const std::string 
     std::lock_guard<std::mutex> g(runtime().mu);
     t.src2 = function->id;
   }
+  dump_kernel_args(function->name, blocks, args);  // dump.cpp, while aclopStartDumpArgs is on
   int32_t rc = ACL_SUCCESS;
   if (capture_task(t, args, stream, &rc)) return rc;
   return send_kernel(t, args, stream);

@@ -27,12 +27,6 @@
 using namespace npusim;
 using namespace npusim::rt;
 
-extern "C" {
-ACL_FUNC_VISIBILITY aclError aclrtSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream);
-ACL_FUNC_VISIBILITY aclError aclrtProcessHostFunc(int32_t timeout);
-ACL_FUNC_VISIBILITY aclError aclrtUnSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream);
-}
-
 namespace {
 
 enum class Via { Report, HostFunc };

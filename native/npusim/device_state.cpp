@@ -171,18 +171,19 @@ int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size) {
+int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
-  size_t mapped = 0;
-  int fd = -1;
-  char *base = map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr);
+  size_t mapped = lent != nullptr ? lent->mapped : 0;
+  int fd = lent != nullptr ? lent->fd : -1;
+  char *base = lent != nullptr ? lent->base : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);
+  s.allocs[va]->lent = lent != nullptr;
   used_[device] += size;
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::malloc(Session &s, uint32_t device, uint64_t size, uint64_t *out) {
+int32_t DeviceState::malloc(Session &s, uint32_t device, uint64_t size, uint64_t *out, const Lent *lent) {
   if (device >= device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
   if (size == 0 || size > memory_) return size == 0 ? ACL_ERROR_INVALID_PARAM : ACL_ERROR_RT_MEMORY_ALLOCATION;
   size = va::round_size(size);
@@ -198,12 +199,12 @@ int32_t DeviceState::malloc(Session &s, uint32_t device, uint64_t size, uint64_t
     cursor = std::max(cursor, (it->first + it->second->size + va::kAlign - 1) / va::kAlign * va::kAlign);
   }
   if (hi - cursor < size) return ACL_ERROR_RT_MEMORY_ALLOCATION;
-  if (int32_t rc = place(s, device, cursor, size); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = place(s, device, cursor, size, lent); rc != ACL_SUCCESS) return rc;
   *out = cursor;
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size) {
+int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
   if (device >= device_count() || !va::is_device(va) || va::device_of(va) != device)
     return ACL_ERROR_RT_INVALID_DEVICEID;
   size = va::round_size(size);
@@ -216,7 +217,7 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     auto prev = std::prev(next);
     if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
-  return place(s, device, va, size);
+  return place(s, device, va, size, lent);
 }
 
 int32_t DeviceState::share_memory(Session &s) {

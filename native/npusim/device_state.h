@@ -41,6 +41,9 @@ struct Buffer {
   // An alias (a VMM mapping or an IPC import) shows part of another buffer at its own address and
   // keeps that buffer alive; it owns no memory and counts against no device's capacity.
   std::shared_ptr<Buffer> backing;
+  // Host memory a client lent (host_mem.cpp): the process's own pages, which CRIU carries, so the
+  // direct path neither exports nor imports it (an import would undo host writes made since Lock).
+  bool lent = false;
 };
 
 // A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the
@@ -141,8 +144,15 @@ class DeviceState {
   // Drops every resource of the session now (runtime Backup/Finalize); the session stays joined.
   void release(Session &s);
 
-  int32_t malloc(Session &s, uint32_t device, uint64_t size, uint64_t *va);
-  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size);
+  // Memory a client lends the device (host registration, host_mem.cpp): its memfd, mapped here.
+  struct Lent {
+    char *base;
+    size_t mapped;
+    int fd;
+  };
+  // lent: the allocation is that memory (the buffer owns it from then on) instead of new memory.
+  int32_t malloc(Session &s, uint32_t device, uint64_t size, uint64_t *va, const Lent *lent = nullptr);
+  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent = nullptr);
   int32_t free(Session &s, uint64_t va);
   int32_t mem_info(uint32_t device, uint64_t *free, uint64_t *total);
   // Resolves the task's device addresses against the session's allocations.
@@ -157,7 +167,8 @@ class DeviceState {
   // The direct path (export.cpp): the session of a client pid (null if none), and its allocations
   // in address order.
   std::shared_ptr<Session> find(pid_t pid);
-  std::vector<std::shared_ptr<Buffer>> buffers(Session &s);
+  // with_aliases: VMM mappings and IPC imports too (what a kernel may touch; kernel_host.cpp).
+  std::vector<std::shared_ptr<Buffer>> buffers(Session &s, bool with_aliases = false);
 
   // Virtual memory (vmm.cpp). reserve: at == 0 picks a free range, else re-creates one there.
   int32_t reserve(Session &s, uint32_t device, uint64_t size, uint64_t align, uint64_t at, uint64_t *va);
@@ -173,7 +184,7 @@ class DeviceState {
 
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);
-  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size);
+  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent);
   int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
   void release_locked(Session &s);
 
@@ -201,14 +212,15 @@ uint32_t create(Session &s, uint32_t device);
 int32_t destroy(Session &s, uint32_t id, bool force);
 bool device_of(Session &s, uint32_t id, uint32_t *device);
 int32_t enqueue(Session &s, uint32_t id, Work &&w);
-int32_t sync(Session &s, uint32_t id);
-int32_t sync_device(Session &s, uint32_t device);
+// timeout_ms < 0: wait for ever; else at most that long (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT).
+int32_t sync(Session &s, uint32_t id, int64_t timeout_ms = -1);
+int32_t sync_device(Session &s, uint32_t device, int64_t timeout_ms = -1);
 int32_t drain(Session &s, int64_t timeout_ms);
 void stop_all(Session &s);
 uint32_t event_create(Session &s, uint64_t completed, uint64_t timestamp_ns);
 int32_t event_destroy(Session &s, uint32_t id);
 int32_t event_query(Session &s, uint32_t id, Event *out);
-int32_t event_sync(Session &s, uint32_t id, uint64_t target);
+int32_t event_sync(Session &s, uint32_t id, uint64_t target, int64_t timeout_ms = -1);  // ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
 int32_t set_failure_mode(Session &s, uint32_t id, bool stop_on_failure);
 int32_t event_signal(Session &s, uint32_t id);
 // Reads (set false: into *out) or sets (to value) the failure a stream's next synchronize reports.
@@ -222,6 +234,13 @@ uint32_t adopt(Session &s, std::shared_ptr<Notify> n);  // an imported notify
 int32_t destroy(Session &s, uint32_t id);
 std::shared_ptr<Notify> find(Session &s, uint32_t id);
 }  // namespace notify
+
+// Host registration (host_mem.cpp): the memfd the client holds its registered host memory in
+// becomes an allocation of the session (Op::HostRegister), so copies and kernels reach that host
+// memory in place.
+namespace host_mem {
+int32_t lend(DeviceState &state, Session &s, const proto::Request &rq, uint64_t *va);
+}  // namespace host_mem
 
 // IPC share tables (ipc.cpp): what a client exported ends with its session.
 namespace ipc {

@@ -54,12 +54,12 @@ std::shared_ptr<Session> DeviceState::find(pid_t pid) {
   return it == sessions_.end() ? nullptr : it->second;
 }
 
-std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s) {
+std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s, bool with_aliases) {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<std::shared_ptr<Buffer>> out;
   out.reserve(s.allocs.size());
   for (auto &[va, b] : s.allocs)
-    if (!b->backing) out.push_back(b);  // a mapping's data is its physical allocation's
+    if (with_aliases || !b->backing) out.push_back(b);  // a mapping's data is its physical allocation's
   return out;
 }
 
@@ -435,7 +435,8 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
 // The devices a client holds memory on, in order (what a tool creates files for).
 std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> by_device(DeviceState &state, Session &s) {
   std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> out;
-  for (auto &b : state.buffers(s)) out[b->device].push_back(b);  // address order
+  for (auto &b : state.buffers(s))
+    if (!b->lent) out[b->device].push_back(b);  // address order; lent host memory is the process's
   return out;
 }
 
@@ -746,7 +747,8 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
                                               std::to_string(fds.size()));
   Transfer tr(state, pid, true);
   std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
-  for (auto &b : state.buffers(tr.session())) allocs[b->va] = b;
+  for (auto &b : state.buffers(tr.session()))
+    if (!b->lent) allocs[b->va] = b;
   std::map<uint64_t, bool> covered;
   Totals tot;
   std::vector<FileResult> files;

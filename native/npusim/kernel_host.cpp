@@ -228,7 +228,7 @@ bool serve(DeviceState &state, Session &s, int fd, uid_t peer_uid, const proto::
         }
       }
       // A kernel may touch any allocation of its process: all of them stay alive while it runs.
-      w.hold = state.buffers(s);
+      w.hold = state.buffers(s, true);
       rp.code = streams::enqueue(s, rq.stream, std::move(w));
       return true;
     }
@@ -247,10 +247,21 @@ int32_t run(Work &w) {
     live.insert(b->va);
     auto m = k.mapped.find(b->va);
     if (m != k.mapped.end() && m->second == b->serial) continue;
-    // Not yet: a VMM mapping or an IPC import (an alias into another buffer's memfd).
-    if (b->backing) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
-    if (b->fd < 0) return ACL_ERROR_RT_INTERNAL_ERROR;  // share_memory ran before any binary was loaded
-    if (int32_t rc = ask(k, runner::Op::Map, b->va, b->mapped, b->size, {}, b->fd); rc != ACL_SUCCESS) return rc;
+    int32_t rc = ACL_SUCCESS;
+    if (b->backing) {
+      // A VMM mapping or an IPC import: the runner maps the part of the backing buffer's memfd it
+      // shows (page-aligned; an exporter that never loaded a binary has no memfd to hand over).
+      const Buffer &root = *b->backing;
+      const uint64_t offset = static_cast<uint64_t>(b->base - root.base);
+      if (root.backing || root.fd < 0 || offset % static_cast<uint64_t>(::getpagesize()) != 0)
+        return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+      const std::string at(reinterpret_cast<const char *>(&offset), sizeof offset);
+      rc = ask(k, runner::Op::Map, b->va, b->size, b->size, at, root.fd);
+    } else {
+      if (b->fd < 0) return ACL_ERROR_RT_INTERNAL_ERROR;  // share_memory ran before any binary was loaded
+      rc = ask(k, runner::Op::Map, b->va, b->mapped, b->size, {}, b->fd);
+    }
+    if (rc != ACL_SUCCESS) return rc;
     k.mapped[b->va] = b->serial;
   }
   for (auto it = k.mapped.begin(); it != k.mapped.end();) {

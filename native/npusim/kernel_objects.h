@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -46,6 +47,7 @@ struct KernelObjects {
   std::set<BinaryObj *> binaries;
   std::set<FunctionObj *> functions;
   std::set<ArgsObj *> args;
+  std::map<const void *, BinaryObj *> embedded;  // ascendc_launch.cpp: a library's embedded binary, loaded
 };
 
 // The process's kernel objects (runtime().mu guards them).

@@ -113,8 +113,11 @@ int32_t handle(const Msg &m, const std::string &body, int fd) {
     }
     case Op::Lookup: return find(m.id, body) ? ACL_SUCCESS : ACL_ERROR_RT_SYMBOL_NOT_FOUND;
     case Op::Map: {
-      if (fd < 0 || m.a == 0 || m.b == 0 || m.b > m.a) return ACL_ERROR_INVALID_PARAM;
-      void *p = ::mmap(nullptr, m.a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (fd < 0 || m.a == 0 || m.b == 0 || m.b > m.a || (!body.empty() && body.size() != sizeof(uint64_t)))
+        return ACL_ERROR_INVALID_PARAM;
+      uint64_t offset = 0;  // body: where in the memfd an alias (VMM mapping, IPC import) starts
+      if (!body.empty()) std::memcpy(&offset, body.data(), sizeof offset);
+      void *p = ::mmap(nullptr, m.a, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
       if (p == MAP_FAILED) return ACL_ERROR_RT_MEMORY_ALLOCATION;
       auto old = g_memory.find(m.id);
       if (old != g_memory.end()) ::munmap(old->second.base, old->second.mapped);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <thread>
@@ -21,6 +22,11 @@ using namespace npusim::rt;
 namespace {
 
 struct ModelObj;
+
+uint32_t next_model_id() {
+  static std::atomic<uint32_t> next{1};
+  return next++;
+}
 
 // A condition variable of a model: 8 bytes of device memory (an ordinary allocation).
 struct CondHandle {
@@ -40,6 +46,8 @@ struct Recorded {
   FunctionObj *function = nullptr;  // set by Backup: the daemon ids in task are renewed by Restore
   EventObj *event = nullptr;
   std::shared_ptr<CondTask> cond;  // a conditional task (task unused)
+  std::shared_ptr<const ControlTask> control;  // a label, a jump or a stream activation (task unused)
+  StreamObj *origin = nullptr;                 // the stream it was recorded on
 };
 
 struct TaskGroup {
@@ -53,6 +61,8 @@ struct ModelObj {
   std::vector<ModelObj *> children;  // the branches of its conditional tasks, destroyed with it
   std::set<StreamObj *> streams;  // capturing into this model
   bool built = false;             // capture ended / build ended: executable
+  StreamObj *head = nullptr;      // bound with ACL_MODEL_STREAM_FLAG_HEAD (stream activation)
+  uint32_t id = next_model_id();  // aclmdlRIGetId, what aclprofModelSubscribe names
 };
 
 struct Capture {
@@ -89,7 +99,7 @@ bool capture_task(const proto::Task &task, const std::string &body, StreamObj *s
   auto it = g_capturing.find(stream);
   if (it == g_capturing.end()) return false;
   Capture &c = it->second;
-  (c.update != nullptr ? c.replacement : c.model->tasks).push_back(Recorded{task, body, nullptr, nullptr, nullptr});
+  (c.update != nullptr ? c.replacement : c.model->tasks).push_back(Recorded{task, body, nullptr, nullptr, nullptr, nullptr, stream});
   *rc = ACL_SUCCESS;
   return true;
 }
@@ -97,6 +107,40 @@ bool capture_task(const proto::Task &task, const std::string &body, StreamObj *s
 bool capturing(StreamObj *stream) {
   std::lock_guard<std::mutex> g(g_mu);
   return g_capturing.count(stream) > 0;
+}
+
+bool model_ri_exists(uint32_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  for (ModelObj *m : g_models)
+    if (m->id == id) return true;
+  return false;
+}
+
+int32_t capture_control(std::shared_ptr<const ControlTask> control, StreamObj *stream) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_capturing.find(stream);
+  if (it == g_capturing.end() || it->second.update != nullptr) return ACL_ERROR_RT_STREAM_MODEL;
+  ModelObj *m = it->second.model;
+  for (ModelObj *parent : g_models)
+    if (std::find(parent->children.begin(), parent->children.end(), m) != parent->children.end())
+      return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+  Recorded r{};
+  r.control = std::move(control);
+  r.origin = stream;
+  m->tasks.push_back(std::move(r));
+  return ACL_SUCCESS;
+}
+
+int32_t read_at_stream(const void *dev, void *host, size_t n, StreamObj *s) {
+  proto::Request rq = wire::request(proto::Op::StreamSync);
+  rq.stream = s->id;
+  if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
+  proto::Task t{};
+  t.kind = proto::TaskKind::DeviceToHost;
+  t.dst = reinterpret_cast<uint64_t>(host);
+  t.src = reinterpret_cast<uint64_t>(dev);
+  t.size = n;
+  return submit(t, nullptr);
 }
 
 }  // namespace npusim::rt
@@ -117,9 +161,12 @@ int32_t replay(const Recorded &r, StreamObj *s) {
   for (EventObj *x : runtime().events)
     if (x->id == t.event) e = x;
   if (e == nullptr) return ACL_ERROR_INVALID_PARAM;  // destroyed since the capture
-  if (t.kind == proto::TaskKind::WaitEvent) t.target = std::max<uint64_t>(1, e->records);
+  if (t.kind == proto::TaskKind::WaitEvent) t.target = wait_target(e);
   int32_t rc = submit(t, s);
-  if (rc == ACL_SUCCESS && t.kind == proto::TaskKind::RecordEvent) ++e->records;
+  if (rc == ACL_SUCCESS && t.kind == proto::TaskKind::RecordEvent) {
+    ++e->records;
+    e->reset = false;
+  }
   return rc;
 }
 
@@ -128,15 +175,7 @@ int32_t replay_model(ModelObj *m, StreamObj *s);
 // A condition is read when the stream reaches it: the stream is synchronized, the 8 bytes read.
 // (So ExecuteAsync of a model with conditions returns once its last condition was decided.)
 int32_t read_condition(const CondHandle &h, StreamObj *s, uint64_t *value) {
-  proto::Request rq = wire::request(proto::Op::StreamSync);
-  rq.stream = s->id;
-  if (int32_t rc = runtime().pool.call(rq); rc != ACL_SUCCESS) return rc;
-  proto::Task t{};
-  t.kind = proto::TaskKind::DeviceToHost;
-  t.dst = reinterpret_cast<uint64_t>(value);
-  t.src = reinterpret_cast<uint64_t>(h.dev);
-  t.size = sizeof(*value);
-  return submit(t, nullptr);
+  return read_at_stream(h.dev, value, sizeof(*value), s);
 }
 
 int32_t run_condition(const CondTask &c, StreamObj *s) {
@@ -157,16 +196,74 @@ int32_t run_condition(const CondTask &c, StreamObj *s) {
   }
 }
 
+// A task's type and name in a subscription's op records.
+std::pair<const char *, std::string> op_of(const Recorded &r) {
+  switch (r.task.kind) {
+    case proto::TaskKind::Kernel: {
+      std::lock_guard<std::mutex> g(runtime().mu);
+      for (FunctionObj *f : kernel_objects().functions)
+        if (f->id == r.task.src2) return {"KERNEL", f->name};
+      return {"KERNEL", "kernel"};
+    }
+    case proto::TaskKind::Memset: return {"MEMSET", "memset"};
+    case proto::TaskKind::RecordEvent: return {"EVENT_RECORD", "event record"};
+    case proto::TaskKind::WaitEvent: return {"EVENT_WAIT", "event wait"};
+    default: return {"MEMCPY", "memcpy"};
+  }
+}
+
+struct Run {
+  const std::vector<Recorded> &tasks;
+  uint32_t id;
+  bool profiled;
+  StreamObj *s;  // where the model runs
+};
+
+// Runs the tasks recorded on origin (every task if null) from start on: a jump goes on at its
+// label (on the label's stream, this one stops), an activation runs that stream's tasks first.
+int32_t run_tasks(const Run &run, StreamObj *origin, size_t start, int depth) {
+  if (depth > 64) return note_error(ACL_ERROR_RT_STREAM_MODEL, "aclmdlRIExecuteAsync: streams activate each other without end");
+  const auto &tasks = run.tasks;
+  for (size_t i = start; i < tasks.size(); ++i) {
+    const Recorded &r = tasks[i];
+    if (origin != nullptr && r.origin != origin) continue;
+    uint64_t jump = 0;
+    StreamObj *activate = nullptr;
+    int32_t rc;
+    if (r.control) rc = r.control->run(run.s, &jump, &activate);
+    else if (r.cond) rc = run_condition(*r.cond, run.s);
+    else if (run.profiled) {
+      auto [type, name] = op_of(r);
+      rc = profile_op(run.id, run.s, type, name, [&] { return replay(r, run.s); });
+    } else rc = replay(r, run.s);
+    if (rc != ACL_SUCCESS) return rc;
+    if (activate != nullptr && (rc = run_tasks(run, activate, 0, depth + 1)) != ACL_SUCCESS) return rc;
+    if (jump == 0) continue;
+    // A jump goes on after the task that placed the label (the label's own task is a no-op).
+    size_t at = tasks.size();
+    for (size_t j = 0; j < tasks.size() && at == tasks.size(); ++j)
+      if (tasks[j].control && tasks[j].control->label() == jump) at = j;
+    if (at == tasks.size()) return note_error(ACL_ERROR_INVALID_PARAM, "aclmdlRIExecuteAsync: a switch jumps to a label not set in this model");
+    if (origin != nullptr) origin = tasks[at].origin;
+    i = at;  // the loop's ++i steps past the label
+  }
+  return ACL_SUCCESS;
+}
+
 int32_t replay_model(ModelObj *m, StreamObj *s) {
   std::vector<Recorded> tasks;
+  uint32_t id;
+  StreamObj *head = nullptr;
   {
     std::lock_guard<std::mutex> g(g_mu);
     if (!g_models.count(m)) return ACL_ERROR_INVALID_PARAM;
     tasks = m->tasks;
+    id = m->id;
+    // With stream activations only the head stream starts (CANN's model streams).
+    for (const Recorded &r : tasks)
+      if (r.control && r.control->activates()) head = m->head != nullptr ? m->head : tasks.front().origin;
   }
-  for (const Recorded &r : tasks)
-    if (int32_t rc = r.cond ? run_condition(*r.cond, s) : replay(r, s); rc != ACL_SUCCESS) return rc;
-  return ACL_SUCCESS;
+  return run_tasks(Run{tasks, id, model_subscribed(id), s}, head, 0, 0);
 }
 
 // m and every model under it (conditional branches).
@@ -252,13 +349,14 @@ aclError aclmdlRIBuildBegin(aclmdlRI *modelRI, uint32_t flag) {
 }
 
 aclError aclmdlRIBindStream(aclmdlRI modelRI, aclrtStream stream, uint32_t flag) {
-  (void)flag;  // head or default stream: replay order is record order either way
   StreamObj *s = nullptr;
   if (int32_t rc = user_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   ModelObj *m;
   {
     std::lock_guard<std::mutex> g(g_mu);
     if ((m = model_of(modelRI)) == nullptr || m->built) return ACL_ERROR_INVALID_PARAM;
+    // The head starts a model with stream activations; without, every bound stream runs.
+    if (flag == ACL_MODEL_STREAM_FLAG_HEAD && m->head == nullptr) m->head = s;
   }
   return begin(s, m, ACL_MODEL_RI_CAPTURE_MODE_RELAXED, true);
 }
@@ -468,6 +566,15 @@ aclError aclmdlRIDestroy(aclmdlRI modelRI) {
     for (ModelObj *m : all) delete m;
   }
   for (void *dev : conditions) aclrtFree(dev);
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t *modelRIId) {
+  if (modelRIId == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(g_mu);
+  ModelObj *m = model_of(modelRI);
+  if (m == nullptr) return ACL_ERROR_INVALID_PARAM;
+  *modelRIId = m->id;
   return ACL_SUCCESS;
 }
 

@@ -1,8 +1,7 @@
 // The profiling API (acl_prof.h): sessions (aclprofInit / Start / Stop / Finalize), configs, and
 // msproftx marks, ranges and step timestamps. npusim has no hardware counters; the profiler
 // records what the program marks, with host timestamps, and aclprofFinalize writes it as JSON
-// lines to <result path>/npusim_prof_<pid>.jsonl. npusim runs no models, so a model subscription
-// is refused as CANN refuses an unknown model id.
+// lines to <result path>/npusim_prof_<pid>.jsonl. Model subscriptions are in prof_subscribe.cpp.
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,11 +23,6 @@ struct aclprofConfig {
   std::vector<uint32_t> devices;
   aclprofAicoreMetrics metrics;
   uint64_t modules;
-};
-struct aclprofSubscribeConfig {
-  int8_t time_info;
-  aclprofAicoreMetrics metrics;
-  void *fd;
 };
 struct aclprofStepInfo {
   uint64_t start_ns = 0, end_ns = 0;
@@ -193,50 +187,6 @@ aclError aclprofStop(const aclprofConfig *profilerConfig) {
   record("stop", "", now_ns(), 0);
   return ACL_SUCCESS;
 }
-
-aclError aclprofModelSubscribe(uint32_t modelId, const aclprofSubscribeConfig *profSubscribeConfig) {
-  if (profSubscribeConfig == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclprofModelSubscribe: config is NULL");
-  return note_error(ACL_ERROR_INVALID_MODEL_ID, "aclprofModelSubscribe: npusim has no model " + std::to_string(modelId));
-}
-
-aclError aclprofModelUnSubscribe(uint32_t modelId) {
-  return note_error(ACL_ERROR_INVALID_MODEL_ID, "aclprofModelUnSubscribe: npusim has no model " + std::to_string(modelId));
-}
-
-aclprofSubscribeConfig *aclprofCreateSubscribeConfig(int8_t timeInfoSwitch, aclprofAicoreMetrics aicoreMetrics, void *fd) {
-  return new aclprofSubscribeConfig{timeInfoSwitch, aicoreMetrics, fd};
-}
-
-aclError aclprofDestroySubscribeConfig(const aclprofSubscribeConfig *profSubscribeConfig) {
-  if (profSubscribeConfig == nullptr) return note_error(ACL_ERROR_INVALID_PARAM, "aclprofDestroySubscribeConfig: config is NULL");
-  delete profSubscribeConfig;
-  return ACL_SUCCESS;
-}
-
-// Subscriptions deliver no op records (there are no models), so every op buffer is empty.
-aclError aclprofGetOpDescSize(size_t *opDescSize) {
-  if (opDescSize == nullptr) return ACL_ERROR_INVALID_PARAM;
-  *opDescSize = 512;  // one record's size: a buffer holds whole records
-  return ACL_SUCCESS;
-}
-
-aclError aclprofGetOpNum(const void *opInfo, size_t opInfoLen, uint32_t *opNumber) {
-  if (opInfo == nullptr || opNumber == nullptr) return ACL_ERROR_INVALID_PARAM;
-  (void)opInfoLen;
-  *opNumber = 0;
-  return ACL_SUCCESS;
-}
-
-aclError aclprofGetOpTypeLen(const void *, size_t, uint32_t, size_t *) { return ACL_ERROR_INVALID_PARAM; }
-aclError aclprofGetOpType(const void *, size_t, uint32_t, char *, size_t) { return ACL_ERROR_INVALID_PARAM; }
-aclError aclprofGetOpNameLen(const void *, size_t, uint32_t, size_t *) { return ACL_ERROR_INVALID_PARAM; }
-aclError aclprofGetOpName(const void *, size_t, uint32_t, char *, size_t) { return ACL_ERROR_INVALID_PARAM; }
-uint64_t aclprofGetOpStart(const void *, size_t, uint32_t) { return 0; }
-uint64_t aclprofGetOpEnd(const void *, size_t, uint32_t) { return 0; }
-uint64_t aclprofGetOpDuration(const void *, size_t, uint32_t) { return 0; }
-size_t aclprofGetModelId(const void *, size_t, uint32_t) { return 0; }
-aclprofSubscribeOpFlag aclprofGetOpFlag(const void *, size_t, uint32_t) { return ACL_SUBSCRIBE_NONE; }
-const char *aclprofGetOpAttriValue(const void *, size_t, uint32_t, aclprofSubscribeOpAttri) { return nullptr; }
 
 aclprofStepInfo *aclprofCreateStepInfo() { return new aclprofStepInfo; }
 void aclprofDestroyStepInfo(aclprofStepInfo *stepinfo) { delete stepinfo; }

@@ -88,6 +88,8 @@ enum class Op : uint32_t {
   HcclCommDestroy,
   HcclEnqueue,      // stream, task (HcclCollective)
   HcclCommInfo,     // the member's sequence numbers
+  // cann-rest
+  HostRegister,   // device, addr (0: any; else there: restore), size, value[0]: the caller's memfd (its fd number) -> value[0]=addr
 };
 
 enum class TaskKind : uint32_t {
@@ -99,7 +101,7 @@ enum class TaskKind : uint32_t {
   Axpy,              // dst=y, src=x, m elements: y = alpha*x + y
   Matmul,            // dst=C[m,n], src=A[m,k], src2=B[k,n]
   RecordEvent,       // event
-  WaitEvent,         // event, target
+  WaitEvent,         // event, target; m: timeout ms (0: forever; aclrtStreamWaitEventWithTimeout)
   HostMemset,        // dst host (client memory), size bytes of (uint8_t)value: aclrtMemsetAsync on host memory
   // cann-surface: built-in tasks.
   ValueWrite,        // dst device: the 8 bytes there become target
@@ -153,5 +155,9 @@ struct Reply {
 constexpr uint32_t kQuiesceUnlocking = 0;       // about to unlock
 constexpr uint32_t kQuiesceLocked = 1;          // locked and drained (after a restore)
 constexpr uint32_t kQuiesceAwaitingImport = 2;  // locked, allocations awaiting an import (external restore)
+
+// cann-rest: StreamSync / DeviceSync / EventSync with this flag wait at most timeout_ms (>= 0) and
+// fail with ACL_ERROR_RT_STREAM_SYNC_TIMEOUT / ACL_ERROR_RT_EVENT_SYNC_TIMEOUT; without it, forever.
+constexpr uint32_t kSyncTimed = 1;
 
 }  // namespace npusim::proto

@@ -11,7 +11,8 @@ enum class Op : uint32_t {
   Load = 1,  // id: binary id; one fd: a memfd holding the ELF bytes
   Unload,    // id: binary id
   Lookup,    // id: binary id; trailing: kernel name
-  Map,       // id: device address, a: mapping length, b: allocation size; one fd: its memfd
+  Map,       // id: device address, a: mapping length, b: allocation size; one fd: its memfd; body: empty, or
+             // the uint64 offset in that memfd where an alias (VMM mapping, IPC import) starts
   Unmap,     // id: device address
   Launch,    // id: binary id, a: numBlocks | most blocks at once << 32, b: name length; trailing: name, args
 };

@@ -166,6 +166,7 @@ aclError aclInit(const char *configPath) {
   }
   r.initialized = true;
   ++r.epoch;
+  load_dump_config(configPath);  // dump.cpp
   start_ctl();  // by-pid checkpoint requests (ctl.cpp)
   return ACL_SUCCESS;
 }
@@ -269,13 +270,21 @@ aclError aclrtGetDeviceCount(uint32_t *count) {
   return ACL_SUCCESS;
 }
 
-aclError aclrtSynchronizeDevice(void) {
+aclError aclrtSynchronizeDevice(void) { return aclrtSynchronizeDeviceWithTimeout(-1); }
+
+// timeout: -1 waits for ever, else ms; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT when a stream is busy then.
+aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
+  if (timeout < -1) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeDeviceWithTimeout: timeout is -1 or >= 0 ms");
   Runtime &r = runtime();
   CallScope scope;
   int32_t d;
   if (aclError rc = active_device(r, &d); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::DeviceSync);
   rq.device = d;
+  if (timeout >= 0) {
+    rq.flags = proto::kSyncTimed;
+    rq.timeout_ms = timeout;
+  }
   return r.pool.call(rq);
 }
 

@@ -67,7 +67,11 @@ struct EventObj {
   uint64_t timestamp_ns;  // saved by Backup
   ContextObj *ctx = nullptr;  // the context it belongs to (contexts.h)
   uint32_t flags = 0;         // ACL_EVENT_* (aclrtCreateEventWithFlag)
+  bool reset = false;         // aclrtResetEvent and no record since: not recorded, a wait waits for the next
 };
+
+// The completed count a wait queued now waits for: the latest record, or after a reset the next.
+inline uint64_t wait_target(const EventObj *e) { return e->reset ? e->records + 1 : (e->records > 0 ? e->records : 1); }
 
 struct Alloc {
   uint64_t size;
@@ -136,6 +140,16 @@ int32_t device_restore();
 void drop_backups();
 // Lock with an explicit timeout (aclrtSnapShotProcessLock uses 60 s or NPUSIM_LOCK_TIMEOUT_MS).
 int32_t snapshot_lock(int64_t timeout_ms);
+// ACL_SUCCESS when aclInit ran and device is one of the daemon's, else the error, noted for api
+// (sysinfo.cpp).
+aclError device_known(int64_t device, const char *api);
+// cann-kernel-host (ascendc_launch.cpp): writes out what printing kernels launched on stream left
+// in their print buffers, for a stream destroyed before their host functions ran.
+void flush_stream_prints(aclrtStream stream);
+// cann-kernel-host (dump.cpp): aclInit's "dump" settings; a queued launch's arguments, written
+// while aclopStartDumpArgs is on.
+void load_dump_config(const char *configPath);
+void dump_kernel_args(const std::string &kernel, uint32_t blocks, const std::string &args);
 // Remembers why the calling thread's last call failed (aclGetRecentErrMsg reports it).
 void note_error(const std::string &message);
 // The same, and the code aclrtGetLastError / aclrtPeekAtLastError report; returns code.

@@ -22,12 +22,18 @@ pid_t peer_pid(int fd) {
   return wire::peer_cred(fd, &pid, nullptr, nullptr) ? pid : 0;
 }
 
+// A sync request's limit in ms (cann-rest's timed waits), -1: none.
+int64_t sync_timeout(const proto::Request &rq) {
+  return (rq.flags & proto::kSyncTimed) != 0 && rq.timeout_ms >= 0 ? rq.timeout_ms : -1;
+}
+
 // Handles one request of a joined session.
 int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::Reply &rp) {
   switch (rq.op) {
     case Op::Malloc: return state.malloc(s, static_cast<uint32_t>(rq.device), rq.size, &rp.value[0]);
     case Op::MallocAt: return state.malloc_at(s, static_cast<uint32_t>(rq.device), rq.addr, rq.size);
     case Op::Free: return state.free(s, rq.addr);
+    case Op::HostRegister: return host_mem::lend(state, s, rq, &rp.value[0]);
     case Op::MemInfo: return state.mem_info(static_cast<uint32_t>(rq.device), &rp.value[0], &rp.value[1]);
     case Op::Exec: {
       Work w;
@@ -46,8 +52,8 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
       int32_t rc = state.resolve(s, rq.task, device, true, w);
       return rc != ACL_SUCCESS ? rc : streams::enqueue(s, rq.stream, std::move(w));
     }
-    case Op::StreamSync: return streams::sync(s, rq.stream);
-    case Op::DeviceSync: return streams::sync_device(s, static_cast<uint32_t>(rq.device));
+    case Op::StreamSync: return streams::sync(s, rq.stream, sync_timeout(rq));
+    case Op::DeviceSync: return streams::sync_device(s, static_cast<uint32_t>(rq.device), sync_timeout(rq));
     case Op::Drain: {
       int32_t rc = streams::drain(s, rq.timeout_ms);
       if (rc == ACL_SUCCESS) xfer::mark_drained(s);  // Lock's drain: the client is locked
@@ -69,7 +75,7 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
       rp.value[1] = e.timestamp_ns;
       return rc;
     }
-    case Op::EventSync: return streams::event_sync(s, rq.event, rq.value[0]);
+    case Op::EventSync: return streams::event_sync(s, rq.event, rq.value[0], sync_timeout(rq));
     case Op::StreamFailureMode: return streams::set_failure_mode(s, rq.stream, rq.flags == 1);
     case Op::EventSignal: return streams::event_signal(s, rq.event);
     case Op::StreamError: return streams::pending_error(s, rq.stream, rq.flags == 1, &rp.value[0], rq.value[0]);

@@ -38,9 +38,12 @@ aclError destroy_stream(aclrtStream stream, bool force) {
   rq.stream = s->id;
   rq.flags = force ? 1 : 0;
   if (int32_t rc = r.pool.call(rq); rc != ACL_SUCCESS) return rc;
-  std::lock_guard<std::mutex> g(r.mu);
-  r.streams.erase(s);
-  delete s;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.streams.erase(s);
+    delete s;
+  }
+  flush_stream_prints(stream);  // ascendc_launch.cpp: kernels' output whose host function was dropped
   return ACL_SUCCESS;
 }
 
@@ -84,18 +87,33 @@ aclError aclrtDestroyStream(aclrtStream stream) { return destroy_stream(stream, 
 
 aclError aclrtDestroyStreamForce(aclrtStream stream) { return destroy_stream(stream, true); }
 
-aclError aclrtSynchronizeStream(aclrtStream stream) {
+aclError aclrtSynchronizeStream(aclrtStream stream) { return aclrtSynchronizeStreamWithTimeout(stream, -1); }
+
+// timeout: -1 waits for ever, else ms (0: is it done now?); ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+// when the stream is still busy then (its work stays queued).
+aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) {
+  if (timeout < -1) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeStreamWithTimeout: timeout is -1 or >= 0 ms");
   CallScope scope;
   StreamObj *s = nullptr;
   if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::StreamSync);
   rq.stream = s->id;
+  if (timeout >= 0) {
+    rq.flags = proto::kSyncTimed;
+    rq.timeout_ms = timeout;
+  }
   int32_t rc = runtime().pool.call(rq);
+  if (rc == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) return note_error(rc, "aclrtSynchronizeStreamWithTimeout: the stream's work did not finish in " + std::to_string(timeout) + " ms");
   if (rc != ACL_SUCCESS) report_task_exception(s->device, s->public_id, rc);  // a task on it failed
   return rc;
 }
 
-aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) { return aclrtStreamWaitEventWithTimeout(stream, event, 0); }
+
+// timeout: ms the stream waits at most (0: for ever); past it the stream fails with
+// ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, reported by its next synchronize.
+aclError aclrtStreamWaitEventWithTimeout(aclrtStream stream, aclrtEvent event, int32_t timeout) {
+  if (timeout < 0) return note_error(ACL_ERROR_RT_PARAM_INVALID, "aclrtStreamWaitEventWithTimeout: timeout is >= 0 ms");
   CallScope scope;
   StreamObj *s = nullptr;
   EventObj *e = nullptr;
@@ -104,10 +122,11 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   proto::Task t{};
   t.kind = proto::TaskKind::WaitEvent;
   t.event = e->id;
+  t.m = static_cast<uint64_t>(timeout);
   {
     // Waits for the latest record queued so far; an event never recorded is waited for forever.
     std::lock_guard<std::mutex> g(runtime().mu);
-    t.target = std::max<uint64_t>(1, e->records);
+    t.target = wait_target(e);
   }
   return submit(t, s);
 }
@@ -155,19 +174,30 @@ aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
   t.event = e->id;
   std::lock_guard<std::mutex> g(runtime().mu);  // keeps records in queue order across threads
   int32_t rc = submit(t, s);
-  if (rc == ACL_SUCCESS && !capturing(s)) ++e->records;  // a captured record counts when the model runs
+  if (rc == ACL_SUCCESS && !capturing(s)) {  // a captured record counts when the model runs
+    ++e->records;
+    e->reset = false;
+  }
   return rc;
 }
 
-aclError aclrtSynchronizeEvent(aclrtEvent event) {
+aclError aclrtSynchronizeEvent(aclrtEvent event) { return aclrtSynchronizeEventWithTimeout(event, -1); }
+
+// timeout: -1 waits for ever, else ms; ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when not completed by then.
+aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout) {
+  if (timeout < -1) return note_error(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEventWithTimeout: timeout is -1 or >= 0 ms");
   CallScope scope;
   EventObj *e = nullptr;
   if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
   proto::Request rq = wire::request(proto::Op::EventSync);
   rq.event = e->id;
+  if (timeout >= 0) {
+    rq.flags = proto::kSyncTimed;
+    rq.timeout_ms = timeout;
+  }
   {
     std::lock_guard<std::mutex> g(runtime().mu);
-    if (e->records == 0) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
+    if (e->records == 0 || e->reset) return ACL_SUCCESS;  // nothing recorded: nothing to wait for
     rq.value[0] = e->records;
   }
   return runtime().pool.call(rq);
@@ -282,10 +312,25 @@ aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t
   return aclrtRecordEvent(event, stream);
 }
 
+// cann-kernel-host: CANN wants the stream's tasks that use the event finished before a reset (the
+// caller's duty), so the reset takes effect at once: the event reads as not recorded, and a wait
+// queued from now on waits for its next record.
+aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream) {
+  CallScope scope;
+  StreamObj *s = nullptr;
+  EventObj *e = nullptr;
+  if (int32_t rc = check_event(event, &e); rc != ACL_SUCCESS) return rc;
+  if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
+  std::lock_guard<std::mutex> g(runtime().mu);
+  e->reset = true;
+  return ACL_SUCCESS;
+}
+
 aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout, uint32_t flag) {
   if (flag != ACL_EVENT_WAIT_DEFAULT && flag != ACL_EVENT_WAIT_EXTERNAL) return ACL_ERROR_INVALID_PARAM;
-  if (timeout != 0) return flag == ACL_EVENT_WAIT_EXTERNAL ? ACL_ERROR_INVALID_PARAM : ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
-  return aclrtStreamWaitEvent(stream, event);
+  if (timeout != 0 && flag == ACL_EVENT_WAIT_EXTERNAL) return ACL_ERROR_INVALID_PARAM;
+  if (timeout > static_cast<uint32_t>(INT32_MAX)) return ACL_ERROR_RT_PARAM_INVALID;
+  return aclrtStreamWaitEventWithTimeout(stream, event, static_cast<int32_t>(timeout));
 }
 
 }  // extern "C"

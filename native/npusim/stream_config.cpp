@@ -58,6 +58,7 @@ aclError event_of(aclrtEvent event, EventObj **out, const char *api) {
 
 struct EventNow {
   uint64_t completed, timestamp_ns, records;
+  bool reset;
 };
 
 aclError event_now(EventObj *e, EventNow *out) {
@@ -66,6 +67,7 @@ aclError event_now(EventObj *e, EventNow *out) {
     std::lock_guard<std::mutex> g(runtime().mu);
     rq.event = e->id;
     out->records = e->records;
+    out->reset = e->reset;
   }
   proto::Reply rp{};
   if (int32_t rc = runtime().pool.call(rq, &rp); rc != ACL_SUCCESS) return rc;
@@ -226,7 +228,8 @@ aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *statu
   if (aclError rc = event_of(event, &e, "aclrtQueryEventStatus"); rc != ACL_SUCCESS) return rc;
   EventNow now{};
   if (aclError rc = event_now(e, &now); rc != ACL_SUCCESS) return rc;
-  *status = now.completed >= now.records ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+  *status = now.completed >= now.records && !now.reset ? ACL_EVENT_RECORDED_STATUS_COMPLETE
+                                                       : ACL_EVENT_RECORDED_STATUS_NOT_READY;
   return ACL_SUCCESS;
 }
 
@@ -245,7 +248,7 @@ aclError aclrtEventGetTimestamp(aclrtEvent event, uint64_t *timestamp) {
   if (aclError rc = event_of(event, &e, "aclrtEventGetTimestamp"); rc != ACL_SUCCESS) return rc;
   EventNow now{};
   if (aclError rc = event_now(e, &now); rc != ACL_SUCCESS) return rc;
-  if (now.records == 0 || now.completed < now.records)
+  if (now.records == 0 || now.reset || now.completed < now.records)
     return note_error(ACL_ERROR_RT_EVENT_NOT_COMPLETE, "aclrtEventGetTimestamp: the event's last record has not run");
   *timestamp = now.timestamp_ns / 1000;  // CANN reports microseconds
   return ACL_SUCCESS;

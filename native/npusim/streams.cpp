@@ -36,9 +36,9 @@ constexpr auto kNotifyPoll = std::chrono::milliseconds(1);
 bool waits_on_notify(Session &s, const Stream &st) {
   if (st.queue.empty()) return false;
   const proto::Task &t = st.queue.front().task;
-  if (t.kind == proto::TaskKind::WaitEvent) {  // an IPC event: another process may record it
+  if (t.kind == proto::TaskKind::WaitEvent) {  // an IPC event (another process may record it), or a timed wait
     auto it = s.events.find(t.event);
-    return it != s.events.end() && it->second.ipc != nullptr;
+    return it != s.events.end() && (it->second.ipc != nullptr || t.m != 0);
   }
   return t.kind == proto::TaskKind::WaitNotify;
 }
@@ -47,7 +47,13 @@ bool waits_on_notify(Session &s, const Stream &st) {
 // A wait past its timeout (ms; 0 waits forever) fails the stream like a failed task.
 bool notify_step(Session &s, Stream &st, std::chrono::steady_clock::time_point since) {
   const proto::Task &t = st.queue.front().task;
-  if (t.kind == proto::TaskKind::WaitEvent) return head_ready(s, st.queue.front());
+  if (t.kind == proto::TaskKind::WaitEvent) {
+    if (head_ready(s, st.queue.front())) return true;
+    // A timed wait (aclrtStreamWaitEventWithTimeout) past its time fails the stream, as a notify's.
+    if (t.m == 0 || std::chrono::steady_clock::now() - since < std::chrono::milliseconds(t.m)) return false;
+    if (st.error == ACL_SUCCESS) st.error = ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
+    return true;
+  }
   auto it = s.notifies.find(t.event);
   if (t.kind == proto::TaskKind::RecordNotify) {
     if (it != s.notifies.end()) it->second->set = true;
@@ -118,9 +124,13 @@ std::shared_ptr<Stream> find(Session &s, uint32_t id) {
 }
 
 // Waits (s.mu held) until st has run everything queued before this call.
-int32_t wait_stream(Session &s, std::unique_lock<std::mutex> &l, const std::shared_ptr<Stream> &st) {
+// With a deadline: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT once it passed (the work stays queued).
+int32_t wait_stream(Session &s, std::unique_lock<std::mutex> &l, const std::shared_ptr<Stream> &st,
+                    const std::chrono::steady_clock::time_point *deadline = nullptr) {
   const uint64_t target = st->enqueued;
-  s.cv.wait(l, [&] { return st->cancel || st->done >= target; });
+  auto over = [&] { return st->cancel || st->done >= target; };
+  if (deadline == nullptr) s.cv.wait(l, over);
+  else if (!s.cv.wait_until(l, *deadline, over)) return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
   int32_t rc = st->error;
   st->error = ACL_SUCCESS;
   return rc;
@@ -171,21 +181,30 @@ int32_t enqueue(Session &s, uint32_t id, Work &&w) {
   return ACL_SUCCESS;
 }
 
-int32_t sync(Session &s, uint32_t id) {
+namespace {
+std::chrono::steady_clock::time_point deadline_in(int64_t timeout_ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+}  // namespace
+
+int32_t sync(Session &s, uint32_t id, int64_t timeout_ms) {
   std::unique_lock<std::mutex> l(s.mu);
   auto st = find(s, id);
   if (!st) return ACL_ERROR_INVALID_PARAM;
-  return wait_stream(s, l, st);
+  const auto deadline = deadline_in(timeout_ms);
+  return wait_stream(s, l, st, timeout_ms < 0 ? nullptr : &deadline);
 }
 
-int32_t sync_device(Session &s, uint32_t device) {
+int32_t sync_device(Session &s, uint32_t device, int64_t timeout_ms) {
   std::unique_lock<std::mutex> l(s.mu);
+  const auto deadline = deadline_in(timeout_ms);
   std::vector<std::shared_ptr<Stream>> on_device;
   for (auto &[id, st] : s.streams)
     if (st->device == device) on_device.push_back(st);
   int32_t rc = ACL_SUCCESS;
   for (auto &st : on_device) {
-    int32_t r = wait_stream(s, l, st);
+    int32_t r = wait_stream(s, l, st, timeout_ms < 0 ? nullptr : &deadline);
+    if (r == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) return r;
     if (rc == ACL_SUCCESS) rc = r;
   }
   return rc;
@@ -243,7 +262,7 @@ int32_t event_query(Session &s, uint32_t id, Event *out) {
   return ACL_SUCCESS;
 }
 
-int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
+int32_t event_sync(Session &s, uint32_t id, uint64_t target, int64_t timeout_ms) {
   std::unique_lock<std::mutex> l(s.mu);
   if (s.events.find(id) == s.events.end()) return ACL_ERROR_INVALID_PARAM;
   auto reached = [&] {
@@ -251,7 +270,11 @@ int32_t event_sync(Session &s, uint32_t id, uint64_t target) {
     return it == s.events.end() || it->second.done() >= target;
   };
   // An IPC event may be recorded by another process, which cannot wake this session: poll it.
-  while (!reached()) s.cv.wait_for(l, std::chrono::milliseconds(1));
+  const auto deadline = deadline_in(timeout_ms);
+  while (!reached()) {
+    if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return ACL_ERROR_RT_EVENT_SYNC_TIMEOUT;
+    s.cv.wait_for(l, std::chrono::milliseconds(1));
+  }
   return ACL_SUCCESS;
 }
 

@@ -24,6 +24,10 @@ bool known_package(const char *name) {
          std::strcmp(name, "toolkit") == 0;
 }
 
+}  // namespace
+
+namespace npusim::rt {
+
 aclError device_known(int64_t device, const char *api) {
   Runtime &r = runtime();
   std::lock_guard<std::mutex> g(r.mu);
@@ -33,7 +37,7 @@ aclError device_known(int64_t device, const char *api) {
   return ACL_SUCCESS;
 }
 
-}  // namespace
+}  // namespace npusim::rt
 
 extern "C" {
 

@@ -55,6 +55,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     backed up and dumped into the one DIRECTORY, all or nothing; `npusnap restore`
     brings the whole set back.
     """
+    from .. import warmup
+
+    warmup.start("yaml")  # YAML for the manifest: loaded while we wait on the agent and CRIU
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint

@@ -49,10 +49,11 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     opts = RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, device_map=mapping,
                           criu=criu_opts, require_signature=require_signature, trusted_keys=list(trusted_keys))
-    if _is_set(directory):
-        _restore_set(ctx, term, opts, detach, pidfile)
+    is_set, shell_job = _peek(directory)
+    if is_set:
+        _restore_set(ctx, term, opts, detach, pidfile, shell_job)
         return
-    with term.reporter(live=not _shell_job(directory)) as report:
+    with term.reporter(live=not shell_job) as report:
         result = run_restore(opts, progress=report)
     if pidfile:
         _write_pidfile(pidfile, result.pid)
@@ -73,11 +74,11 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
 
 
 def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", detach: bool,
-                 pidfile: Optional[Path]) -> None:
+                 pidfile: Optional[Path], shell_job: bool) -> None:
     from ..core.processset import restore_set
     from ..core.restore import wait_exit_code
 
-    with term.reporter(live=not _shell_job(opts.directory)) as report:
+    with term.reporter(live=not shell_job) as report:
         result = restore_set(opts, progress=report)
     pids = [m.pid for m in result.members]
     if pidfile:
@@ -102,27 +103,17 @@ def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", det
     ctx.exit(code)
 
 
-def _is_set(directory: Path) -> bool:
-    """Whether DIRECTORY holds a process set; errors are left to the restore to report."""
+def _peek(directory: Path) -> tuple[bool, bool]:
+    """Whether the checkpoint is a process set's, and a shell job's (restored onto our terminal,
+    where a live progress display would draw over it). Errors are left to the restore to report."""
     from ..errors import NpusnapError
     from ..image.format import load_manifest
 
     try:
-        return load_manifest(directory.absolute()).is_set
+        m = load_manifest(directory.absolute())
     except NpusnapError:
-        return False
-
-
-def _shell_job(directory: Path) -> bool:
-    """Whether the checkpoint is a shell job's: it is restored onto our terminal, where a
-    live progress display would draw over it. Errors are left to the restore to report."""
-    from ..errors import NpusnapError
-    from ..image.format import load_manifest
-
-    try:
-        return bool(load_manifest(directory.absolute()).options.get("shell_job"))
-    except NpusnapError:
-        return False
+        return False, False
+    return m.is_set, bool(m.options.get("shell_job"))
 
 
 def _write_pidfile(pidfile: Path, *pids: int) -> None:

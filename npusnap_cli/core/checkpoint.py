@@ -13,7 +13,7 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 
 from __future__ import annotations
 
-import platform
+import os
 import socket
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -34,7 +34,7 @@ from ..image.format import (
     ProcessEntry,
     in_member,
 )
-from ..image.staging import Staging, Writeback
+from ..image.staging import Staging
 from ..platform.criu import DumpOptions
 from ..platform.procfs import process_exists
 from . import processes
@@ -228,7 +228,7 @@ class CheckpointRun:
         if self.sub:
             criu_dir.mkdir(0o700, exist_ok=True)
         log_dir = self.log_dir or self.staging.log_dir
-        with self.phase("dump") as self.dump_timing, self.signals.critical(), Writeback(criu_dir):
+        with self.phase("dump") as self.dump_timing, self.signals.critical(), self.staging.follow(criu_dir):
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
             self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
@@ -277,7 +277,7 @@ class CheckpointRun:
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
             host=socket.gethostname(),
-            kernel=platform.release(),
+            kernel=os.uname().release,
             npusnap_version=__version__,
             criu_version=self.criu.binary.version_str,
             command=self.target.command,

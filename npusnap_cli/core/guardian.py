@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 _SCRIPT = r"""
-import os, shutil, signal, subprocess, sys, time
+import os, sys  # only these until needed: every command waits for this process's exit
 staging, python = sys.argv[1], sys.argv[2]
 data = b""
 while True:
@@ -54,6 +54,7 @@ def running(pid):
         return False
 
 if words[-1:] != ["done"]:
+    import shutil, signal, subprocess, time
     pids = [int(w) for w in words if w.isdigit()]
     sig = signal.SIGKILL if "kill" in words else signal.SIGCONT
     # A restore that CRIU is still running: its tree is whole only once CRIU is done.
@@ -128,8 +129,10 @@ class Guardian:
             self.proc.stdin.close()
         except OSError:
             pass
+        from ..platform.criu import wait_exit
+
         try:
-            self.proc.wait(timeout=10)
+            wait_exit(self.proc, timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

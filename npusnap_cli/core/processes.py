@@ -42,16 +42,19 @@ def resume(root: int, pids: list[int]) -> None:
     resume_tree(root)
 
 
-def kill(pids: list[int]) -> None:
-    """SIGKILL the tree and wait (bounded) until it is dead, so a restore may follow at once."""
+def kill(pids: list[int], reaped: bool = False) -> None:
+    """SIGKILL the tree and wait (bounded) until it is dead, so a restore may follow at once;
+    with reaped, until its pids are free (our children: a restored tree, adopted as its subreaper)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    wait_gone(pids, timeout=10, zombies_count=False)
+    wait_gone(pids, timeout=10, zombies_count=reaped)
 
 
 def kill_tree(root: int, pids: list[int]) -> None:
-    kill(list(dict.fromkeys([*pids, *(p.pid for p in process_tree(root))])))
+    """A restored tree, killed and reaped: a multi-threaded leader is a zombie before its
+    last thread is gone, and only then can it be reaped; its pids must be free when we return."""
+    kill(list(dict.fromkeys([*pids, *(p.pid for p in process_tree(root))])), reaped=True)
 
 
 def parent(pid: int) -> int:

@@ -278,7 +278,9 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
     Each restored root becomes our child."""
     root = opts.directory.absolute()
     phase = Phases(progress)
-    manifest = _verified(root, opts, phase)
+    manifest, pages = _verified(root, opts, phase)
+    if pages is not None:  # a set's page images live in criu/PID/: verify checked them all already
+        pages.result()
     if not manifest.is_set:
         raise WrongState(f"{opts.directory} holds one process's checkpoint, not a set")
     if opts.criu_only:

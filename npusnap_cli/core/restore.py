@@ -1,4 +1,4 @@
-"""The restore pipeline:  verify -> CRIU RESTORE -> DEVICE RESTORE -> UNLOCK.
+"""The restore pipeline:  verify -> CRIU RESTORE (page images verified meanwhile) -> DEVICE RESTORE -> UNLOCK.
 
 Between CRIU's restore and the unlock the restored tree is guarded: an interrupt or a failure
 kills it (the checkpoint stays valid and restorable), and so does the guardian if we die. The
@@ -18,7 +18,19 @@ from ..backends import BackendName, DataPath, State
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
 from ..image import signing
-from ..image.format import CRIU_DIR, DEVICE_DIR, LOG_DIR, Manifest, PhaseTiming, load_manifest, restore_log_dir, verify
+from ..image.checksums import BulkVerifier, page_entries
+from ..image.format import (
+    CRIU_DIR,
+    DEVICE_DIR,
+    LOG_DIR,
+    Manifest,
+    PhaseTiming,
+    check_entry,
+    load_manifest,
+    restore_log_dir,
+    verify,
+)
+from ..platform.criu import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import processes
 from .progress import Phases, Progress, info, quiet, warn
@@ -51,7 +63,7 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     """Restore the checkpoint in opts.directory; the restored root becomes our child."""
     root = opts.directory.absolute()
     phase = Phases(progress)
-    manifest = _verified(root, opts, phase)
+    manifest, pages = _verified(root, opts, phase)
     services.device_fits(manifest.device)
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
@@ -69,11 +81,19 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
             try:
                 guardian.kill_if_dead(pids)
                 with phase("criu-restore"), signals.critical():
-                    restored[0] = criu.restore(view.enter(root / CRIU_DIR, lambda m: warn(progress, m)), log_dir,
-                                               shell_job=bool(manifest.options.get("shell_job")),
-                                               tcp_established=bool(manifest.options.get("tcp_established")),
-                                               extra=_restore_options(manifest, opts),
-                                               started=guardian.wait_for_criu)
+                    try:
+                        restored[0] = criu.restore(view.enter(root / CRIU_DIR, lambda m: warn(progress, m)),
+                                                   log_dir, shell_job=bool(manifest.options.get("shell_job")),
+                                                   tcp_established=bool(manifest.options.get("tcp_established")),
+                                                   extra=_restore_options(manifest, opts),
+                                                   started=guardian.wait_for_criu, leave_stopped=pages is not None)
+                    except NpusnapError:
+                        if pages is not None:
+                            pages.result()  # a corrupt page image explains CRIU's failure best
+                        raise
+                    if pages is not None:  # the tree is stopped, as CRIU left it: it runs only on good pages
+                        pages.result()
+                        processes.resume(restored[0], pids)
                 _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
                 if manifest.device.backend != BackendName.NONE and not opts.criu_only:
                     _finish_device(restored[0], manifest, root, opts, phase, signals, progress, services)
@@ -89,15 +109,34 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     return RestoreResult(restored[0], manifest, phase.timings)
 
 
-def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> Manifest:
+def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest, Optional[BulkVerifier]]:
+    """The manifest, every image checked but CRIU's page images (the bulk of the bytes), whose
+    checksums a BulkVerifier checks while CRIU reads them (returned, started; None when all was
+    checked here). Everything CRIU parses, as root, is checked before it sees it; the pages are
+    only memory contents poured into the restored tree, which CRIU then leaves stopped, to be
+    resumed only once they all match (and killed otherwise): never run on bad data."""
     with phase("verify"):
         signing.check(root, opts.trusted_keys, opts.require_signature)  # even with --no-verify
         manifest = load_manifest(root)
-        if opts.verify:
-            # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
-            direct = manifest.device.method == DataPath.DIRECT
-            verify(root, manifest, shallow=(DEVICE_DIR,) if direct else ())
-    return manifest
+        if not opts.verify:
+            return manifest, None
+        # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
+        direct = manifest.device.method == DataPath.DIRECT
+        pages = page_entries(manifest) if _can_wait_stopped(root, manifest) else []
+        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later={e.path for e in pages})
+    return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
+
+
+def _can_wait_stopped(root: Path, manifest: Manifest) -> bool:
+    """Whether the restored tree may be left stopped by CRIU and resumed by us: not a shell job
+    (stopped and detached, CRIU warns, it gets SIGHUP), and no process that was stopped when it was
+    dumped (a SIGCONT would wake it). Read from images verified right after, before CRIU runs."""
+    if manifest.options.get("shell_job"):
+        return False
+    try:
+        return not stopped_at_dump(root / CRIU_DIR, [p.pid for p in manifest.processes])
+    except (OSError, ValueError):
+        return False  # verify() says what is wrong with them
 
 
 def _refuse_pids_in_use(manifest: Manifest) -> None:

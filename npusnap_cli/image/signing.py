@@ -10,7 +10,6 @@ with a checksum of itself, so the signature covers every file. Keys are PEM file
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -99,7 +98,7 @@ class Signer:
     def sign(self, root: Path) -> None:
         body = _read_nofollow(root / MANIFEST)
         line = f"{ALGORITHM} {_raw_public(self.key).hex()} {self.key.sign(body).hex()}\n"
-        tmp = root / f".{SIGNATURE}.{secrets.token_hex(8)}.tmp"
+        tmp = root / f".{SIGNATURE}.{os.urandom(8).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(line)

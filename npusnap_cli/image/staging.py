@@ -1,5 +1,5 @@
-"""Writing a checkpoint: a staging directory beside DIR, renamed into place on commit, and the
-write-back that keeps CRIU's dirty pages flowing to disk while it dumps."""
+"""Writing a checkpoint: a staging directory beside DIR, renamed into place on commit; CRIU's
+images hashed and flowing to disk while it dumps (checksums.Follower), fsync'd at the seal."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..errors import ImageInvalid, StorageProblem
+from .checksums import Follower, start_writeback
 from .format import (
     CHECKSUMMED_DIRS,
     CRIU_DIR,
@@ -56,6 +57,7 @@ class Staging:
             shutil.rmtree(self.path, ignore_errors=True)
             raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
         self.committed = False
+        self.followers: list[Follower] = []  # one per dump (a process set dumps each member apart)
 
     @property
     def criu_dir(self) -> Path:
@@ -66,15 +68,31 @@ class Staging:
         return self.path / DEVICE_DIR
 
 
+    def follow(self, directory: Path) -> Follower:
+        """Around the writing of directory (CRIU's dump): its files are hashed and their write-back
+        started while they are written; seal() takes those checksums instead of reading again."""
+        follower = Follower(directory)
+        self.followers.append(follower)
+        return follower
+
     def seal(self, known: Sequence[FileEntry] = ()) -> list[FileEntry]:
         """Make images 0600, fsync them, and return their manifest entries. Files in
         `known` were checksummed and fsync'd by whoever wrote them (the device export,
-        while streaming): they are only checked for size, never read again."""
+        while streaming): they are only checked for size, never read again. Files the
+        follower hashed while they were written are not read again either."""
         written = {f.path: f for f in known}
+        hashed: dict[str, tuple[int, str]] = {}
+        for follower in self.followers:
+            base = follower.directory.relative_to(self.path)
+            try:
+                hashed.update({str(base / name): v for name, v in follower.digests().items()})
+            except OSError:
+                pass  # read again below
         entries = []
+        to_sync = []
         rels = list(image_files(self.path))
-        for rel in rels:  # the disk starts writing everything now, while we checksum from the page cache
-            if str(rel) not in written:
+        for rel in rels:  # the disk starts writing what is left now, while we checksum from the page cache
+            if str(rel) not in written and str(rel) not in hashed:
                 _start_writeback(self.path / rel)
         for rel in rels:
             p = self.path / rel
@@ -85,14 +103,17 @@ class Staging:
                 if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
                     raise ImageInvalid(f"{rel} changed after it was written")
             else:
-                size, digest = checksum_file(p)
-                _fsync_path(p)
+                size, digest = hashed.get(str(rel), (-1, ""))
+                if size != os.lstat(p).st_size:
+                    size, digest = checksum_file(p)
+                to_sync.append(p)
                 entry = FileEntry(str(rel), size, digest)
             entries.append(entry)
         if written:
             raise ImageInvalid(f"{sorted(written)[0]} is missing from the checkpoint")
-        for sub in CHECKSUMMED_DIRS:
-            _fsync_path(self.path / sub)
+        # Their write-back started long ago: these mostly wait for the last pages and the disk's
+        # cache flush, which concurrent fsyncs share instead of paying one each.
+        _fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         return entries
 
     def commit(self, manifest: Manifest) -> Path:
@@ -240,41 +261,39 @@ def _rename(a: Path, b: Path, flags: int) -> None:
         raise OSError(err, os.strerror(err), str(b))
 
 
-class Writeback:
-    """While CRIU writes the images, keep the disk busy with them (instead of all at seal time)."""
-
-    def __init__(self, directory: Path, interval: float = 0.05) -> None:
-        self.directory = directory
-        self.interval = interval
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="writeback", daemon=True)
-
-    def __enter__(self) -> "Writeback":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stopped.set()
-        self.thread.join()
-
-    def _run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            for p in self.directory.iterdir():
-                try:
-                    _start_writeback(p)
-                except OSError:
-                    pass  # a file CRIU is still creating or has renamed
-
-
 def _start_writeback(p: Path) -> None:
-    """sync_file_range(SYNC_FILE_RANGE_WRITE): begin writing a file's dirty pages, without waiting."""
-    import ctypes
-
+    """Begin writing a file's dirty pages, without waiting."""
     fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        ctypes.CDLL(None, use_errno=True).sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(0), 2)
+        start_writeback(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_all(paths: list[Path], threads: int = 8) -> None:
+    """fsync every path, on a few threads at once; the first error is raised once all are done."""
+    todo = list(reversed(paths))
+    errors: list[OSError] = []
+
+    def work() -> None:
+        while True:
+            try:
+                p = todo.pop()
+            except IndexError:
+                return
+            try:
+                _fsync_path(p)
+            except OSError as e:
+                errors.append(e)
+
+    pool = [threading.Thread(target=work, name="fsync", daemon=True) for _ in range(min(threads, len(paths)) - 1)]
+    for t in pool:
+        t.start()
+    work()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def _fsync_path(p: Path) -> None:

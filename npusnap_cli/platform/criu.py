@@ -1,5 +1,5 @@
 """Driving CRIU: find a usable binary, then speak its protobuf RPC (`criu swrk`)
-with pycriu's message definitions. Never parses CRIU's text output.
+with our own encoding of its messages (criurpc.py). Never parses CRIU's text output.
 
 We spawn `criu swrk` ourselves instead of using pycriu's helper so that every
 request has a deadline, CRIU can be killed on Ctrl-C, and its exit is reaped.
@@ -26,12 +26,12 @@ INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSN
 SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
-def _rpc() -> Any:
-    try:
-        from pycriu import rpc_pb2
-    except ImportError as e:
-        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
-    return rpc_pb2
+def rpc_messages() -> Any:
+    """CRIU's RPC messages: our own encoder and decoder of rpc.proto's wire format (criurpc.py),
+    which spares every checkpoint and restore the protobuf runtime's import."""
+    from . import criurpc
+
+    return criurpc
 
 
 @dataclass
@@ -73,7 +73,7 @@ def binary_version(path: str) -> tuple[int, ...]:
 
 
 def _ask_version(path: str) -> tuple[int, ...]:
-    rpc = _rpc()
+    rpc = rpc_messages()
     req = rpc.criu_req(type=rpc.VERSION)
     resp = Swrk(path).request(req, timeout=20)
     v = resp.version
@@ -139,7 +139,7 @@ class Swrk:
         """One request. With a terminal fd, CRIU runs in our session with that terminal
         as stdin, as a shell-job restore needs (it hands the terminal to the restored
         job, which joins our session and process group, as under bare `criu restore`)."""
-        rpc = _rpc()
+        rpc = rpc_messages()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
@@ -183,7 +183,10 @@ class Swrk:
             if not buf:
                 raise CriuFailed(f"CRIU exited without answering (status {proc.poll()})")
             resp = rpc.criu_resp()
-            resp.ParseFromString(buf)
+            try:
+                resp.ParseFromString(buf)
+            except ValueError as e:
+                raise CriuFailed(f"CRIU's answer is not an RPC answer ({e}): is {self.binary} CRIU?") from None
             return resp
         except KeyboardInterrupt:
             raise Interrupted() from None
@@ -192,9 +195,26 @@ class Swrk:
             _reap(proc)
 
 
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """proc.wait(timeout), woken the instant the child exits: Popen.wait with a timeout polls, in
+    sleeps growing to 50 ms, which a command that reaps a child or two pays on every run."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # gone already (reaped), or no pidfd on this kernel
+        proc.wait(timeout=timeout)
+        return
+    try:
+        import select
+
+        select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    proc.wait(timeout=0.5 if proc.poll() is None else None)
+
+
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     try:
-        proc.wait(timeout=10)
+        wait_exit(proc, timeout=10)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -310,7 +330,7 @@ class Criu:
         self.binary = binary
 
     def check(self) -> tuple[bool, str]:
-        rpc = _rpc()
+        rpc = rpc_messages()
         resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.CHECK), timeout=60)
         if resp.success:
             return True, "Looks good."
@@ -318,7 +338,7 @@ class Criu:
 
     def features(self) -> dict[str, bool]:
         """Optional kernel features as CRIU probes them (FEATURE_CHECK)."""
-        rpc = _rpc()
+        rpc = rpc_messages()
         feats = rpc.criu_features(mem_track=True, lazy_pages=True, pidfd_store=True)
         resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.FEATURE_CHECK, features=feats), timeout=60)
         f = resp.features
@@ -338,7 +358,7 @@ class Criu:
             time.sleep(0.05 * attempt)
 
     def _dump_once(self, o: DumpOptions) -> Any:
-        rpc = _rpc()
+        rpc = rpc_messages()
         opts = rpc.criu_opts(images_dir_fd=-1)
         opts.pid = o.pid
         opts.leave_running = o.leave_running
@@ -363,12 +383,14 @@ class Criu:
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
                 tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None,
-                started: Optional[Callable[[int], None]] = None) -> int:
+                started: Optional[Callable[[int], None]] = None, leave_stopped: bool = False) -> int:
         """Restore the tree; returns the root pid. The restored root becomes our
-        child once `criu swrk` exits, because main() made us a child subreaper."""
-        rpc = _rpc()
+        child once `criu swrk` exits, because main() made us a child subreaper. With
+        leave_stopped every restored process is left stopped (SIGSTOP) for the caller to resume."""
+        rpc = rpc_messages()
         opts = rpc.criu_opts(images_dir_fd=-1)
         opts.shell_job = shell_job
+        opts.leave_stopped = leave_stopped
         opts.tcp_established = tcp_established
         opts.log_level = log_level
         opts.log_file = "restore.log"
@@ -448,16 +470,115 @@ def dumped_tree(images_dir: Path) -> list[tuple[int, int, int]]:
     process, root first. It, not a /proc listing taken before the freeze, is what the
     dump holds: children forked in between are in it."""
     try:
-        import pycriu.images  # type: ignore[import-untyped,unused-ignore]
-    except ImportError as e:
-        raise EnvironmentProblem(f"pycriu is not importable ({e})", INSTALL_HINT) from e
-    try:
-        fd = os.open(images_dir / "pstree.img", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        entries = [_fields(e) for e in _image_entries(_read_image(images_dir / "pstree.img"), PSTREE_MAGIC)]
+        tree = [(_int(e, 1), _int(e, 2, 0), len(_ints(e, 5)) or 1) for e in entries]
     except OSError as e:
         raise CriuFailed(f"CRIU wrote no readable pstree.img: {e.strerror}") from e
+    except ValueError as e:
+        raise CriuFailed(f"cannot read CRIU's pstree.img: {e}") from e
+    if not tree:
+        raise CriuFailed("cannot read CRIU's pstree.img: no process in it")
+    return tree
+
+
+def stopped_at_dump(images_dir: Path, pids: list[int]) -> bool:
+    """Whether any of these processes was stopped (SIGSTOP) when it was dumped (its core image's
+    task_state). Raises ValueError on an image it cannot read."""
+    for pid in pids:
+        [core] = _image_entries(_read_image(images_dir / f"core-{pid}.img"), CORE_MAGIC)
+        task_core = _fields(core).get(3)  # core_entry.tc
+        if task_core and isinstance(task_core[0], bytes) and _int(_fields(task_core[0]), 1) == TASK_STOPPED:
+            return True
+    return False
+
+
+# CRIU's image format, read here without pycriu.images (its import alone costs more than the
+# whole dump of a small process): criu/include/magic.h, images/pstree.proto, images/core.proto.
+PSTREE_MAGIC, CORE_MAGIC = 0x50273030, 0x55053847
+_LEADING_MAGICS = (0x54564319, 0x55105940)  # IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC: the image's own magic follows
+TASK_STOPPED = 3  # compel/include/uapi/task-state.h
+
+
+def _read_image(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
-        try:
-            entries = pycriu.images.load(f)["entries"]
-        except Exception as e:  # pycriu raises whatever protobuf/struct raise
-            raise CriuFailed(f"cannot read CRIU's pstree.img: {e}") from e
-    return [(int(e["pid"]), int(e.get("ppid", 0)), len(e.get("threads", [])) or 1) for e in entries]
+        return f.read()
+
+
+def _image_entries(data: bytes, magic: int) -> list[bytes]:
+    """An image's entries (each a serialized protobuf message). Raises ValueError on a bad image."""
+    found, pos = int.from_bytes(data[:4], "little"), 4
+    if found in _LEADING_MAGICS:
+        found, pos = int.from_bytes(data[4:8], "little"), 8
+    if found != magic or len(data) < pos:
+        raise ValueError(f"not the image expected (magic {found:#x})")
+    entries = []
+    while pos < len(data):
+        size = int.from_bytes(data[pos:pos + 4], "little")
+        body = data[pos + 4:pos + 4 + size]
+        if pos + 4 > len(data) or len(body) != size:
+            raise ValueError("truncated entry")
+        entries.append(body)
+        pos += 4 + size
+    return entries
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _fields(msg: bytes) -> dict[int, list[Any]]:
+    """A protobuf message as {field number: [values]}: varints and fixed-width fields as int,
+    length-delimited ones (messages, bytes, packed repeated fields) as bytes."""
+    fields: dict[int, list[Any]] = {}
+    pos = 0
+    while pos < len(msg):
+        key, pos = _varint(msg, pos)
+        number, wire = key >> 3, key & 7
+        value: Any
+        if wire == 0:
+            value, pos = _varint(msg, pos)
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            value, pos = int.from_bytes(msg[pos:pos + width], "little"), pos + width
+        elif wire == 2:
+            length, pos = _varint(msg, pos)
+            value, pos = msg[pos:pos + length], pos + length
+        else:
+            raise ValueError(f"unexpected wire type {wire}")
+        if pos > len(msg):
+            raise ValueError("truncated field")
+        fields.setdefault(number, []).append(value)
+    return fields
+
+
+def _ints(fields: dict[int, list[Any]], number: int) -> list[int]:
+    """A repeated varint field, packed or not."""
+    out = []
+    for v in fields.get(number, []):
+        if isinstance(v, bytes):
+            pos = 0
+            while pos < len(v):
+                n, pos = _varint(v, pos)
+                out.append(n)
+        else:
+            out.append(v)
+    return out
+
+
+def _int(fields: dict[int, list[Any]], number: int, default: Optional[int] = None) -> int:
+    values = _ints(fields, number)
+    if values:
+        return values[-1]
+    if default is None:
+        raise ValueError(f"field {number} is missing")
+    return default

@@ -45,6 +45,17 @@ def _stat_fields(pid: int) -> list[str]:
     return [head.split("(", 1)[1]] + rest.split()
 
 
+def _raw_stat_fields(name: str) -> list[str]:
+    """_stat_fields with plain os calls: a tree scan reads every process's stat."""
+    fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        raw = os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
+    head, _, rest = raw.rpartition(")")
+    return [head.split("(", 1)[1]] + rest.split()
+
+
 def proc_stat(pid: int) -> list[str]:
     """/proc/PID/stat as fields (comm, state, ppid, ...), or [] when the process is gone."""
     try:
@@ -90,14 +101,14 @@ def process_tree(root: int) -> list[ProcessEntry]:
     """root and its descendants, from /proc."""
     children: dict[int, list[int]] = {}
     info: dict[int, ProcessEntry] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+    for name in os.listdir("/proc"):  # every process (no /proc/PID/task/TID/children here): kept lean
+        if not name.isdigit():
             continue
         try:
-            f = _stat_fields(int(d.name))
+            f = _raw_stat_fields(name)
         except (OSError, IndexError):
             continue
-        pid, ppid = int(d.name), int(f[2])
+        pid, ppid = int(name), int(f[2])
         info[pid] = ProcessEntry(pid=pid, ppid=ppid, comm=f[0], threads=int(f[18]))
         children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]

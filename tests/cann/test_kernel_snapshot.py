@@ -5,14 +5,12 @@ is bit-identical to an uninterrupted run's."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import signal
 
 import pytest
 
-from tests.helpers import Workload, agent_status, npusnap, pid_alive, requires_criu
-from tests.pipeline.support import strip_ready, under_agent
+from tests.helpers import Workload, agent_status, requires_criu
+from tests.pipeline.support import checkpoint_and_restore_after_daemon_restart, under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -39,17 +37,6 @@ def test_kernel_resources_survive_checkpoint_daemon_restart_restore(npusim_daemo
         assert live == {"memory": 5, "contexts": 1, "streams": 3, "binaries": 2, "functions": 3, "kernel args": 1,
                         "model run instances": 1}, device
 
-        ck = tmp_path / "ck"
-        r = npusnap("checkpoint", w.pid, "-D", ck, "--json", env=npusim_daemon.env)
-        assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["device"]["backend"] == "sim"
-        assert w.proc.wait(timeout=10) == -signal.SIGKILL and not pid_alive(w.pid)
-        at_checkpoint = strip_ready(w.lines())
-        assert AT < len(at_checkpoint) < STEPS and at_checkpoint == ref[: len(at_checkpoint)]
-
-        npusim_daemon.restart()
-        rs = npusnap("restore", ck, env=npusim_daemon.env, timeout=120)
-        assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
-        assert strip_ready(w.lines()) == ref
+        checkpoint_and_restore_after_daemon_restart(w, npusim_daemon, ref, AT, tmp_path / "ck")
     finally:
         w.stop()

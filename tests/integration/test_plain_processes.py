@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import WORKLOADS, Workload, build_c, npusnap, pid_alive, requires_criu, rewind_to_checkpoint
+from tests.helpers import (
+    WORKLOADS,
+    Workload,
+    build_c,
+    npusnap,
+    pid_alive,
+    proc_state,
+    requires_criu,
+    rewind_to_checkpoint,
+)
 
 pytestmark = requires_criu
 
@@ -69,6 +81,48 @@ def test_leave_running_then_restore_the_image(argv: list[str], reference: list[s
         assert json.loads(rs.stdout)["pid"] == w.pid == int((tmp_path / "pid").read_text())
         w.wait_exit()
         assert w.lines() == reference  # the restored copy rewrote the same tail
+    finally:
+        w.stop()
+
+
+def test_a_process_stopped_when_checkpointed_comes_back_stopped(argv: list[str], reference: list[str],
+                                                                 tmp_path: Path) -> None:
+    """The restore leaves a verified tree stopped only to resume it: a process that was stopped at
+    the checkpoint must stay stopped (no stray SIGCONT), and carry on exactly once continued."""
+    w = Workload(argv, tmp_path / "run.out")
+    try:
+        w.wait_for_line("step 3 ")
+        os.kill(w.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while proc_state(w.pid) not in ("T", "t") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", check=True)
+        w.proc.wait(timeout=10)
+        npusnap("restore", tmp_path / "ck", "--detach", check=True)
+        assert proc_state(w.pid) in ("T", "t")
+        os.kill(w.pid, signal.SIGCONT)
+        w.wait_exit()
+        assert w.lines() == reference
+    finally:
+        w.stop()
+
+
+def test_a_damaged_page_image_never_runs(c_binary: Path, tmp_path: Path) -> None:
+    """Page images are verified while CRIU reads them: the tree CRIU restored from a damaged one
+    was stopped from its start and is killed, its pid free when the command returns."""
+    w = Workload([str(c_binary), "1000", "50"], tmp_path / "run.out")
+    try:
+        w.wait_for_line("step 1 ")
+        npusnap("checkpoint", w.pid, "-D", tmp_path / "ck", check=True)
+        w.proc.wait(timeout=10)
+        before = w.out.read_bytes()
+        [pages] = (tmp_path / "ck" / "criu").glob("pages-*.img")
+        data = bytearray(pages.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        pages.write_bytes(bytes(data))
+        r = npusnap("restore", tmp_path / "ck", "--detach")
+        assert r.returncode == 8 and f"criu/{pages.name}: checksum mismatch" in r.stderr, r.stderr
+        assert proc_state(w.pid) == "gone" and w.out.read_bytes() == before
     finally:
         w.stop()
 

@@ -3,11 +3,16 @@ comparison, and the checks every test makes on a workload after a phase."""
 
 from __future__ import annotations
 
+import json
+import signal
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from tests.helpers import ROOT, WORKLOADS, agent_status, npusnap_cmd, proc_state  # noqa: F401  (proc_state: re-exported for the tests)
+from tests.helpers import ROOT, WORKLOADS, Workload, agent_status, npusnap, npusnap_cmd, pid_alive, proc_state  # noqa: F401  (proc_state: re-exported for the tests)
+
+if TYPE_CHECKING:
+    from tests.conftest import NpuSimDaemon
 
 TRAIN = ROOT / "examples" / "train.py"
 ACL_THREADS_SRC = WORKLOADS / "acl_threads.c"
@@ -61,4 +66,25 @@ def one_error_line(stderr: str) -> str:
 
 def env_without_preload(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+
+
+def checkpoint_and_restore_after_daemon_restart(w: Workload, daemon: "NpuSimDaemon", ref: Sequence[str], at: int,
+                                                directory: Path) -> dict:
+    """The test of a resource kind: checkpoint the workload w (past step `at` of a steps program,
+    whose uninterrupted output is ref) into directory, which kills it after printing a prefix of
+    ref, restart the daemon, restore, and require the whole output to be ref. Returns the
+    checkpoint's --json document."""
+    r = npusnap("checkpoint", w.pid, "-D", directory, "--json", env=daemon.env)
+    assert r.returncode == 0, r.stderr
+    doc: dict = json.loads(r.stdout)
+    assert doc["device"]["backend"] == "sim"
+    assert w.proc.wait(timeout=10) == -signal.SIGKILL and not pid_alive(w.pid)
+    at_checkpoint = strip_ready(w.lines())
+    assert at < len(at_checkpoint) < len(ref) - 1 and at_checkpoint == list(ref[: len(at_checkpoint)])
+
+    daemon.restart()
+    rs = npusnap("restore", directory, env=daemon.env, timeout=120)
+    assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
+    assert strip_ready(w.lines()) == list(ref)
+    return doc
 

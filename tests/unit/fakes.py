@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -17,6 +18,8 @@ from npusnap_cli.backends import BackendName, DataPath, State
 from npusnap_cli.core.services import Services
 from npusnap_cli.errors import CriuFailed, DeviceFailed, LeaseLost, WrongState
 from npusnap_cli.image.format import DEVICE_DIR, DeviceState, FileEntry, checksum_file
+from npusnap_cli.platform.criu import CORE_MAGIC
+from tests.helpers import proc_state
 
 
 @dataclass
@@ -131,6 +134,9 @@ class FakeCriu:
         pid: int = o.pid
         (images_dir / "pages-1.img").write_bytes(os.urandom(8192))
         (images_dir / "pstree.img").write_bytes(b"fake")
+        # core-PID.img as CRIU writes it, saying the process was running (core_entry.tc.task_state = 1)
+        (images_dir / f"core-{o.pid}.img").write_bytes(CORE_MAGIC.to_bytes(4, "little") + (4).to_bytes(4, "little")
+                                                       + b"\x1a\x02\x08\x01")
         os.kill(pid, signal.SIGSTOP)
         self.dumped = self.trees[Path(images_dir)] = [pid]
         self.on_dump()
@@ -140,11 +146,21 @@ class FakeCriu:
         return [(pid, os.getpid(), 1) for pid in self.trees.get(Path(images_dir), self.dumped)]
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False, tcp_established: bool = False,
-                log_level: int = 4, extra: object = None, started: Optional[Callable[[int], None]] = None) -> int:
+                log_level: int = 4, extra: object = None, started: Optional[Callable[[int], None]] = None,
+                leave_stopped: bool = False) -> int:
+        """The restored process stops itself first when leave_stopped (as CRIU leaves it), and
+        once running it writes `ran` beside the checkpoint: a test can tell whether it ever ran."""
         self.script.at("criu-restore")
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        criu_dir = Path(images_dir)
+        while criu_dir.name != "criu" and criu_dir != criu_dir.parent:  # a set member's: criu/PID
+            criu_dir = criu_dir.parent
+        code = (("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)\n" if leave_stopped else "")
+                + f"open({str(criu_dir.parent.parent / 'ran')!r}, 'w').close()\nimport time; time.sleep(120)")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self.restored.append(proc)
+        deadline = time.monotonic() + 30
+        while leave_stopped and proc_state(proc.pid) not in ("T", "t", "Z", "gone") and time.monotonic() < deadline:
+            time.sleep(0.005)
         self.script.after("criu-restore")
         return proc.pid
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -117,11 +118,36 @@ def test_an_agent_that_finished_by_itself_is_left_alone(fakes: Fakes, checkpoint
 
 
 def test_a_corrupt_checkpoint_is_refused_before_criu(fakes: Fakes, checkpointed: Path) -> None:
-    image = checkpointed / "criu" / "pages-1.img"
+    image = checkpointed / "criu" / "pstree.img"  # what CRIU parses: checked before it runs
     image.write_bytes(b"\0" * image.stat().st_size)
     with pytest.raises(ImageInvalid):
         _restore(fakes, checkpointed, [])
     assert fakes.script.log == [] and fakes.guardians[-1:] == fakes.guardians[:1]  # no restore guardian
+
+
+def test_a_corrupt_page_image_is_refused_before_the_process_runs(fakes: Fakes, checkpointed: Path) -> None:
+    """Page images are verified while CRIU reads them; CRIU leaves the tree stopped until they match."""
+    image = checkpointed / "criu" / "pages-1.img"
+    image.write_bytes(b"\0" * image.stat().st_size)
+    with pytest.raises(ImageInvalid, match="pages-1.img: checksum mismatch"):
+        _restore(fakes, checkpointed, [])
+    [proc] = fakes.criu.restored
+    assert _killed(proc) and fakes.script.log == ["criu-restore"]
+    assert not (checkpointed.parent / "ran").exists()  # stopped from its start to its death
+
+
+def test_good_page_images_resume_the_stopped_tree(fakes: Fakes, checkpointed: Path) -> None:
+    result = _restore(fakes, checkpointed, [])
+    assert running(result.pid) and proc_state(result.pid) not in ("T", "t")
+    deadline = time.monotonic() + 30  # a bound, not a timing assertion: it runs once resumed
+    while not (checkpointed.parent / "ran").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (checkpointed.parent / "ran").exists()
+
+
+def test_no_verify_leaves_nothing_stopped(fakes: Fakes, checkpointed: Path) -> None:
+    result = _restore(fakes, checkpointed, [], verify=False)
+    assert running(result.pid) and proc_state(result.pid) not in ("T", "t")
 
 
 def test_a_pid_in_use_is_refused_before_criu(fakes: Fakes, workload: subprocess.Popen[bytes],

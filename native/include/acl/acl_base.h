@@ -161,6 +161,17 @@ typedef enum {
 /* fp16 <-> float; NaN/Inf are not kept (CANN: +Inf -> 65536.0, -Inf -> -65536.0, NaN -> 98304.0). */
 ACL_FUNC_VISIBILITY float aclFloat16ToFloat(aclFloat16 value);
 ACL_FUNC_VISIBILITY aclFloat16 aclFloatToFloat16(float value);
+/* cann-kernel-host: a data buffer describes memory (host or device) by address and size; it owns
+ * neither (aclDestroyDataBuffer frees only the description). */
+typedef struct aclDataBuffer aclDataBuffer;
+ACL_FUNC_VISIBILITY aclDataBuffer *aclCreateDataBuffer(void *data, size_t size);
+ACL_FUNC_VISIBILITY aclError aclDestroyDataBuffer(const aclDataBuffer *dataBuffer);
+ACL_FUNC_VISIBILITY aclError aclUpdateDataBuffer(aclDataBuffer *dataBuffer, void *data, size_t size);
+ACL_FUNC_VISIBILITY void *aclGetDataBufferAddr(const aclDataBuffer *dataBuffer);
+ACL_DEPRECATED_MESSAGE("aclGetDataBufferSize is deprecated, use aclGetDataBufferSizeV2 instead")
+ACL_FUNC_VISIBILITY uint32_t aclGetDataBufferSize(const aclDataBuffer *dataBuffer);
+ACL_FUNC_VISIBILITY size_t aclGetDataBufferSizeV2(const aclDataBuffer *dataBuffer);
+/* end cann-kernel-host */
 /* Bytes per element of dataType; 0 for ACL_DT_UNDEFINED and ACL_STRING. */
 ACL_FUNC_VISIBILITY size_t aclDataTypeSize(aclDataType dataType);
 /* The SoC name of the device; needs no aclInit. */

@@ -10,6 +10,8 @@ extern "C" {
 #endif
 
 typedef void *aclrtTaskGrp;  /* a group of captured tasks of a model run instance */
+typedef void *aclrtLabel;      /* a position in a model run instance (aclrtSetLabel) */
+typedef void *aclrtLabelList;  /* the targets of aclrtSwitchLabelByIndex */
 
 typedef enum {
     ACL_FORMAT_UNDEFINED = -1,

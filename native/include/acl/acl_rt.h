@@ -138,9 +138,12 @@ ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEv
 #define ACL_EVENT_WAIT_DEFAULT 0x0U
 #define ACL_EVENT_WAIT_EXTERNAL 0x01U
 ACL_FUNC_VISIBILITY aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag);
-/* timeout: 0 waits as aclrtStreamWaitEvent does (the only value ACL_EVENT_WAIT_EXTERNAL takes). */
+/* timeout: ms, as aclrtStreamWaitEventWithTimeout (0 waits for ever, the only value ACL_EVENT_WAIT_EXTERNAL takes). */
 ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithFlag(aclrtStream stream, aclrtEvent event, uint32_t timeout,
                                                           uint32_t flag);
+/* cann-kernel-host: the event reads as not recorded until its next record; a wait queued after the
+ * reset waits for that record. Finish the tasks that use the event first (CANN's rule). */
+ACL_FUNC_VISIBILITY aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream);
 
 /* ---- Virtual memory, IPC memory, notify, IPC events (cann-ipc-vmm) ---- */
 #define ACL_IPC_EVENT_HANDLE_SIZE 64U
@@ -844,6 +847,104 @@ ACL_FUNC_VISIBILITY aclError aclmdlRICondHandleGetCondPtr(aclmdlRICondHandle han
 ACL_FUNC_VISIBILITY aclError aclmdlRIAddCondTask(aclmdlRICondTaskParams params, aclrtStream stream, uint32_t flags);
 ACL_FUNC_VISIBILITY aclError aclmdlRICaptureToModelRIBegin(aclrtStream stream, aclmdlRI modelRI,
                                                            aclmdlRICaptureMode mode);
+
+/* ---- cann-rest: labels, timed waits, host registration (in CANN's order) ---- */
+/* Labels work in a model run instance being built (a stream bound to or capturing into it):
+ * aclrtSetLabel marks the stream's current position, aclrtSwitchLabelByIndex jumps to
+ * labels[*(uint32_t *)ptr] when the model runs (an index past maxValue - 1 picks the last). */
+ACL_FUNC_VISIBILITY aclError aclrtCreateLabel(aclrtLabel* label);
+ACL_FUNC_VISIBILITY aclError aclrtSetLabel(aclrtLabel label, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyLabel(aclrtLabel label);
+ACL_FUNC_VISIBILITY aclError aclrtCreateLabelList(aclrtLabel* labels, size_t num, aclrtLabelList* labelList);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyLabelList(aclrtLabelList labelList);
+ACL_FUNC_VISIBILITY aclError aclrtSwitchLabelByIndex(
+    void* ptr, uint32_t maxValue, aclrtLabelList labelList, aclrtStream stream);
+/* Stream activation in a model run instance being built: a model with these tasks runs its head
+ * stream (ACL_MODEL_STREAM_FLAG_HEAD) only, and a bound stream's tasks when a task activates it;
+ * aclrtSwitchStream activates trueStream when *leftValue cond *rightValue (falseStream reserved). */
+typedef enum {
+    ACL_RT_EQUAL = 0,
+    ACL_RT_NOT_EQUAL,
+    ACL_RT_GREATER,
+    ACL_RT_GREATER_OR_EQUAL,
+    ACL_RT_LESS,
+    ACL_RT_LESS_OR_EQUAL
+} aclrtCondition;
+typedef enum {
+    ACL_RT_SWITCH_INT32 = 0,
+    ACL_RT_SWITCH_INT64 = 1,
+} aclrtCompareDataType;
+ACL_FUNC_VISIBILITY aclError aclrtActiveStream(aclrtStream activeStream, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtSwitchStream(
+    void* leftValue, aclrtCondition cond, void* rightValue, aclrtCompareDataType dataType, aclrtStream trueStream,
+    aclrtStream falseStream, aclrtStream stream);
+/* Timed waits: timeout -1 waits for ever, else ms; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT /
+ * ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when not done by then (the work stays queued). A stream's timed
+ * wait (0: for ever) past its time fails the stream with ACL_ERROR_RT_STREAM_SYNC_TIMEOUT. */
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEventWithTimeout(aclrtStream stream, aclrtEvent event, int32_t timeout);
+/* Host registration: the device reaches the registered host memory in place through a device
+ * address (aclrtHostGetDevicePointer: for any pointer inside the range). The pages of the range
+ * are shared with the device from registration to aclrtHostUnregister. npusim does not enforce
+ * READONLY against device writes and has no IO memory (ACL_ERROR_RT_FEATURE_NOT_SUPPORT). */
+#define ACL_HOST_REG_MAPPED 0x2UL
+#define ACL_HOST_REG_IOMEMORY 0x4UL
+#define ACL_HOST_REG_READONLY 0x8UL
+#define ACL_HOST_REG_PINNED 0x10000000UL
+typedef enum {
+    ACL_HOST_REGISTER_MAPPED = 0,
+    ACL_HOST_REGISTER_IOMEMORY = 0x04,
+    ACL_HOST_REGISTER_READONLY = 0x08
+} aclrtHostRegisterType;
+ACL_FUNC_VISIBILITY aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** devPtr);
+ACL_FUNC_VISIBILITY aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtHostUnregister(void* ptr);
+/* hostArgs: the argument bytes, then data the kernel reads through pointers; each placeholder puts
+ * the device address of hostArgs + dataOffset (copied to device memory at the call) at addrOffset. */
+typedef struct {
+    uint32_t addrOffset;
+    uint32_t dataOffset;
+} aclrtPlaceHolderInfo;
+ACL_FUNC_VISIBILITY aclError aclrtLaunchKernelWithHostArgs(
+    aclrtFuncHandle funcHandle, uint32_t numBlocks, aclrtStream stream, aclrtLaunchKernelCfg* cfg, void* hostArgs,
+    size_t argsSize, aclrtPlaceHolderInfo* placeHolderArray, size_t placeHolderNum);
+/* A model run instance's id: what aclprofModelSubscribe takes. */
+ACL_FUNC_VISIBILITY aclError aclmdlRIGetId(aclmdlRI modelRI, uint32_t* modelRIId);
+/* ---- end cann-rest ---- */
+
+/* cann-kernel-host: device queries. Status NORMAL while the daemon answers for the device; the
+ * utilization's cube/vector/AI CPU rates read 0 (no counters), memoryUtilization is the percentage
+ * of the device's memory in use; stream priorities run from 0 (greatest) to 7 (least). */
+typedef struct aclrtUtilizationExtendInfo aclrtUtilizationExtendInfo;
+typedef struct aclrtUtilizationInfo {
+    int32_t cubeUtilization;
+    int32_t vectorUtilization;
+    int32_t aicpuUtilization;
+    int32_t memoryUtilization;
+    aclrtUtilizationExtendInfo *utilizationExtend; /* reserved, must be NULL */
+} aclrtUtilizationInfo;
+typedef enum aclrtDeviceStatus {
+    ACL_RT_DEVICE_STATUS_NORMAL = 0,
+    ACL_RT_DEVICE_STATUS_ABNORMAL,
+    ACL_RT_DEVICE_STATUS_END = 0xFFFF,
+} aclrtDeviceStatus;
+ACL_FUNC_VISIBILITY aclError aclrtGetDeviceUtilizationRate(int32_t deviceId, aclrtUtilizationInfo *utilizationInfo);
+ACL_FUNC_VISIBILITY aclError aclrtQueryDeviceStatus(int32_t deviceId, aclrtDeviceStatus *deviceStatus);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceGetStreamPriorityRange(int32_t *leastPriority, int32_t *greatestPriority);
+
+/* cann-kernel-host: host functions run by a thread of the application (callbacks.cpp). */
+ACL_FUNC_VISIBILITY aclError aclrtSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream);
+ACL_FUNC_VISIBILITY aclError aclrtProcessHostFunc(int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtUnSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream);
+
+/* cann-kernel-host: model dump settings (acl_dump.h): InitDump, then SetDump reads the "dump"
+ * object of a JSON file, FinalizeDump ends it. */
+ACL_FUNC_VISIBILITY aclError aclmdlInitDump();
+ACL_FUNC_VISIBILITY aclError aclmdlSetDump(const char *dumpCfgPath);
+ACL_FUNC_VISIBILITY aclError aclmdlFinalizeDump();
 
 #ifdef __cplusplus
 }

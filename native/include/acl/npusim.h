@@ -65,6 +65,19 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonExport(const char *socketPath, int pid,
 ACL_FUNC_VISIBILITY aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected,
                                                 char **resultJson);
 
+/* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
+ * generates for an AscendC kernel library. binary (binarySize bytes, embedded in the library) is the
+ * library's npusim device binary, loaded once per process; args are the kernel's arguments one after
+ * the other, as aclrtKernelArgsAppend would put them. binary NULL: the kernel has no npusim
+ * implementation, and the launch fails with ACL_ERROR_RT_FEATURE_NOT_SUPPORT and an
+ * aclGetRecentErrMsg naming the kernel and saying how to supply one. printBytes > 0: the kernel
+ * prints (AscendC::printf); it gets a device buffer of that size as one more argument (its address),
+ * headed by two uint64 (bytes used, capacity), and once the kernel has run on the stream, the text
+ * is written to the process's stdout (CANN prints a kernel's output on the host the same way). */
+ACL_FUNC_VISIBILITY aclError npusimAscendcLaunch(const char *library, const char *kernel, const void *binary,
+                                                 size_t binarySize, uint32_t blockDim, aclrtStream stream,
+                                                 const void *args, size_t argsSize, size_t printBytes);
+
 #ifdef __cplusplus
 }
 #endif

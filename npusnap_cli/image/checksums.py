@@ -1,0 +1,177 @@
+"""Checksums computed in the pass that moves the data, never in a pass of their own.
+
+Checkpoint: a Follower hashes CRIU's images while CRIU writes them, from the page cache where
+the bytes still are, on a thread of its own (xxhash and preadv release the GIL), and starts their
+write-back as it goes (sync_file_range), so the disk is busy from the first page and the seal
+only hashes the last few bytes and waits for the flush. CRIU writes every image front to back
+and never goes back over what it wrote; a file replaced under the same name (a new inode: a
+retried dump) or shrunk is hashed again from its start.
+
+Restore: BulkVerifier checks the page images (the bulk of a checkpoint, pure memory contents)
+while CRIU reads them; see core/restore.py for why that is safe (the restored tree stays
+stopped until the verdict).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from ..errors import ImageInvalid
+from .format import FileEntry, hash_fd, new_hasher, safe_member
+
+SYNC_FILE_RANGE_WRITE = 2
+_libc: Optional[Any] = None
+
+
+def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
+    """sync_file_range(SYNC_FILE_RANGE_WRITE): begin writing dirty pages (length 0: to EOF), without waiting."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), SYNC_FILE_RANGE_WRITE)
+
+
+@dataclass
+class _Tail:
+    fd: int
+    inode: int
+    hasher: Any
+    offset: int = 0
+
+
+class Follower:
+    """Context manager around the writing of one directory (flat: CRIU's images). On exit the
+    thread stops; digests() then catches up to each file's end and returns what it hashed.
+
+    Each followed file's descriptor stays open until digests(): it pins the inode, so a file
+    replaced under its name is always told apart (a new inode number). At most max_files are
+    followed (a big process tree writes thousands of images; descriptors are bounded); the
+    seal hashes the others itself."""
+
+    def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256) -> None:
+        self.max_files = max_files
+        self.directory = directory
+        self.interval = interval
+        self.tails: dict[str, _Tail] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="image-hasher", daemon=True)
+        self.failed: Optional[BaseException] = None
+
+    def __enter__(self) -> "Follower":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopped.wait(self.interval):
+                self.catch_up(final=False)
+        except BaseException as e:  # never fatal here: digests() hashes whatever is left from scratch
+            self.failed = e
+            self.close()
+
+    def catch_up(self, final: bool) -> None:
+        """Hash every file's new bytes. While CRIU runs (not final) an error on one file only
+        drops it (it is hashed again at the end)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for name in set(self.tails) - set(names):
+            self._drop(name)  # removed (a failed attempt's images)
+        for name in names:
+            try:
+                self._follow(name)
+            except OSError:
+                if final:
+                    raise
+                self._drop(name)
+
+    def _follow(self, name: str) -> None:
+        path = self.directory / name
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        tail = self.tails.get(name)
+        if tail is not None and (tail.inode != st.st_ino or st.st_size < tail.offset):
+            self._drop(name)  # replaced or truncated: start over
+            tail = None
+        if tail is None:
+            if len(self.tails) >= self.max_files:
+                return
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if os.fstat(fd).st_ino != st.st_ino:
+                os.close(fd)
+                return  # replaced between the two calls: next round
+            tail = self.tails[name] = _Tail(fd, st.st_ino, new_hasher())
+        end = os.fstat(tail.fd).st_size
+        if end > tail.offset:
+            done = hash_fd(tail.fd, tail.hasher, tail.offset, end)
+            start_writeback(tail.fd, tail.offset, done)
+            tail.offset += done
+
+    def _drop(self, name: str) -> None:
+        tail = self.tails.pop(name, None)
+        if tail is not None:
+            os.close(tail.fd)
+
+    def digests(self) -> dict[str, tuple[int, str]]:
+        """After the writer finished (and the context exited): name -> (size, checksum) of every
+        regular file in the directory, each read to its end. The descriptors are closed."""
+        assert self.stopped.is_set()
+        try:
+            self.catch_up(final=True)
+            return {name: (t.offset, t.hasher.hexdigest()) for name, t in self.tails.items()}
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for name in list(self.tails):
+            self._drop(name)
+
+
+def page_entries(manifest: Any) -> list[FileEntry]:
+    """The manifest's CRIU page images (criu/pages-N.img): the process memory, most of the bytes."""
+    return [f for f in manifest.files if re.fullmatch(r"criu/pages-[0-9]+\.img", f.path)]
+
+
+class BulkVerifier:
+    """Checks the checksums of the given manifest entries on a thread, while someone else
+    (CRIU) reads the same files: one read from the disk serves both. result() waits and raises
+    ImageInvalid for the first mismatch."""
+
+    def __init__(self, root: Path, entries: Iterable[FileEntry],
+                 check: Callable[[Path, FileEntry], None]) -> None:
+        self.root = root
+        self.entries = list(entries)
+        self.check = check
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="image-verifier", daemon=True)
+
+    def start(self) -> "BulkVerifier":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for entry in self.entries:
+                self.check(safe_member(self.root, entry.path), entry)
+        except BaseException as e:
+            self.error = e
+
+    def result(self) -> None:
+        self.thread.join()
+        if isinstance(self.error, ImageInvalid):
+            raise self.error
+        if self.error is not None:
+            raise ImageInvalid(f"cannot verify the checkpoint's images: {self.error}") from self.error

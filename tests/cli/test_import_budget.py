@@ -1,0 +1,99 @@
+"""The CLI's import budget: a count of the modules each command path loads, not a timing (every
+module costs start-up time on every command). A new import on these paths must fit the budget or
+be made lazy; raise a budget only for a module the path really needs from its first line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import Workload, kill_and_wait, requires_criu
+
+# Modules loaded, counted in a fresh interpreter (CPython's own ~30 at start-up included).
+BUDGET = {"help": 120, "checkpoint": 180, "restore": 180}
+# Never loaded before a command runs: rich (people's output only), yaml (the manifest, loaded on
+# a thread while CRIU works), pycriu and protobuf (never on these paths: criurpc.py speaks CRIU's
+# RPC), npusim (native).
+HEAVY = ("rich", "yaml", "pycriu", "google", "npusim", "secrets", "concurrent")
+
+
+def _loaded(code: str) -> list[str]:
+    prog = f"import sys\n{code}\nimport json; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, check=True).stdout
+    return list(json.loads(out.splitlines()[-1]))
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.split(".")[0] in HEAVY]
+
+
+def test_help_fits_its_budget() -> None:
+    modules = _loaded("from npusnap_cli.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass")
+    assert not _heavy(modules)
+    assert len(modules) <= BUDGET["help"], f"{len(modules)} modules for --help"
+
+
+@pytest.mark.parametrize("command", ["checkpoint", "restore"])
+def test_a_commands_path_fits_its_budget(command: str) -> None:
+    """The command and every module its pipeline imports up front (what runs before CRIU)."""
+    modules = _loaded("import click\nfrom npusnap_cli.cli import app\n"
+                      f"app.get_command(click.Context(app), {command!r})\n"
+                      f"import npusnap_cli.core.{command}, npusnap_cli.core.guardian, npusnap_cli.backends.none\n"
+                      "import npusnap_cli.warmup, npusnap_cli.image.checksums")
+    assert not _heavy(modules)
+    assert len(modules) <= BUDGET[command], f"{len(modules)} modules for {command}"
+
+
+def test_criu_rpc_and_pstree_load_without_protobuf(tmp_path) -> None:
+    """The dump's RPC (our own encoding, criurpc.py) and its pstree.img are read without pycriu
+    and without the protobuf runtime (~45 ms of imports)."""
+    # pstree.img with one process (pid 7, one thread), behind IMG_COMMON_MAGIC
+    entry = b"\x08\x07\x10\x00\x18\x07\x20\x07\x28\x07"
+    (tmp_path / "pstree.img").write_bytes((0x54564319).to_bytes(4, "little") + (0x50273030).to_bytes(4, "little")
+                                          + len(entry).to_bytes(4, "little") + entry)
+    modules = _loaded("from pathlib import Path\nfrom npusnap_cli.platform.criu import dumped_tree, rpc_messages\n"
+                      "rpc = rpc_messages(); rpc.criu_req(type=rpc.DUMP, opts=rpc.criu_opts(images_dir_fd=-1))"
+                      ".SerializeToString()\nrpc.criu_resp.FromString(b'\\x08\\x01\\x10\\x01')\n"
+                      f"assert dumped_tree(Path({str(tmp_path)!r})) == [(7, 0, 1)]")
+    assert "npusnap_cli.platform.criurpc" in modules and not _heavy(modules)
+
+
+@requires_criu
+def test_checkpoint_and_restore_never_import_protobuf(tmp_path) -> None:
+    """End to end, on a real process and a real CRIU: nothing on either command's path (its
+    warm-up thread included) imports protobuf or pycriu."""
+    w = Workload(["sleep", "1000"], tmp_path / "out")
+    try:
+        for args in (["checkpoint", w.pid, "-D", tmp_path / "ck", "--device", "none"],
+                     ["restore", tmp_path / "ck", "--detach"]):
+            r = subprocess.run([sys.executable, "-X", "importtime", "-m", "npusnap_cli", *map(str, args)],
+                               capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            assert r.returncode == 0, r.stderr
+            imported = [line.rpartition("|")[2].strip() for line in r.stderr.splitlines()
+                        if line.startswith("import time:")]
+            assert "npusnap_cli.platform.criurpc" in imported
+            assert not [m for m in imported if m.split(".")[0] in ("google", "pycriu")], args[0]
+            if args[0] == "checkpoint":
+                w.proc.wait(timeout=10)  # killed by the checkpoint: its pid is free for the restore
+    finally:
+        w.proc.poll()
+        kill_and_wait(w.pid)
+
+
+@pytest.mark.parametrize("handler", [False, True])
+def test_the_cli_exits_without_finalization_unless_something_needs_it(handler: bool) -> None:
+    """The CLI's own process ends with os._exit (its output flushed, its exit code kept); an
+    exit handler someone registered (coverage does) still runs: then it exits the ordinary way."""
+    prog = ("import atexit, sys\n"
+            + ("atexit.register(lambda: print('handler ran'))\n" if handler else "")
+            + "sys.argv = ['npusnap', 'verify', '/nonexistent/checkpoint']\n"
+              "class Finalized:\n    def __del__(self): print('finalized', flush=True)\n"
+              "f = Finalized()\n"  # deleted at interpreter finalization only
+              "from npusnap_cli.cli import main\nmain()\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True)
+    assert r.returncode == 8 and "not a checkpoint directory" in r.stderr, r.stderr
+    assert ("handler ran" in r.stdout) == handler
+    assert ("finalized" in r.stdout) == handler

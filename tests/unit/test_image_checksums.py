@@ -1,0 +1,184 @@
+"""Checksums in the pass that moves the data: the follower that hashes CRIU's images while they
+are written, the seal that takes its digests, the verifier that checks page images while CRIU
+reads them, and the small CRIU image decoder that spares the pipeline pycriu's import."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from npusnap_cli.errors import CriuFailed, ImageInvalid
+from npusnap_cli.image import staging as staging_mod
+from npusnap_cli.image.checksums import BulkVerifier, Follower, page_entries
+from npusnap_cli.image.format import FileEntry, Manifest, check_entry, checksum_file, verify
+from npusnap_cli.image.staging import Staging
+from npusnap_cli.platform.criu import CORE_MAGIC, PSTREE_MAGIC, dumped_tree, stopped_at_dump
+
+NEVER = 3600.0  # the follower's own thread never wakes: each test drives catch_up() itself
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def test_the_follower_hashes_files_as_they_grow(tmp_path: Path) -> None:
+    with Follower(tmp_path, interval=NEVER) as follower:
+        for i in range(5):
+            _append(tmp_path / "pages-1.img", os.urandom(100_000 + i))
+            _append(tmp_path / "core-1.img", b"x" * i)
+            follower.catch_up(final=False)
+        _append(tmp_path / "pages-1.img", b"tail written after the last catch-up")
+        (tmp_path / "inventory.img").write_bytes(b"written last")
+    digests = follower.digests()
+    assert digests == {p.name: checksum_file(p) for p in tmp_path.iterdir()}
+
+
+def test_a_replaced_or_truncated_file_is_hashed_again_from_its_start(tmp_path: Path) -> None:
+    with Follower(tmp_path, interval=NEVER) as follower:
+        (tmp_path / "a.img").write_bytes(b"first attempt " * 1000)
+        (tmp_path / "b.img").write_bytes(b"long content " * 1000)
+        follower.catch_up(final=False)
+        (tmp_path / "a.img").unlink()  # a retried dump: same name, new file
+        (tmp_path / "a.img").write_bytes(b"second attempt")
+        os.truncate(tmp_path / "b.img", 0)
+        (tmp_path / "b.img").write_bytes(b"short")
+        (tmp_path / "gone.img").write_bytes(b"removed before the end")
+        follower.catch_up(final=False)
+        (tmp_path / "gone.img").unlink()
+    assert follower.digests() == {"a.img": checksum_file(tmp_path / "a.img"),
+                                  "b.img": checksum_file(tmp_path / "b.img")}
+
+
+def test_the_follower_keeps_few_descriptors_and_seal_hashes_the_rest(tmp_path: Path) -> None:
+    st = Staging(tmp_path / "ck")
+    try:
+        with st.follow(st.criu_dir) as follower:
+            follower.max_files = 3
+            for i in range(10):
+                (st.criu_dir / f"core-{i}.img").write_bytes(os.urandom(100 + i))
+            follower.catch_up(final=False)
+            assert len(follower.tails) == 3
+        entries = st.seal()
+        assert [(e.size, e.checksum) for e in entries] == [checksum_file(st.path / e.path) for e in entries]
+        assert len(entries) == 10
+    finally:
+        st.discard()
+
+
+def test_seal_takes_the_followers_digests_without_reading_again(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Staging(tmp_path / "ck")
+    try:
+        with st.follow(st.criu_dir) as follower:
+            (st.criu_dir / "pages-1.img").write_bytes(os.urandom(1 << 20))
+            follower.catch_up(final=False)
+            _append(st.criu_dir / "pages-1.img", b"more")
+
+        def no_second_pass(path: Path) -> tuple[int, str]:
+            raise AssertionError(f"{path} was read again")
+
+        monkeypatch.setattr(staging_mod, "checksum_file", no_second_pass)
+        [entry] = st.seal()
+        monkeypatch.undo()
+        assert (entry.path, entry.size) == ("criu/pages-1.img", (1 << 20) + 4)
+        assert (entry.size, entry.checksum) == checksum_file(st.criu_dir / "pages-1.img")
+    finally:
+        st.discard()
+
+
+def test_seal_reads_a_file_the_follower_did_not_see_whole(tmp_path: Path) -> None:
+    st = Staging(tmp_path / "ck")
+    try:
+        with st.follow(st.criu_dir):
+            (st.criu_dir / "pages-1.img").write_bytes(b"a" * 4096)
+        st.followers[0].digests = lambda: {"pages-1.img": (10, "stale")}  # type: ignore[method-assign]
+        [entry] = st.seal()
+        assert (entry.size, entry.checksum) == checksum_file(st.criu_dir / "pages-1.img")
+    finally:
+        st.discard()
+
+
+def _manifest(root: Path, names: list[str]) -> Manifest:
+    files = []
+    for name in names:
+        size, digest = checksum_file(root / name)
+        files.append(FileEntry(name, size, digest))
+    return Manifest(pid=1, created="", host="", kernel="", npusnap_version="", criu_version="", files=files)
+
+
+def test_page_images_are_left_to_the_verifier_and_it_catches_a_bad_one(tmp_path: Path) -> None:
+    (tmp_path / "criu").mkdir()
+    for name, data in (("pages-1.img", b"p" * 10000), ("pages-12.img", b"q" * 10), ("pagemap-1.img", b"m")):
+        (tmp_path / "criu" / name).write_bytes(data)
+    m = _manifest(tmp_path, ["criu/pages-1.img", "criu/pages-12.img", "criu/pagemap-1.img"])
+    pages = page_entries(m)
+    assert [e.path for e in pages] == ["criu/pages-1.img", "criu/pages-12.img"]
+
+    (tmp_path / "criu" / "pages-1.img").write_bytes(b"P" * 10000)  # same size, other bytes
+    verify(tmp_path, m, later={e.path for e in pages})  # sizes only, for those
+    with pytest.raises(ImageInvalid, match="pages-1.img: checksum mismatch"):
+        BulkVerifier(tmp_path, pages, check_entry).start().result()
+    os.truncate(tmp_path / "criu" / "pages-12.img", 1)
+    with pytest.raises(ImageInvalid, match="pages-12.img: size 1 differs"):
+        verify(tmp_path, m, later={e.path for e in pages})
+
+
+def test_the_verifier_passes_good_images(tmp_path: Path) -> None:
+    (tmp_path / "criu").mkdir()
+    (tmp_path / "criu" / "pages-1.img").write_bytes(os.urandom(3 << 20))
+    m = _manifest(tmp_path, ["criu/pages-1.img"])
+    BulkVerifier(tmp_path, page_entries(m), check_entry).start().result()
+
+
+# -- CRIU's image format, encoded here the way protobuf does
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, value: int | bytes) -> bytes:
+    if isinstance(value, bytes):
+        return _varint(number << 3 | 2) + _varint(len(value)) + value
+    return _varint(number << 3) + _varint(value)
+
+
+def _image(magic: int, *entries: bytes, leading: bool = False) -> bytes:
+    head = (0x54564319).to_bytes(4, "little") if leading else b""
+    return head + magic.to_bytes(4, "little") + b"".join(len(e).to_bytes(4, "little") + e for e in entries)
+
+
+def test_pstree_is_read_without_pycriu(tmp_path: Path) -> None:
+    root = _field(1, 300) + _field(2, 0) + _field(3, 300) + _field(4, 300) + _field(5, 300) + _field(5, 301)
+    child = _field(1, 70000) + _field(2, 300) + _field(5, _varint(70000) + _varint(70001) + _varint(70002))  # packed
+    (tmp_path / "pstree.img").write_bytes(_image(PSTREE_MAGIC, root, child, leading=True))
+    assert dumped_tree(tmp_path) == [(300, 0, 2), (70000, 300, 3)]
+
+
+@pytest.mark.parametrize("data", [b"", b"\x01\x02\x03\x04", _image(CORE_MAGIC, _field(1, 5)),
+                                  _image(PSTREE_MAGIC, _field(1, 5))[:-1], _image(PSTREE_MAGIC, _field(2, 5)),
+                                  _image(PSTREE_MAGIC, b"\x0d")])
+def test_a_bad_pstree_is_one_clear_error(tmp_path: Path, data: bytes) -> None:
+    (tmp_path / "pstree.img").write_bytes(data)
+    with pytest.raises(CriuFailed, match="pstree.img"):
+        dumped_tree(tmp_path)
+
+
+def test_a_process_stopped_at_dump_is_seen_in_its_core_image(tmp_path: Path) -> None:
+    def core(pid: int, state: int) -> None:
+        entry = _field(1, 1) + _field(3, _field(1, state) + _field(2, 0)) + _field(4, b"\x08\x01")
+        (tmp_path / f"core-{pid}.img").write_bytes(_image(CORE_MAGIC, entry))
+
+    core(10, 1)
+    core(11, 3)  # TASK_STOPPED
+    assert not stopped_at_dump(tmp_path, [10])
+    assert stopped_at_dump(tmp_path, [10, 11])
+    with pytest.raises(OSError):
+        stopped_at_dump(tmp_path, [12])
