@@ -6,7 +6,7 @@ PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' -not -name _protocol.py 2>/dev/null) \
            pyproject.toml CMakeLists.txt scripts/gen_protocol.py
 
-.PHONY: setup demo test cluster-test faults bench bench-quick criu zdtm completions man docs clean
+.PHONY: setup demo test cluster-test job-faults faults bench bench-quick criu zdtm completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -40,6 +40,13 @@ test: setup
 cluster-test: setup
 	bash scripts/install-build-deps.sh cluster
 	$(VENV)/bin/pytest tests/cluster -q
+
+# npusnap job's fault tests (a failure at each stage, a worker killed, a foreign message) run
+# JOB_FAULT_LOOPS times over on the test cluster; `make test` runs them once.
+JOB_FAULT_LOOPS ?= 5
+job-faults: setup
+	bash scripts/install-build-deps.sh cluster
+	for i in $$(seq $(JOB_FAULT_LOOPS)); do $(VENV)/bin/pytest tests/job/test_faults.py -q -p no:cacheprovider || exit 1; done
 
 # Signals at random moments of checkpoint and restore: 100 SIGINTs and 20 SIGSTOP/SIGCONT pauses
 # (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run), and 20 SIGINTs each

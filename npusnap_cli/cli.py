@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("prune:prune", "Delete all but the newest N valid checkpoints in a directory."),
     "config": ("config:config", "Show the effective configuration and where each value came from."),
     "key": ("key:key", "Generate Ed25519 keys for signing checkpoints."),
+    "job": ("job:job", "Checkpoint and restore every rank of a multi-node Slurm job."),
 }
 
 

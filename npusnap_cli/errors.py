@@ -11,6 +11,8 @@ Exit codes (documented in the README for scheduler scripts):
     (11 also: an HCCL communicator of a member has ranks outside the checkpointed set)
  13 the target cannot be checkpointed (pid 1, a kernel thread)
  14 configuration file problem (unknown key, bad value, not YAML)
+ 15 a job checkpoint or restore was aborted (a worker failed, timed out or was lost;
+    every rank was undone and runs on, no job checkpoint was committed)
 130 interrupted (Ctrl-C; everything was rolled back)
 """
 
@@ -96,6 +98,11 @@ class ConfigProblem(NpusnapError):
     default_hint = "fix or remove the key; `npusnap config show` lists every key and its value"
 
 
+class JobAborted(NpusnapError):
+    exit_code = 15
+    default_hint = "every rank runs on and no job checkpoint was committed; see the workers' lines above"
+
+
 class Interrupted(NpusnapError):
     exit_code = 130
 
@@ -119,5 +126,6 @@ EXIT_CODES = {
     StorageProblem.exit_code: "storage problem (no space, read-only, already exists, -D not written by npusnap)",
     UnsupportedTarget.exit_code: "the target cannot be checkpointed (pid 1, a kernel thread)",
     ConfigProblem.exit_code: "configuration file problem (unknown key, bad value, not YAML)",
+    JobAborted.exit_code: "a job checkpoint or restore was aborted (every rank undone, nothing committed)",
     Interrupted.exit_code: "interrupted; rolled back",
 }

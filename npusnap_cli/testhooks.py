@@ -5,6 +5,9 @@ unless its environment variable is set.
   pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline).
 * NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline
   fails there with an injected error, as if that phase had failed (tests/processset).
+* NPUSNAP_TEST_JOB_FAIL=POINT@NODE / NPUSNAP_TEST_JOB_PAUSE=POINT@NODE: a job worker on NODE
+  fails (or announces the point and waits, as above) at POINT: lock (before its set starts),
+  vote, committed, restore (tests/job).
 * NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a
   process driven by the shim as a CUDA process (real ones are found by /dev/nvidia* mappings).
 
@@ -37,6 +40,17 @@ def fail(point: str) -> None:
     """NPUSNAP_TEST_FAIL=point: raise an injected failure here."""
     if os.environ.get("NPUSNAP_TEST_FAIL") == point:
         raise NpusnapError(f"test failure injected at {point}")
+
+
+def job_point(point: str, node: str) -> None:
+    """NPUSNAP_TEST_JOB_FAIL / NPUSNAP_TEST_JOB_PAUSE = point@node, in a job worker."""
+    here = f"{point}@{node}"
+    if os.environ.get("NPUSNAP_TEST_JOB_PAUSE") == here:
+        sys.stderr.write(f"npusnap: test pause {here}\n")
+        sys.stderr.flush()
+        time.sleep(float(os.environ.get("NPUSNAP_TEST_PAUSE_S") or 60))
+    if os.environ.get("NPUSNAP_TEST_JOB_FAIL") == here:
+        raise NpusnapError(f"test failure injected at {here}")
 
 
 def shim_cuda_process(pid: int, maps: str) -> bool:

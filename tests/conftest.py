@@ -16,6 +16,8 @@ import pytest
 
 from npusnap_cli import native
 
+pytest_plugins = ["tests.cluster.fixtures"]  # the session's test cluster (tests/cluster, tests/job)
+
 _READY_TIMEOUT_S = 10.0
 
 

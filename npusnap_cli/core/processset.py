@@ -23,7 +23,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Protocol, Sequence
 
 from ..backends import Backend, BackendName, DataPath, State
 from ..errors import NpusnapError, UnsupportedTarget, WrongState
@@ -57,11 +57,22 @@ from .undo import UndoStack
 LOG_NAMES_OF_A_DUMP = ("dump.log", "stats-dump")  # what CRIU writes into a dump's log directory
 
 
+class CommitGate(Protocol):
+    """A multi-node job's two-phase commit around the set's own (core/job/worker.py)."""
+
+    def prepared(self, manifest: Manifest) -> None:
+        """Everything dumped and sealed, nothing committed: vote, and wait for the decision.
+        Raising aborts: every member is undone as for any failure."""
+
+    def committed(self, manifest: Manifest) -> None:
+        """The set is committed, no member killed or run on yet: wait until the job is."""
+
+
 def checkpoint_set(pids: Sequence[int], opts: CheckpointOptions, progress: Progress = quiet,
-                   services: Services = REAL) -> Manifest:
+                   services: Services = REAL, gate: Optional[CommitGate] = None) -> Manifest:
     """Checkpoint every pid (each with its process tree) into opts.directory as one set.
     Raises NpusnapError, naming the member that failed, after undoing every member."""
-    return SetCheckpoint(pids, opts, progress, services).execute()
+    return SetCheckpoint(pids, opts, progress, services, gate).execute()
 
 
 @contextlib.contextmanager
@@ -90,7 +101,8 @@ def _serialized(progress: Progress) -> Progress:
 
 class SetCheckpoint:
     def __init__(self, pids: Sequence[int], opts: CheckpointOptions, progress: Progress,
-                 services: Services) -> None:
+                 services: Services, gate: Optional[CommitGate] = None) -> None:
+        self.gate = gate
         if not pids:
             raise WrongState("a process set needs at least one process")
         twice = sorted({p for p in pids if list(pids).count(p) > 1})
@@ -154,7 +166,10 @@ class SetCheckpoint:
             for m in self.members:
                 self._dump(m)
         self._seal()
-        return commit(self.staging, self.signals, self._manifest())
+        manifest = self._manifest()
+        if self.gate is not None:
+            self.gate.prepared(manifest)
+        return commit(self.staging, self.signals, manifest)
 
     def _lock_all(self) -> None:
         """Every member's lock at once. Signals wait until every lock has returned (each is
@@ -219,6 +234,8 @@ class SetCheckpoint:
     def _finish(self, manifest: Manifest) -> None:
         """After the commit: every member killed, or every member run on (--leave-running). One
         member's failure to run on does not keep the others from it; the first is reported."""
+        if self.gate is not None:
+            self.gate.committed(manifest)
         first: Optional[BaseException] = None
         for m in self.members:
             try:

@@ -31,6 +31,8 @@ def all_commands() -> dict[str, click.Command]:
             for name in cmd.list_commands(ctx):
                 sub = cmd.get_command(ctx, name)
                 assert sub is not None, name
+                if sub.hidden:  # internal (the job's per-node worker): neither in the man page nor documented
+                    continue
                 walk(click.Context(sub, info_name=name, parent=ctx), sub, (*path, name))
         else:
             out[" ".join(path)] = cmd

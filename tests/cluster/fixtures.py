@@ -1,5 +1,7 @@
 """The test cluster (scripts/test-cluster.sh): brought up once per session, private to it, and
-always brought down (and its state directory removed) at the end, also when a test failed."""
+always brought down (and its state directory removed) at the end, also when a test failed.
+A plugin of the root conftest (pytest_plugins), so tests/cluster and tests/job share the one
+session cluster."""
 
 from __future__ import annotations
 
@@ -54,6 +56,24 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def idle_cluster(cluster: Cluster) -> Iterator[Cluster]:
     """The session's cluster, with no job left running by this test."""
+    try:
+        yield cluster
+    finally:
+        cluster.cancel_all()
+
+
+def ensure_up(cluster: Cluster) -> None:
+    if cluster.script("status").returncode != 0:
+        try:
+            cluster.up()
+        except RuntimeError as e:
+            pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def live_cluster(cluster: Cluster) -> Iterator[Cluster]:
+    """idle_cluster, brought up again first if a test brought it down (test_down_leaves_nothing)."""
+    ensure_up(cluster)
     try:
         yield cluster
     finally:

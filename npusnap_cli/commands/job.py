@@ -1,0 +1,229 @@
+"""`npusnap job ...`: checkpoint and restore a whole multi-node Slurm job (core/job/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import click
+
+from ..numbers import Seconds
+from ..output import Terminal, human_bytes
+from . import json_option
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _job_options(f: F) -> F:
+    f = click.option("--listen", metavar="ADDR", default=None,
+                     help="Address the coordinator listens on for its workers (default: the one the job's "
+                          "first node reaches this host at).")(f)
+    return click.option("--job", "job", metavar="JOBID", default=None,
+                        help="The Slurm job (default: the allocation this runs in, $SLURM_JOB_ID).")(f)
+
+
+def _deadline_options(f: F) -> F:
+    for name, default, what in (("commit", 60.0, "every node's commit, and the final word"),
+                                ("prepare", 300.0, "every rank locked, backed up and dumped (restore: restored)"),
+                                ("connect", 60.0, "every node's worker started and connected")):
+        f = click.option(f"--{name}-timeout", type=Seconds(min=1), default=default, show_default=True,
+                         metavar="SECONDS", help=f"Deadline for {what}.")(f)
+    return f
+
+
+@click.group()
+def job() -> None:
+    """Checkpoint and restore every rank of a multi-node Slurm job."""
+
+
+@job.command("checkpoint")
+@click.option("-D", "--directory", required=True, type=click.Path(path_type=Path),
+              help="The job checkpoint to create, on storage every node shares (must not exist).")
+@_job_options
+@click.option("--leave-running", is_flag=True, help="Keep every rank running after the checkpoint.")
+@click.option("--shell-job", is_flag=True, help="The ranks share a terminal or session with their launcher.")
+@click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
+              help="How long each rank's device work may take to quiesce.")
+@click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
+              help="Bound on each CRIU dump (default: CRIU's).")
+@_deadline_options
+@json_option
+@click.pass_obj
+def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], leave_running: bool,
+               shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], connect_timeout: float,
+               prepare_timeout: float, commit_timeout: float) -> None:
+    """Checkpoint every rank of the job on every node into DIRECTORY, all or nothing.
+
+    One worker per node (srun --overlap) locks, backs up and dumps its node's ranks and votes;
+    the job manifest is committed only when every node voted. Any failure, timeout or lost
+    worker before that aborts: every rank runs on, unlocked, and DIRECTORY does not exist.
+    """
+    from ..core.job.coordinator import Deadlines, JobCheckpointOptions, checkpoint_job
+
+    opts = JobCheckpointOptions(directory=directory, job=job, listen=listen, leave_running=leave_running,
+                                shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
+                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout))
+    r = checkpoint_job(opts, term.info)
+    m = r.manifest
+    if term.json_mode:
+        term.data("job-checkpoint", {"directory": str(r.directory), "job": m.slurm_job_id,
+                                     "left_running": leave_running, "seconds": round(r.seconds, 6),
+                                     "stages": r.stages, "nodes": [n.__dict__ for n in m.nodes],
+                                     "ranks": [x.__dict__ for x in m.ranks]})
+        return
+    term.success(f"checkpointed job {m.slurm_job_id}: {len(m.ranks)} ranks on {len(m.nodes)} nodes into "
+                 f"{r.directory} ({r.seconds:.2f}s)")
+    if not leave_running:
+        term.info(f"the ranks were stopped; `npusnap job restore {r.directory}` in a new allocation brings them back")
+
+
+@job.command("restore")
+@click.argument("directory", type=click.Path(path_type=Path))
+@_job_options
+@click.option("--nodes", metavar="NODE,NODE...", default=None,
+              help="The allocation's nodes in rank order: the checkpoint's first node's ranks go to the first "
+                   "(default: Slurm's order).")
+@click.option("--no-verify", is_flag=True, help="Check the manifests' checksums only, not every file's.")
+@_deadline_options
+@json_option
+@click.pass_obj
+def restore(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], nodes: Optional[str],
+            no_verify: bool, connect_timeout: float, prepare_timeout: float, commit_timeout: float) -> None:
+    """Restore the job checkpoint DIRECTORY into a (new) allocation and wait for the ranks.
+
+    Needs as many nodes as the checkpoint has; each node's ranks are restored on one node of
+    the allocation. Exits with the first non-zero exit code of a rank (0 when all succeed).
+    """
+    from ..core.job.coordinator import Deadlines, JobRestoreOptions, restore_job
+
+    opts = JobRestoreOptions(directory=directory, job=job, listen=listen,
+                             nodes=nodes.split(",") if nodes else None, verify=not no_verify,
+                             deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout))
+    r = restore_job(opts, term.info)
+    if term.json_mode:
+        term.data("job-restore", {"directory": str(directory.absolute()), "placement": r.placement,
+                                  "pids": r.pids, "exit_codes": r.codes, "exit_code": r.exit_code,
+                                  "stages": r.stages})
+    else:
+        term.success(f"job restored from {directory} ("
+                     + ", ".join(f"{a} -> {b}" for a, b in r.placement.items())
+                     + f"); the ranks exited {r.exit_code}")
+    raise SystemExit(r.exit_code)
+
+
+@job.command("status")
+@click.argument("directory", type=click.Path(path_type=Path))
+@json_option
+@click.pass_obj
+def status(term: Terminal, directory: Path) -> None:
+    """Whether DIRECTORY is a committed job checkpoint, or one being written (or left over)."""
+    from ..core.job import manifest as jm
+    from ..errors import ImageInvalid
+    from ..image.format import HIDDEN_SIBLING
+
+    root = directory.absolute()
+    partial = sorted(p.name for p in root.parent.glob(f".{root.name}.*")
+                     if (mt := HIDDEN_SIBLING.match(p.name)) and mt.group("kind") == "partial")
+    state, detail, m = "absent", "", None
+    if root.exists():
+        try:
+            m = jm.verify(root, deep=False)
+            state = "committed"
+        except ImageInvalid as e:
+            state, detail = "invalid", e.message
+    if term.json_mode:
+        term.data("job-status", {"directory": str(root), "state": state, "detail": detail, "partial": partial,
+                                 "job": m.slurm_job_id if m else None, "ranks": len(m.ranks) if m else 0,
+                                 "nodes": [n.name for n in m.nodes] if m else []})
+        return
+    if m is not None:
+        term.success(f"{root}: committed job checkpoint of job {m.slurm_job_id}, {len(m.ranks)} ranks on "
+                     f"{', '.join(n.name for n in m.nodes)} ({m.created})")
+    else:
+        term.info(f"{root}: {state}" + (f" ({detail})" if detail else ""))
+    for p in partial:
+        term.info(f"  {p}: a job checkpoint being written, or left by a coordinator that died (not committed)")
+
+
+@job.command("inspect")
+@click.argument("directory", type=click.Path(path_type=Path))
+@json_option
+@click.pass_obj
+def inspect(term: Terminal, directory: Path) -> None:
+    """Show a job checkpoint: nodes, ranks, their images and devices, stage timings."""
+    from ..core.job import manifest as jm
+    from ..image.format import load_manifest
+
+    root = directory.absolute()
+    m = jm.verify(root, deep=False)
+    sizes = {n.name: sum(f.size for f in load_manifest(root / n.dir).files) for n in m.nodes}
+    if term.json_mode:
+        term.data("job-inspect", {"directory": str(root), **m.to_dict(), "node_bytes": sizes})
+        return
+    term.success(f"job {m.slurm_job_id}: {len(m.ranks)} ranks on {len(m.nodes)} nodes, created {m.created}")
+    for n in m.nodes:
+        term.info(f"  node {n.name} ({n.address}): {n.dir}, {human_bytes(sizes[n.name])}, "
+                  f"manifest sha256 {n.manifest_sha256[:16]}...")
+        for r in m.ranks_of(n.name):
+            dev = r.device.get("backend", "none")
+            term.info(f"    rank {r.rank} (step {r.step} task {r.procid}): pid {r.pid}, {r.images}, device {dev} "
+                      f"{human_bytes(int(r.device.get('bytes', 0)))}")
+    term.info("  stages: " + ", ".join(f"{s['name']} {s['seconds']:.2f}s" for s in m.phases))
+
+
+@job.command("verify")
+@click.argument("directory", type=click.Path(path_type=Path))
+@json_option
+@click.pass_obj
+def verify(term: Terminal, directory: Path) -> None:
+    """Recompute every checksum of every node's checkpoint in a job checkpoint."""
+    from ..core.job import manifest as jm
+
+    m = jm.verify(directory.absolute(), deep=True)
+    if term.json_mode:
+        term.data("job-verify", {"directory": str(directory.absolute()), "valid": True,
+                                 "nodes": [n.name for n in m.nodes], "ranks": len(m.ranks)})
+        return
+    term.success(f"{directory}: {len(m.nodes)} nodes, {len(m.ranks)} ranks, all checksums match")
+
+
+@job.group("worker", hidden=True)
+def worker() -> None:
+    """The per-node worker (started by `job checkpoint` / `job restore` through srun)."""
+
+
+def _worker_options(f: F) -> F:
+    f = click.option("--coordinator", required=True, metavar="HOST:PORT")(f)
+    f = click.option("--run", "run_id", required=True)(f)
+    f = click.option("--secret-file", required=True, type=click.Path(path_type=Path))(f)
+    return click.option("--lease", type=Seconds(min=1), required=True)(f)
+
+
+@worker.command("checkpoint")
+@_worker_options
+@click.option("--job", "job_id", required=True)
+@click.option("--staging", required=True, type=click.Path(path_type=Path))
+@click.option("--leave-running", is_flag=True)
+@click.option("--shell-job", is_flag=True)
+@click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0)
+@click.option("--criu-timeout", type=Seconds(min=1), default=None)
+def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
+                      leave_running: bool, shell_job: bool, lock_timeout: float,
+                      criu_timeout: Optional[float]) -> None:
+    from ..core.job.worker import WorkerOptions, checkpoint_worker
+
+    raise SystemExit(checkpoint_worker(WorkerOptions(
+        coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
+        leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout)))
+
+
+@worker.command("restore")
+@_worker_options
+@click.option("--directory", required=True, type=click.Path(path_type=Path))
+@click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
+def worker_restore(coordinator: str, run_id: str, secret_file: Path, lease: float, directory: Path,
+                   rendezvous: Optional[Path]) -> None:
+    from ..core.job.worker import WorkerOptions, restore_worker
+
+    raise SystemExit(restore_worker(WorkerOptions(coordinator=coordinator, run=run_id, secret_file=secret_file,
+                                                  lease=lease, directory=directory, rendezvous=rendezvous)))

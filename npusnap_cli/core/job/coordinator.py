@@ -1,0 +1,416 @@
+"""The coordinator of a job checkpoint or restore: one per job command, inside the allocation
+(the batch script) or outside it (given the job id). It starts one worker per node through
+srun, talks to them over TCP (protocol.py), and drives the two-phase commit:
+
+    connect   every node's worker says hello (the ranks it found)       --connect-timeout
+    prepare   every worker locks, backs up, dumps its node's ranks and votes   --prepare-timeout
+    commit    `commit` to all -> every node's set committed into the staging directory
+              -> job.json written -> the staging directory renamed to DIR (THE commit point)
+              -> `done` to all (ranks killed, or run on)                 --commit-timeout
+    any failure, timeout or lost worker before the rename -> `abort` to every worker (each
+    undoes its ranks: they run on, unlocked), the staging directory removed, JobAborted.
+
+Restore: the shape is checked (as many nodes as the checkpoint has), node i of the checkpoint
+goes to node i of the new allocation (or of --nodes), every worker restores its node's set,
+and `go` once all are restored (else `abort`: every restored rank killed, DIR intact); the
+command then waits for the ranks to exit and returns the first non-zero exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ... import __version__
+from ...errors import JobAborted, StorageProblem, WrongState
+from ...image.format import hidden_sibling
+from ...image.staging import _fsync_path  # the same durability step as a single checkpoint's commit
+from . import manifest as jm
+from . import slurm
+from .protocol import Channel, ProtocolError, new_secret
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Deadlines:
+    connect: float = 60.0
+    prepare: float = 300.0
+    commit: float = 60.0
+
+    @property
+    def lease(self) -> float:
+        """How long a worker waits for the coordinator's next word before aborting by itself."""
+        return self.prepare + self.commit
+
+
+@dataclass
+class JobCheckpointOptions:
+    directory: Path
+    job: Optional[str] = None
+    listen: Optional[str] = None
+    leave_running: bool = False
+    shell_job: bool = False
+    lock_timeout: float = 60.0
+    criu_timeout: Optional[float] = None
+    deadlines: Deadlines = field(default_factory=Deadlines)
+
+
+@dataclass
+class JobRestoreOptions:
+    directory: Path
+    job: Optional[str] = None
+    listen: Optional[str] = None
+    nodes: Optional[list[str]] = None  # the new allocation's nodes in rank order (default Slurm's)
+    verify: bool = True
+    deadlines: Deadlines = field(default_factory=Deadlines)
+
+
+@dataclass
+class Event:
+    node: Optional[str]
+    msg: Optional[dict[str, Any]]  # None: the worker's connection was lost
+    why: str = ""
+
+
+def _worker_command() -> list[str]:
+    return [sys.executable, "-m", "npusnap_cli", "job", "worker"]
+
+
+class Session:
+    """The listener, the srun step of workers, and one reader thread per worker connection."""
+
+    def __init__(self, job: str, nodes: Sequence[str], listen: Optional[str], key: bytes, say: Say) -> None:
+        self.job, self.nodes, self.key, self.say = job, list(nodes), key, say
+        self.run = secrets.token_hex(8)
+        addr = listen or slurm.local_address_towards(slurm.node_address(self.nodes[0]))
+        self.listener = socket.create_server((addr, 0), backlog=len(self.nodes) + 8)
+        self.address = f"{addr}:{self.listener.getsockname()[1]}"
+        say(f"npusnap job: coordinator of job {job} listening on {self.address}")
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.channels: dict[str, Channel] = {}
+        self.output: list[str] = []
+        self.step: Optional[subprocess.Popen[str]] = None
+        self._closing = False
+        self.lost: dict[str, str] = {}  # node -> why its worker's connection is gone
+        self.aborted: Optional[str] = None  # why, once abort() was called: late workers hear it too
+        self._lock = threading.Lock()
+        self.step_ended = ""
+        threading.Thread(target=self._accept, daemon=True, name="job-accept").start()
+
+    # -- workers
+    def start_workers(self, args: Sequence[str]) -> None:
+        argv = slurm.worker_step(self.job, self.nodes, [*_worker_command(), *args, "--coordinator", self.address,
+                                                        "--run", self.run])
+        env = {k: v for k, v in os.environ.items() if k not in ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE")}
+        self.step = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        threading.Thread(target=self._collect, daemon=True, name="job-srun").start()
+
+    def _collect(self) -> None:
+        assert self.step is not None and self.step.stdout is not None
+        for line in self.step.stdout:
+            line = line.rstrip()
+            self.output.append(line)
+            self.say(line)
+        code = self.step.wait()
+        self.events.put(Event(None, None, f"the workers' srun step ended (exit {code})"))
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                conn, peer = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(conn, peer), daemon=True).start()
+
+    def _read(self, conn: socket.socket, peer: Any) -> None:
+        ch = Channel(conn, self.key, self.run)
+        try:
+            hello = ch.receive(timeout=30)
+            node = str(hello.get("node"))
+            if hello.get("type") != "hello" or node not in self.nodes or node in self.channels:
+                raise ProtocolError(f"an unexpected first message from {node!r}")
+        except ProtocolError as e:
+            self.say(f"npusnap job: refused a connection from {peer[0]}: {e}")
+            ch.close()
+            return
+        with self._lock:
+            self.channels[node] = ch
+            if self.aborted is not None:
+                with contextlib.suppress(OSError):
+                    ch.send("abort", reason=self.aborted)
+        self.events.put(Event(node, hello))
+        while True:
+            try:
+                msg = ch.receive()
+            except ProtocolError as e:
+                self.events.put(Event(node, None, f"lost the worker on {node} ({e})"))
+                return
+            self.events.put(Event(node, msg))
+
+    # -- stages
+    def gather(self, wanted: str, stage: str, timeout: Optional[float]) -> dict[str, dict[str, Any]]:
+        """A `wanted` message from every node within timeout (None: no bound); JobAborted when a
+        worker fails, is lost, or the time runs out."""
+        waiting = set(self.nodes)
+        got: dict[str, dict[str, Any]] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting:
+            lost = sorted(waiting & set(self.lost))
+            if lost:
+                raise JobAborted(f"{stage}: {self.lost[lost[0]]}")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                why = self.step_ended or f"no answer within {timeout:.0f} s (--{stage}-timeout)"
+                raise JobAborted(f"{stage}: {', '.join(sorted(waiting))}: {why}")
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if ev.node is None:  # srun ended: the workers' last messages may still be on their way
+                self.step_ended = ev.why
+                grace = time.monotonic() + 5
+                deadline = grace if deadline is None else min(deadline, grace)
+            elif ev.msg is None:
+                self.lost[ev.node] = ev.why
+            elif ev.msg["type"] == "failed":
+                raise JobAborted(f"{stage}: the worker on {ev.node} failed: {ev.msg.get('error')}")
+            elif ev.msg["type"] == wanted and ev.node in waiting:
+                waiting.discard(ev.node)
+                got[ev.node] = ev.msg
+        return got
+
+    def broadcast(self, kind: str, **fields: Any) -> None:
+        with self._lock:
+            for ch in list(self.channels.values()):
+                with contextlib.suppress(OSError):
+                    ch.send(kind, **fields)
+
+    def abort(self, reason: str) -> None:
+        """`abort` to every worker, now and to any that connects later."""
+        with self._lock:
+            self.aborted = reason
+        self.broadcast("abort", reason=reason)
+
+    def close(self, wait: float) -> None:
+        self._closing = True
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        if self.step is not None:
+            try:
+                self.step.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.step.pid, 9)
+                self.step.wait()
+        for ch in self.channels.values():
+            ch.close()
+
+
+# ---------------------------------------------------------------- checkpoint
+
+
+@dataclass
+class CheckpointResult:
+    manifest: jm.JobManifest
+    directory: Path
+    seconds: float
+    stages: list[dict[str, Any]]
+
+
+def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
+    job = slurm.job_id(opts.job)
+    nodes = slurm.job_nodes(job)
+    final = opts.directory.absolute()
+    if final.exists() or final.is_symlink():
+        raise StorageProblem(f"{final} already exists", "choose a new directory for each job checkpoint")
+    if not final.parent.is_dir():
+        raise StorageProblem(f"{final.parent} is not a directory", "create it on the shared storage first")
+    staging = hidden_sibling(final, "partial")
+    try:
+        staging.mkdir(0o700)
+        (staging / jm.NODES_DIR).mkdir(0o700)
+        (staging / jm.RENDEZVOUS_DIR).mkdir(0o700)
+        key = new_secret(staging / jm.SECRET)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise StorageProblem(f"cannot create {staging}: {e.strerror}") from e
+    started = time.monotonic()
+    stages: list[dict[str, Any]] = []
+    committed = False
+    session: Optional[Session] = None
+    d = opts.deadlines
+
+    def stage(name: str, t0: float) -> None:
+        stages.append({"name": name, "seconds": round(time.monotonic() - t0, 6)})
+
+    try:
+        session = Session(job, nodes, opts.listen, key, say)
+        args = ["checkpoint", "--job", job, "--staging", str(staging), "--secret-file", str(staging / jm.SECRET),
+                "--lease", str(d.lease), "--lock-timeout", str(opts.lock_timeout)]
+        if opts.criu_timeout:
+            args += ["--criu-timeout", str(opts.criu_timeout)]
+        args += ["--leave-running"] if opts.leave_running else []
+        args += ["--shell-job"] if opts.shell_job else []
+        t = time.monotonic()
+        session.start_workers(args)
+        hellos = session.gather("hello", "connect", d.connect)
+        stage("connect", t)
+        for node in nodes:
+            say(f"npusnap job: {node}: ranks " + ", ".join(
+                f"{r['pid']} (step {r['step']} task {r['procid']})" for r in hellos[node]["ranks"]))
+        t = time.monotonic()
+        votes = session.gather("prepared", "prepare", d.prepare)
+        stage("prepare", t)
+        t = time.monotonic()
+        session.broadcast("commit")
+        acks = session.gather("committed", "commit", d.commit)
+        m = _job_manifest(job, nodes, staging, hellos, votes, acks)
+        m.phases = stages
+        jm.write(staging, m)
+        (staging / jm.SECRET).unlink()
+        testhooks_commit()
+        if final.exists():
+            raise StorageProblem(f"{final} appeared while the job was checkpointed")
+        os.rename(staging, final)  # THE commit point
+        committed = True
+        _fsync_path(final.parent)
+        stage("commit", t)
+        session.broadcast("done")
+        t = time.monotonic()
+        with contextlib.suppress(JobAborted):  # committed: a worker that ends early costs nothing
+            session.gather("finished", "finish", d.commit)
+        stage("finish", t)
+        m.phases = stages
+        jm.write(final, m)  # the timings of the finish too (same content otherwise)
+        return CheckpointResult(m, final, time.monotonic() - started, stages)
+    except BaseException as e:
+        if committed:
+            raise
+        if session is not None:
+            session.abort(str(getattr(e, "message", e)) or type(e).__name__)
+        if isinstance(e, OSError):
+            raise StorageProblem(f"the job checkpoint could not be committed: {e}") from e
+        raise
+    finally:
+        if session is not None:
+            session.close(wait=d.commit + 30)
+        if not committed:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def testhooks_commit() -> None:
+    from ... import testhooks
+
+    testhooks.pause("job-commit")
+    testhooks.fail("job-commit")
+
+
+def _job_manifest(job: str, nodes: list[str], staging: Path, hellos: dict[str, dict[str, Any]],
+                  votes: dict[str, dict[str, Any]], acks: dict[str, dict[str, Any]]) -> jm.JobManifest:
+    from ...image.format import MANIFEST
+
+    entries, ranks = [], []
+    for node in nodes:
+        rel = f"{jm.NODES_DIR}/{node}"
+        sha = jm.sha256_of(staging / rel / MANIFEST)
+        if sha != acks[node]["manifest_sha256"]:
+            raise JobAborted(f"commit: node {node}'s manifest is not the one its worker committed")
+        entries.append(jm.NodeEntry(name=node, address=slurm.node_address(node), dir=rel, manifest_sha256=sha,
+                                    phases=votes[node].get("phases", [])))
+        members = {m["pid"]: m for m in votes[node].get("members", [])}
+        for r in hellos[node]["ranks"]:
+            member = members.get(r["pid"], {})
+            ranks.append(jm.RankEntry(rank=-1, step=r["step"], procid=r["procid"], node=node, pid=r["pid"],
+                                      images=f"{rel}/criu/{r['pid']}", device=member.get("device", {}),
+                                      phases=member.get("phases", [])))
+    ranks.sort(key=lambda r: (r.step, r.procid))
+    for i, r in enumerate(ranks):
+        r.rank = i
+    entries.sort(key=lambda n: min((r.rank for r in ranks if r.node == n.name), default=0))
+    return jm.JobManifest(slurm_job_id=job, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                          npusnap_version=__version__, nodes=entries, ranks=ranks)
+
+
+# ---------------------------------------------------------------- restore
+
+
+@dataclass
+class RestoreResult:
+    manifest: jm.JobManifest
+    placement: dict[str, str]  # checkpoint node -> new node
+    pids: dict[str, list[int]]
+    codes: dict[str, dict[str, int]]
+    stages: list[dict[str, Any]]
+
+    @property
+    def exit_code(self) -> int:
+        return next((c for n in self.codes.values() for c in n.values() if c != 0), 0)
+
+
+def placement(m: jm.JobManifest, nodes: list[str], wanted: Optional[list[str]]) -> dict[str, str]:
+    """Checkpoint node -> new node, by rank order; refused when the shape does not fit."""
+    order = wanted or nodes
+    if wanted and sorted(wanted) != sorted(nodes):
+        raise WrongState(f"--nodes {','.join(wanted)} are not the job's nodes ({','.join(nodes)})",
+                         "name each node of the new allocation once")
+    if len(order) != len(m.nodes):
+        per = "/".join(str(len(m.ranks_of(n.name))) for n in m.nodes)
+        raise WrongState(f"the job checkpoint has {len(m.ranks)} ranks on {len(m.nodes)} nodes ({per} per node); "
+                         f"the new allocation has {len(order)} node(s)",
+                         f"submit the restoring job with --nodes={len(m.nodes)}")
+    return {n.name: new for n, new in zip(m.nodes, order)}
+
+
+def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
+    root = opts.directory.absolute()
+    m = jm.verify(root, deep=opts.verify)
+    job = slurm.job_id(opts.job)
+    nodes = slurm.job_nodes(job)
+    place = placement(m, nodes, opts.nodes)
+    d = opts.deadlines
+    private = Path(tempfile.mkdtemp(prefix=f".{root.name}.restore-", dir=root.parent))
+    stages: list[dict[str, Any]] = []
+    session: Optional[Session] = None
+    try:
+        key = new_secret(private / jm.SECRET)
+        session = Session(job, list(place.values()), opts.listen, key, say)
+        t = time.monotonic()
+        session.start_workers(["restore", "--directory", str(root), "--secret-file", str(private / jm.SECRET),
+                               "--lease", str(d.lease), "--rendezvous", str(root / m.rendezvous)])
+        session.gather("hello", "connect", d.connect)
+        stages.append({"name": "connect", "seconds": round(time.monotonic() - t, 6)})
+        t = time.monotonic()
+        for old, new in place.items():
+            ranks = [{"pid": r.pid, "step": r.step, "procid": r.procid} for r in m.ranks_of(old)]
+            session.channels[new].send("restore", dir=m.node(old).dir, from_node=old, ranks=ranks)
+        restored = session.gather("restored", "restore", d.prepare)
+        session.broadcast("go")
+        stages.append({"name": "restore", "seconds": round(time.monotonic() - t, 6)})
+        pids = {new: list(restored[new]["pids"]) for new in place.values()}
+        say("npusnap job: restored " + "; ".join(f"{old} -> {new}: {' '.join(map(str, pids[new]))}"
+                                               for old, new in place.items()))
+        exited = session.gather("exited", "run", None)
+        codes = {n: {k: int(v) for k, v in e["codes"].items()} for n, e in exited.items()}
+        return RestoreResult(m, place, pids, codes, stages)
+    except BaseException as e:
+        if session is not None:
+            session.abort(str(getattr(e, "message", e)) or type(e).__name__)
+        raise
+    finally:
+        if session is not None:
+            session.close(wait=d.commit + 30)
+        shutil.rmtree(private, ignore_errors=True)

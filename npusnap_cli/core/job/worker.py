@@ -1,0 +1,243 @@
+"""The per-node worker of a job checkpoint or restore, started by the coordinator through srun
+(one task per node). It finds its node's ranks, runs them as one process set
+(core/processset.py) and takes part in the coordinator's two-phase commit:
+
+    checkpoint:  hello (the ranks it chose) -> set: lock, backup, dump, seal
+                 -> vote `prepared` and wait: `commit` -> the set committed into the job's
+                 staging directory -> `committed` and wait: `done` -> ranks killed | run on
+                 `abort`, a lost coordinator, or no word within --lease -> every rank undone
+    restore:     hello -> `restore` (which node's checkpoint) -> set restored -> `restored`
+                 -> `go`: wait for the ranks to exit, report their exit codes | `abort`: kill them
+
+A worker that loses its coordinator (its connection closes, or nothing arrives within --lease)
+aborts by itself: ranks that were not committed run on, unlocked."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ... import testhooks
+from ...errors import JobAborted, NpusnapError
+from ...image.format import MANIFEST, Manifest
+from .manifest import sha256_of
+from .protocol import Channel, ProtocolError, read_secret
+from .ranks import Rank, find_ranks, register_restored, unregister_restored
+
+
+@dataclass
+class WorkerOptions:
+    coordinator: str  # HOST:PORT
+    run: str
+    secret_file: Path
+    lease: float
+    job: str = ""
+    staging: Optional[Path] = None  # checkpoint: the job's staging directory
+    directory: Optional[Path] = None  # restore: the job checkpoint
+    leave_running: bool = False
+    shell_job: bool = False
+    lock_timeout: float = 60.0
+    criu_timeout: Optional[float] = None
+    rendezvous: Optional[Path] = None  # restore: where communicators meet again (not used yet)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"npusnap job worker {node_name()}: {text}\n")
+    sys.stderr.flush()
+
+
+def _connect(opts: WorkerOptions) -> Channel:
+    host, _, port = opts.coordinator.rpartition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=min(opts.lease, 30))
+    except (OSError, ValueError) as e:
+        raise JobAborted(f"cannot reach the coordinator at {opts.coordinator}: {e}") from e
+    return Channel(sock, read_secret(opts.secret_file), opts.run)
+
+
+class _Gate:
+    """The set's two-phase commit hooks, answered by the coordinator."""
+
+    def __init__(self, ch: Channel, opts: WorkerOptions, node: str, ranks: list[Rank]) -> None:
+        self.ch, self.opts, self.node, self.ranks = ch, opts, node, ranks
+        self.voted = False
+        self.set_committed = False
+
+    def _await(self, stage: str, wanted: str) -> None:
+        try:
+            msg = self.ch.receive(timeout=self.opts.lease)
+        except ProtocolError as e:
+            raise JobAborted(f"lost the coordinator while waiting for its {stage} decision ({e})") from e
+        if msg["type"] == "abort":
+            raise JobAborted(f"the coordinator aborted the job checkpoint: {msg.get('reason', '?')}")
+        if msg["type"] != wanted:
+            raise JobAborted(f"the coordinator sent {msg['type']!r} where {wanted!r} was due")
+
+    def prepared(self, manifest: Manifest) -> None:
+        testhooks.job_point("vote", self.node)
+        members = [{"pid": m.pid, "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases]}
+                   for m in manifest.members]
+        self.ch.send("prepared", node=self.node, members=members,
+                     phases=[p.__dict__ for p in manifest.phases])
+        self.voted = True
+        self._await("commit", "commit")
+
+    def committed(self, manifest: Manifest) -> None:
+        self.set_committed = True
+        assert self.opts.staging is not None
+        testhooks.job_point("committed", self.node)
+        self.ch.send("committed", node=self.node,
+                     manifest_sha256=sha256_of(self.opts.staging / "nodes" / self.node / MANIFEST))
+        self._await("final", "done")
+
+
+def checkpoint_worker(opts: WorkerOptions) -> int:
+    from ...backends import DataPathChoice
+    from ..checkpoint import CheckpointOptions
+    from ..processset import checkpoint_set
+
+    assert opts.staging is not None
+    node = node_name()
+    ch = _connect(opts)
+    try:
+        ranks = find_ranks(opts.job, node, own_step=os.environ.get("SLURM_STEP_ID"))
+        say("ranks " + (", ".join(f"{r.pid} (step {r.step} task {r.procid})" for r in ranks) or "none"))
+        ch.send("hello", node=node, ranks=[r.__dict__ for r in ranks])
+        if not ranks:
+            ch.send("failed", node=node, error=f"no rank of job {opts.job} runs on {node}")
+            return JobAborted.exit_code
+        directory = opts.staging / "nodes" / node
+        # Slurm's tasks are process-group leaders, not session leaders: CRIU needs --shell-job.
+        shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
+        copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
+                                  lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
+                                  data_path=DataPathChoice.IN_PROCESS)
+        gate = _Gate(ch, opts, node, ranks)
+        try:
+            testhooks.job_point("lock", node)
+            checkpoint_set([r.pid for r in ranks], copts, gate=gate)
+        except JobAborted as e:
+            if gate.set_committed:
+                _recover_after_commit(ranks, directory)
+            say(f"aborted: {e.message}; every rank runs on")
+            return e.exit_code
+        except NpusnapError as e:
+            say(f"failed: {e.one_line()}")
+            if gate.set_committed:  # the job cannot commit without this node: undone like an abort
+                _recover_after_commit(ranks, directory)
+            with contextlib.suppress(OSError):
+                ch.send("failed", node=node, error=e.one_line())
+            return e.exit_code
+        with contextlib.suppress(OSError):
+            ch.send("finished", node=node)
+        say("committed" + (", ranks run on" if opts.leave_running else ", ranks stopped"))
+        return 0
+    finally:
+        ch.close()
+
+
+def _sid(pid: int) -> int:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return pid
+
+
+def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
+    """The job was aborted after this node's set committed: every rank back to running, and the
+    node's checkpoint removed (the job checkpoint it belonged to was never committed)."""
+    from ..recover import recover
+
+    for r in ranks:
+        try:
+            recover(r.pid, device_images=directory / "device" / str(r.pid))
+        except NpusnapError as e:
+            say(f"rank {r.pid} could not be recovered: {e.one_line()} (run `npusnap recover {r.pid}`)")
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- restore
+
+
+def restore_worker(opts: WorkerOptions) -> int:
+    from ..processes import kill_tree
+    from ..processset import restore_set
+    from ..restore import RestoreOptions
+
+    assert opts.directory is not None
+    node = node_name()
+    ch = _connect(opts)
+    try:
+        ch.send("hello", node=node, ranks=[])
+        try:
+            msg = ch.receive(timeout=opts.lease)
+        except ProtocolError as e:
+            say(f"lost the coordinator before the restore ({e})")
+            return JobAborted.exit_code
+        if msg["type"] != "restore":
+            return JobAborted.exit_code
+        node_dir = opts.directory / str(msg["dir"])
+        say(f"restoring node {msg['from_node']}'s ranks from {node_dir}")
+        try:
+            testhooks.job_point("restore", node)
+            result = restore_set(RestoreOptions(directory=node_dir))
+        except NpusnapError as e:
+            say(f"failed: {e.one_line()}")
+            ch.send("failed", node=node, error=e.one_line())
+            return e.exit_code
+        pids = [m.pid for m in result.members]
+        job = os.environ.get("SLURM_JOB_ID")
+        if job:
+            by_pid = {int(r["pid"]): r for r in msg.get("ranks", [])}
+            register_restored(job, node, [Rank(m.pid, int(by_pid[m.checkpointed]["step"]),
+                                               int(by_pid[m.checkpointed]["procid"]))
+                                          for m in result.members if m.checkpointed in by_pid],
+                              os.environ.get("SLURM_STEP_ID"))
+        ch.send("restored", node=node, pids=pids,
+                members=[{"pid": m.pid, "phases": [p.__dict__ for p in m.phases]} for m in result.members])
+        try:
+            go = ch.receive(timeout=opts.lease)["type"] == "go"
+        except ProtocolError:
+            go = False
+        if not go:
+            say("the job restore was aborted: killing this node's restored ranks")
+            for m in result.manifest.members:
+                kill_tree(m.pid, [m.pid, *(p.pid for p in m.processes)])
+            return JobAborted.exit_code
+        codes = _wait_children(pids)
+        if job:
+            unregister_restored(job, node)
+        with contextlib.suppress(OSError):
+            ch.send("exited", node=node, codes=codes)
+        return next((c for c in codes.values() if c != 0), 0)
+    finally:
+        ch.close()
+
+
+def _wait_children(pids: list[int]) -> dict[str, int]:
+    """Reap until every restored root has exited (we are their parent; orphans of theirs are
+    reaped too, as their subreaper); their exit codes by pid."""
+    codes: dict[str, int] = {}
+    left = set(pids)
+    while left:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid in left:
+            left.discard(pid)
+            codes[str(pid)] = os.waitstatus_to_exitcode(status)
+    for pid in left:
+        codes[str(pid)] = 255  # not our child any more: its exit code is not known
+    return codes

@@ -1,0 +1,117 @@
+"""Jobs of npusim training ranks on the test cluster, and what tests/job asks of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from tests.cluster.support import FINISHED, Cluster, poll
+from tests.helpers import ROOT
+
+TRAIN = ROOT / "examples" / "train.py"
+TRAIN_ARGS = ("--dim", "64", "--samples", "128", "--scratch-mb", "1")
+STEP = re.compile(r"^step (\d+) ")
+
+
+def train_argv(steps: int, sleep_ms: int) -> list[str]:
+    return ["python", str(TRAIN), "--steps", str(steps), "--sleep-ms", str(sleep_ms), *TRAIN_ARGS]
+
+
+class RankJob:
+    """A batch job of `nodes` x `per_node` npusim training ranks (agent preloaded by `npusnap run`),
+    each writing its own rank-T.out in a fresh directory on the shared storage."""
+
+    def __init__(self, c: Cluster, steps: int, sleep_ms: int, per_node: int = 2, nodes: int = 2) -> None:
+        self.c = c
+        self.out = c.shared / f"ranks-{uuid.uuid4().hex[:8]}"
+        self.out.mkdir()
+        self.count = nodes * per_node
+        script = self.out / "ranks.sh"
+        script.write_text("#!/bin/bash\nsrun --output=%s/rank-%%t.out --input=none npusnap run -- %s\n"
+                          % (self.out, " ".join(train_argv(steps, sleep_ms))))
+        script.chmod(0o755)
+        self.id = c.sbatch(script, f"--nodes={nodes}", f"--ntasks-per-node={per_node}")
+
+    def rank_file(self, t: int) -> Path:
+        return self.out / f"rank-{t}.out"
+
+    def last_step(self, t: int) -> int:
+        f = self.rank_file(t)
+        steps = [int(m.group(1)) for line in (f.read_text().splitlines() if f.exists() else [])
+                 if (m := STEP.match(line))]
+        return max(steps, default=-1)
+
+    def wait_steps(self, at_least: int, timeout: float = 90) -> list[int]:
+        """Every rank's last step once each has reached at_least."""
+        if not poll(lambda: all(self.last_step(t) >= at_least for t in range(self.count)), timeout):
+            raise AssertionError(f"ranks of job {self.id} at steps {[self.last_step(t) for t in range(self.count)]}, "
+                                 f"not {at_least}; {self.c.output(self.id)[-1500:]}")
+        return [self.last_step(t) for t in range(self.count)]
+
+    def assert_all_run_on(self, timeout: float = 60) -> None:
+        """Every rank makes progress (it runs, and its device calls are not locked)."""
+        before = [self.last_step(t) for t in range(self.count)]
+        if not poll(lambda: all(self.last_step(t) > before[t] + 1 for t in range(self.count)), timeout):
+            raise AssertionError(f"ranks of job {self.id} stuck: {before} -> "
+                                 f"{[self.last_step(t) for t in range(self.count)]}")
+
+    def step_lines(self, t: int) -> list[str]:
+        return [line for line in self.rank_file(t).read_text().splitlines()
+                if STEP.match(line) or line.startswith("done ")]
+
+
+def reference(c: Cluster, steps: int) -> list[str]:
+    """An uninterrupted run's step lines (the same program on one node of the cluster)."""
+    r = c.run("srun", "--nodes=1", "--ntasks=1", *train_argv(steps, 0), timeout=120)
+    return [line for line in r.stdout.splitlines() if STEP.match(line) or line.startswith("done ")]
+
+
+def npusnap(c: Cluster, *args: str, timeout: float = 180, env: Optional[dict[str, str]] = None
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["npusnap", *args], env={**c.env, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=c.shared)
+
+
+def as_json(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def wait_finished(c: Cluster, job: str, timeout: float = 120) -> dict[str, Any]:
+    return c.wait_state(job, FINISHED, timeout)
+
+
+def no_checkpoint_left(directory: Path) -> None:
+    assert not directory.exists(), f"{directory} exists after an abort"
+    left = [p.name for p in directory.parent.glob(f".{directory.name}.*")]
+    assert not left, f"left behind: {left}"
+
+
+def workers(node: str) -> list[int]:
+    """The pids of the job workers running on node (for the kill test)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in cmd and b"job" in cmd and f"SLURMD_NODENAME={node}".encode() in env:
+            found.append(int(entry))
+    return found
+
+
+def sigkill(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

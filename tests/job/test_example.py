@@ -1,0 +1,47 @@
+"""examples/slurm/npusnap-multinode.sbatch on the test cluster: 4 ranks over 2 nodes, USR1 to the
+batch shell (as --signal=B:USR1@N sends it) -> `npusnap job checkpoint` -> requeue -> the
+requeued run (SLURM_RESTART_COUNT=1) restores every rank; the ranks' output is bit-identical to
+an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cluster.support import Cluster, poll
+from tests.helpers import ROOT
+
+from .support import STEP, reference, train_argv, wait_finished
+
+SCRIPT = ROOT / "examples" / "slurm" / "npusnap-multinode.sbatch"
+STEPS = 40
+
+
+def test_usr1_checkpoints_requeues_and_the_next_run_resumes(live_cluster: Cluster) -> None:
+    c = live_cluster
+    want = reference(c, STEPS)
+    ckpt = c.shared / "example-ckpt"
+    ckpt.mkdir(exist_ok=True)
+    c.exports["CKPT_DIR"] = str(ckpt)  # sbatch passes our environment to the batch script
+    try:
+        job = c.run("sbatch", "--parsable", f"--output={c.shared}/slurm-%j.out", str(SCRIPT),
+                    *train_argv(STEPS, 150)).stdout.strip()
+    finally:
+        del c.exports["CKPT_DIR"]
+    root = ckpt / f"job-{job}"
+    ranks = [root / f"rank-{t}.out" for t in range(4)]
+
+    def steps(f):  # type: ignore[no-untyped-def]
+        return max((int(m.group(1)) for line in (f.read_text().splitlines() if f.exists() else [])
+                    if (m := STEP.match(line))), default=-1)
+
+    assert poll(lambda: all(steps(f) >= 3 for f in ranks), 90), c.output(job)
+    c.run("scancel", "--signal=USR1", "--batch", job)
+    assert poll(lambda: (root / "latest").exists(), 60), c.output(job)
+    state = wait_finished(c, job, timeout=180)
+    text = c.output(job)
+    assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 1, (state.get("restart_cnt"), text)
+    assert "committed; requeueing" in text and "restoring from run-0" in text, text
+    assert json.loads((root / "run-0.json").read_text())["kind"] == "job-checkpoint"
+    for f in ranks:
+        lines = [x for x in f.read_text().splitlines() if STEP.match(x) or x.startswith("done ")]
+        assert lines == want, f"{f.name} differs from the uninterrupted run"
