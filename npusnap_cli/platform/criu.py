@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
+from . import criurpc
 
 MIN_VERSION = (4, 1)
 INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
@@ -29,8 +30,6 @@ SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/s
 def rpc_messages() -> Any:
     """CRIU's RPC messages: our own encoder and decoder of rpc.proto's wire format (criurpc.py),
     which spares every checkpoint and restore the protobuf runtime's import."""
-    from . import criurpc
-
     return criurpc
 
 
@@ -523,40 +522,12 @@ def _image_entries(data: bytes, magic: int) -> list[bytes]:
     return entries
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
-
-
 def _fields(msg: bytes) -> dict[int, list[Any]]:
     """A protobuf message as {field number: [values]}: varints and fixed-width fields as int,
     length-delimited ones (messages, bytes, packed repeated fields) as bytes."""
     fields: dict[int, list[Any]] = {}
-    pos = 0
-    while pos < len(msg):
-        key, pos = _varint(msg, pos)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, pos = _varint(msg, pos)
-        elif wire in (1, 5):
-            width = 8 if wire == 1 else 4
-            value, pos = int.from_bytes(msg[pos:pos + width], "little"), pos + width
-        elif wire == 2:
-            length, pos = _varint(msg, pos)
-            value, pos = msg[pos:pos + length], pos + length
-        else:
-            raise ValueError(f"unexpected wire type {wire}")
-        if pos > len(msg):
-            raise ValueError("truncated field")
+    for number, wire, raw in criurpc.raw_fields(msg):
+        value = int.from_bytes(raw, "little") if wire in (1, 5) else raw
         fields.setdefault(number, []).append(value)
     return fields
 
@@ -568,7 +539,7 @@ def _ints(fields: dict[int, list[Any]], number: int) -> list[int]:
         if isinstance(v, bytes):
             pos = 0
             while pos < len(v):
-                n, pos = _varint(v, pos)
+                n, pos = criurpc.read_varint(v, pos)
                 out.append(n)
         else:
             out.append(v)

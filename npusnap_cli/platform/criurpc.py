@@ -13,7 +13,7 @@ default (an empty message for a message field); unknown fields in an answer are 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable, Optional
+from typing import Any, ClassVar, Iterable, Iterator, Optional
 
 # Enums: the module-level names rpc_pb2 has.
 EMPTY, DUMP, RESTORE, CHECK, PRE_DUMP, PAGE_SERVER, NOTIFY = 0, 1, 2, 3, 4, 5, 6
@@ -135,23 +135,7 @@ class Message:
         """Reads a serialized message into this one (cleared first). Raises ValueError on bad data."""
         self._values.clear()
         by_number = {f.number: (name, f) for name, f in self.FIELDS.items()}
-        pos = 0
-        while pos < len(data):
-            key, pos = _read_varint(data, pos)
-            number, wire = key >> 3, key & 7
-            raw: Any
-            if wire == 0:
-                raw, pos = _read_varint(data, pos)
-            elif wire == 2:
-                length, pos = _read_varint(data, pos)
-                raw, pos = data[pos:pos + length], pos + length
-            elif wire in (1, 5):
-                width = 8 if wire == 1 else 4
-                raw, pos = data[pos:pos + width], pos + width
-            else:
-                raise ValueError(f"unsupported wire type {wire}")
-            if pos > len(data):
-                raise ValueError("truncated message")
+        for number, wire, raw in raw_fields(data):
             if number not in by_number:
                 continue  # a newer CRIU's field: skipped, as protobuf keeps it unknown
             name, f = by_number[number]
@@ -169,12 +153,35 @@ class Message:
         return msg
 
 
+def raw_fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """A serialized message's fields in order, as (number, wire type, raw value): an int for a
+    varint, bytes for a fixed-width or length-delimited field. Raises ValueError on bad data."""
+    pos = 0
+    while pos < len(data):
+        key, pos = read_varint(data, pos)
+        number, wire = key >> 3, key & 7
+        raw: Any
+        if wire == 0:
+            raw, pos = read_varint(data, pos)
+        elif wire == 2:
+            length, pos = read_varint(data, pos)
+            raw, pos = data[pos:pos + length], pos + length
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            raw, pos = data[pos:pos + width], pos + width
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if pos > len(data):
+            raise ValueError("truncated message")
+        yield number, wire, raw
+
+
 def _values_of(f: Field, wire: int, raw: Any) -> Iterable[Any]:
     if f.kind in _VARINT_KINDS:
         if wire == 2:  # a packed repeated field
             pos, out = 0, []
             while pos < len(raw):
-                n, pos = _read_varint(raw, pos)
+                n, pos = read_varint(raw, pos)
                 out.append(_scalar(f, n))
             return out
         if wire != 0:
@@ -208,7 +215,7 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:

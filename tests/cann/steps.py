@@ -8,11 +8,7 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import Workload, npusnap, npusnap_cmd
-
-
-def output(lines: list[str]) -> list[str]:
-    """What a step program prints, less its pid (which a restore keeps, a second run does not)."""
-    return [line for line in lines if not line.startswith("ready pid")]
+from tests.pipeline.support import strip_ready as output  # less the pid: a restore keeps it, a second run does not
 
 
 def reference(daemon, exe: Path, steps: int) -> list[str]:

@@ -17,15 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(x)                                                                   \
-    do {                                                                           \
-        aclError rc_ = (x);                                                        \
-        if (rc_ != ACL_SUCCESS) {                                                  \
-            printf("ERR %s:%d %s = %d\n", __FILE__, __LINE__, #x, rc_);            \
-            fflush(stdout);                                                        \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cann_check.h"
 
 static uint64_t fnv(const void *p, size_t n, uint64_t h) {
     const unsigned char *b = p;
