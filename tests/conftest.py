@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -41,8 +42,10 @@ class NpuSimDaemon:
         if not self.npusimd.exists():
             pytest.fail(f"{self.npusimd} is missing: build and install with "
                         "`pip install --no-build-isolation .`")
+        # setpriv --pdeathsig: a SIGKILLed pytest takes its daemons with it (nobody else reaps them).
+        pdeathsig = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
         self.proc = subprocess.Popen(
-            [str(self.npusimd), "--socket", self.socket, "--devices", str(self.devices),
+            [*pdeathsig, str(self.npusimd), "--socket", self.socket, "--devices", str(self.devices),
              "--memory", str(self.memory), "--foreground", *(["--group", self.group] if self.group else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], _READY_TIMEOUT_S)
