@@ -430,3 +430,38 @@ class Budget:
             return True
         self.cut[section] = done
         return False
+
+
+# -- will it fit ------------------------------------------------------------------
+
+def mem_available() -> int:
+    """MemAvailable in bytes (what can be allocated without swapping out others)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def free_space(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+MARGIN = 1 << 30  # left to the rest of the machine (other users, the page cache, the interpreter)
+
+
+def unfit(memory: int, disk: int = 0, disk_dir: Optional[Path] = None, tmpfs: int = 0,
+          tmpfs_dir: Optional[Path] = None) -> Optional[str]:
+    """Why a measurement needing this much memory (and disk, tmpfs space) cannot run here
+    now, or None if it fits with MARGIN to spare. tmpfs space is memory too."""
+    from .config import human
+
+    avail = mem_available()
+    if memory + tmpfs + MARGIN > avail:
+        return (f"needs {human(memory + tmpfs)} of memory (+{human(MARGIN)} margin), "
+                f"{human(avail)} available")
+    if disk and disk_dir is not None and disk + MARGIN > free_space(disk_dir):
+        return f"needs {human(disk)} on {disk_dir} (+{human(MARGIN)}), {human(free_space(disk_dir))} free"
+    if tmpfs and tmpfs_dir is not None and tmpfs + MARGIN > free_space(tmpfs_dir):
+        return f"needs {human(tmpfs)} on {tmpfs_dir} (+{human(MARGIN)}), {human(free_space(tmpfs_dir))} free"
+    return None
