@@ -87,7 +87,7 @@ def _sample(res: Resources, tool: str, criu: str, workdir: Path, pid: int, i: in
             sample["restore_s"], rpid = _bare_restore(criu, ckpt)
         else:
             pidfile = workdir / f"cpu-{tool}-{i}.pid"
-            run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], workdir=workdir)
+            run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], workdir=workdir, workload=[pid])
             sample["restore_s"] = run.seconds
             sample["restore_phases"] = {p["name"]: p["seconds"] for p in run.data.get("phases", [])}
             sample["restore_extra_memory"] = run.self_maxrss + run.children_maxrss

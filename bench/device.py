@@ -119,7 +119,8 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                     evict(ckpt)
                 pidfile = workdir / f"{tag}.pid"
                 with DaemonWatch(daemon_pid) as dmem:
-                    run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], env=env, workdir=workdir)
+                    run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], env=env, workdir=workdir,
+                                  workload=[pid])
                 rpid = int(pidfile.read_text().split()[0])
                 os.unlink(pidfile)
                 res.add_pid(rpid)

@@ -72,6 +72,9 @@ def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[
                           "x", f"{cpu['npusnap_restore_s']:.3f} s vs {cpu['criu_restore_s']:.3f} s"))
         out.append(target(f"extra host memory during CPU-only checkpoint, S={sz}", cpu["npusnap_extra_memory"] / MIB,
                           256, "<=", "MiB", "target's growth + npusnap + criu + guardian (peaks)"))
+        out.append(target(f"extra host memory during CPU-only restore, S={sz}",
+                          cpu["npusnap_restore_extra_memory"] / MIB, 256, "<=", "MiB",
+                          "npusnap + criu + guardian (peaks; the restored workload not counted)"))
     if tiny is not None:
         t = human(tiny["bytes"])
         out.append(target(f"tiny CPU-only checkpoint ({t}): npusnap - (bare criu dump + fsync)",

@@ -241,14 +241,18 @@ def run_timed(argv: list[str], env: Optional[dict[str, str]] = None, timeout: fl
 
 
 def npusnap(args: Sequence[object], env: Optional[dict[str, str]] = None, timeout: float = 900,
-            workdir: Optional[Path] = None) -> CliRun:
+            workdir: Optional[Path] = None, workload: Sequence[int] = ()) -> CliRun:
     """Run `npusnap ARGS --json` in a child that reports its peak memory (bench/_cli.py,
-    run as a script: it imports the installed npusnap like the console script does)."""
+    run as a script: it imports the installed npusnap like the console script does).
+    workload: pids that may become npusnap's children (a restored root) without being its cost."""
     fd, rusage_path = tempfile.mkstemp(prefix="rusage-", suffix=".json", dir=workdir)
     os.close(fd)
     try:
         argv = [sys.executable, str(BENCH_DIR / "_cli.py"), rusage_path, *map(str, args), "--json"]
-        seconds, cp = run_timed(argv, env=env or child_env(), timeout=timeout, cwd=workdir or Path("/"))
+        env = dict(env or child_env())
+        if workload:
+            env["NPUSNAP_BENCH_WORKLOAD"] = ",".join(map(str, workload))
+        seconds, cp = run_timed(argv, env=env, timeout=timeout, cwd=workdir or Path("/"))
         try:
             ru = json.loads(Path(rusage_path).read_text() or "{}")
         except ValueError:
