@@ -166,13 +166,17 @@ def need(host: int, dev: int, storage: str, zero_fraction: float) -> dict[str, i
     return out
 
 
+def section_name(dev: int, storage: str) -> str:
+    return f"device-{dev >> 20}m-{storage}"
+
+
 def sections(host: int, devs: list[int]) -> list[tuple[str, float]]:
     """Budget sections and weights (bytes moved; disk counts double, plus a fixed cost)."""
     fixed = 256 << 20
     out: list[tuple[str, float]] = []
     for dev in devs:
-        out.append((f"device-{dev}-disk", 2 * (host + dev) * 2 + fixed))
-        out.append((f"device-{dev}-tmpfs", 2 * (host + dev) + fixed))
+        out.append((section_name(dev, "disk"), 2 * (host + dev) * 2 + fixed))
+        out.append((section_name(dev, "tmpfs"), 2 * (host + dev) + fixed))
     return out
 
 
@@ -190,7 +194,7 @@ def measure(res: Resources, workdir: Path, tmpfs_dir: Path, host: int, devs: lis
             n = need(host, dev, storage, zero_fraction)
             why = unfit(n["memory"], n["disk"], workdir, n["tmpfs"], tmpfs_dir)
             if why:
-                skipped[f"device-{dev}-{storage}"] = why
+                skipped[section_name(dev, storage)] = why
                 if progress:
                     progress(f"skipped: {human(host)} host + {human(dev)} device -> {storage}: {why}")
             else:
@@ -203,7 +207,7 @@ def measure(res: Resources, workdir: Path, tmpfs_dir: Path, host: int, devs: lis
         if progress:
             progress(f"device workload: {human(host)} host + {human(dev)} device -> {storage}")
         samples = _series(res, sock, daemon_pid, workdir, parent, storage, host, dev, zero_fraction, repeat,
-                          budget, f"device-{dev}-{storage}")
+                          budget, section_name(dev, storage))
         runs.extend(_summarise(samples, storage, host, dev, limits))
     return runs, skipped
 
