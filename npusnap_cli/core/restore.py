@@ -30,7 +30,6 @@ from ..image.format import (
     restore_log_dir,
     verify,
 )
-from ..image.prefetch import Prefetch
 from ..platform.criu import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
@@ -79,7 +78,7 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     restored = [manifest.pid]  # the root to kill on failure: CRIU's answer once it has one
     guardian = services.guardian(None, manifest.pid)
     try:
-        with Signals() as signals, services.images_view() as view, _device_prefetch(root, manifest, opts):
+        with Signals() as signals, services.images_view() as view:
             try:
                 guardian.kill_if_dead(pids)
                 with phase("criu-restore"), signals.critical():
@@ -128,13 +127,6 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         pages = page_entries(manifest) if _can_wait_stopped(root, manifest) else []
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later={e.path for e in pages})
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
-
-
-def _device_prefetch(root: Path, manifest: Manifest, opts: RestoreOptions) -> Prefetch:
-    """Direct-path device images are read last, after CRIU and the runtime's restore: their
-    readahead starts now, so the disk works while those steps compute (the import verifies)."""
-    direct = manifest.device.method == DataPath.DIRECT and not opts.criu_only
-    return Prefetch(root, [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")] if direct else [])
 
 
 def _can_wait_stopped(root: Path, manifest: Manifest) -> bool:

@@ -1,12 +1,12 @@
-"""Readahead of images that are read later in a restore, started while earlier steps run.
+"""Readahead of the device images while the runtime re-creates its allocations.
 
-A direct-path restore reads the device images only after CRIU has restored the tree and the
-runtime has re-created its allocations; from a cold disk, those steps leave the disk idle while
-they do CPU work. Prefetch asks the kernel (POSIX_FADV_WILLNEED, in steps, on a thread of its
-own) to read the device images into the page cache from the start, so the import later finds
-them there. Nothing is trusted or handed over here: the reader still verifies every byte as it
-reads (the daemon's import). Bounded: at most `limit` bytes, and never more than a quarter of
-the memory available when it starts, so it cannot push the page cache out from under CRIU."""
+A direct-path restore first has the restored runtime re-create its device allocations (`restore
+external`: committing and zeroing device memory, CPU work) and only then has the daemon read the
+images into them. From a cold disk, the disk idles during the first step. Prefetch asks the
+kernel (POSIX_FADV_WILLNEED, in steps, on a thread of its own) to read the head of the images
+meanwhile, so the import starts on cached data while its own readahead takes over from there.
+Only a window: readahead of whole images would compete with the reads that gate the restore.
+Nothing is trusted or handed over here: the import still verifies every byte it reads."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ import threading
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .format import FileEntry, safe_member
-
-STEP = 8 << 20  # bytes per readahead request: small enough to stop soon when asked
+STEP = 8 << 20     # bytes per readahead request: small enough to stop soon when asked
+WINDOW = 256 << 20  # about what a disk reads while the runtime re-creates a few GiB of allocations
 
 
 def _available() -> int:
@@ -33,18 +32,19 @@ def _available() -> int:
 
 
 class Prefetch:
-    """Context manager: starts reading the entries' files ahead on entry, stops on exit."""
+    """Context manager: starts reading ahead the named files of directory (in that order, at most
+    `limit` bytes and a quarter of the available memory) on entry; stops asking on exit."""
 
-    def __init__(self, root: Path, entries: Iterable[FileEntry], limit: int = 2 << 30) -> None:
-        self.root = root
-        self.entries = list(entries)
+    def __init__(self, directory: Path, names: Iterable[str], limit: int = WINDOW) -> None:
+        self.directory = directory
+        self.names = [n for n in names if n and "/" not in n and n not in (".", "..")]
         self.limit = min(limit, _available() // 4)
-        self.requested = 0  # bytes asked for (for tests and timings)
+        self.requested = 0  # bytes asked for (for tests)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="image-prefetch", daemon=True)
 
     def __enter__(self) -> "Prefetch":
-        if self.entries and self.limit > 0:
+        if self.names and self.limit > 0:
             self.thread.start()
         return self
 
@@ -54,32 +54,39 @@ class Prefetch:
             self.thread.join()
 
     def _run(self) -> None:
-        for entry in self.entries:
-            fd = self._open(entry)
-            if fd is None:
-                continue  # the reader finds the problem and says what it is
-            try:
-                size = os.fstat(fd).st_size
-                offset = 0
-                while offset < size and not self.stop.is_set() and self.requested < self.limit:
-                    n = min(STEP, size - offset, self.limit - self.requested)
-                    os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
-                    offset += n
-                    self.requested += n
-            except OSError:
-                pass  # only a hint
-            finally:
-                os.close(fd)
-            if self.stop.is_set() or self.requested >= self.limit:
-                return
-
-    def _open(self, entry: FileEntry) -> Optional[int]:
-        """A regular file inside the checkpoint, opened without following links (O_NONBLOCK:
-        a FIFO planted in its place cannot hang us), else None."""
         try:
-            path = safe_member(self.root, entry.path)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except Exception:
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # the import finds the problem and says what it is
+        try:
+            for name in self.names:
+                if self.stop.is_set() or self.requested >= self.limit:
+                    return
+                fd = self._open(dfd, name)
+                if fd is None:
+                    continue
+                try:
+                    size = os.fstat(fd).st_size
+                    offset = 0
+                    while offset < size and not self.stop.is_set() and self.requested < self.limit:
+                        n = min(STEP, size - offset, self.limit - self.requested)
+                        os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
+                        offset += n
+                        self.requested += n
+                except OSError:
+                    pass  # only a hint
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(dfd)
+
+    @staticmethod
+    def _open(dfd: int, name: str) -> Optional[int]:
+        """A regular file, opened without following links (O_NONBLOCK: a FIFO planted in its
+        place cannot hang us), else None."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:
             return None
         try:
             if stat.S_ISREG(os.fstat(fd).st_mode):

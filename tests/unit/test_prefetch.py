@@ -1,6 +1,6 @@
-"""The restore's readahead of device images (image/prefetch.py): it reads ahead what the
-manifest names, in order, within its bound; it never follows a link planted in the checkpoint
-and never hangs on a FIFO; and it stops when the restore is done with it."""
+"""The readahead of device images while the runtime re-creates its allocations
+(image/prefetch.py): it asks for the named files, in order, within its window; it never
+follows a link planted in the checkpoint and never hangs on a FIFO; it stops when asked."""
 
 from __future__ import annotations
 
@@ -11,18 +11,15 @@ from pathlib import Path
 import pytest
 
 from npusnap_cli.image import prefetch as prefetch_mod
-from npusnap_cli.image.format import FileEntry
-from npusnap_cli.image.prefetch import STEP, Prefetch
+from npusnap_cli.image.prefetch import STEP, WINDOW, Prefetch
 
 MIB = 1 << 20
 
 
-def _image(root: Path, name: str, size: int) -> FileEntry:
-    (root / "device").mkdir(exist_ok=True)
-    path = root / "device" / name
-    with open(path, "wb") as f:
+def _image(directory: Path, name: str, size: int) -> str:
+    with open(directory / name, "wb") as f:
         f.truncate(size)
-    return FileEntry(f"device/{name}", size, "")
+    return name
 
 
 def _run(p: Prefetch) -> Prefetch:
@@ -33,15 +30,14 @@ def _run(p: Prefetch) -> Prefetch:
 
 
 def test_every_named_byte_is_asked_for_in_order(tmp_path: Path) -> None:
-    entries = [_image(tmp_path, "dev0.img", 3 * STEP + 5), _image(tmp_path, "dev1.img", MIB)]
-    p = _run(Prefetch(tmp_path, entries, limit=1 << 40))
-    assert p.requested == 3 * STEP + 5 + MIB
+    names = [_image(tmp_path, "dev0.img", 3 * STEP + 5), _image(tmp_path, "dev1.img", MIB)]
+    assert _run(Prefetch(tmp_path, names, limit=1 << 40)).requested == 3 * STEP + 5 + MIB
 
 
-def test_the_bound_holds(tmp_path: Path) -> None:
-    entries = [_image(tmp_path, "dev0.img", 4 * STEP), _image(tmp_path, "dev1.img", 4 * STEP)]
-    p = _run(Prefetch(tmp_path, entries, limit=5 * STEP + 7))
-    assert p.requested == 5 * STEP + 7
+def test_only_a_window_is_read_ahead(tmp_path: Path) -> None:
+    names = [_image(tmp_path, "dev0.img", WINDOW), _image(tmp_path, "dev1.img", WINDOW)]
+    assert _run(Prefetch(tmp_path, names)).requested == min(WINDOW, prefetch_mod._available() // 4)
+    assert _run(Prefetch(tmp_path, names, limit=5 * STEP + 7)).requested == 5 * STEP + 7
 
 
 def test_a_quarter_of_the_available_memory_at_most(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,19 +46,20 @@ def test_a_quarter_of_the_available_memory_at_most(tmp_path: Path, monkeypatch: 
     assert p.limit == STEP and p.requested == STEP
 
 
-def test_links_fifos_and_missing_files_are_passed_over(tmp_path: Path) -> None:
+def test_links_fifos_odd_names_and_missing_files_are_passed_over(tmp_path: Path) -> None:
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"x" * MIB)
-    (tmp_path / "device").mkdir()
-    os.symlink(outside, tmp_path / "device" / "dev0.img")
-    os.mkfifo(tmp_path / "device" / "dev1.img")  # opening it for reading must not wait for a writer
-    good = _image(tmp_path, "dev2.img", MIB)
-    entries = [FileEntry("device/dev0.img", MIB, ""), FileEntry("device/dev1.img", MIB, ""),
-               FileEntry("device/dev9.img", MIB, ""), FileEntry("../outside.bin", MIB, ""), good]
+    images = tmp_path / "device"
+    images.mkdir()
+    os.symlink(outside, images / "dev0.img")
+    os.mkfifo(images / "dev1.img")  # opening it for reading must not wait for a writer
+    good = _image(images, "dev2.img", MIB)
     started = time.monotonic()
-    p = _run(Prefetch(tmp_path, entries, limit=1 << 40))
-    assert p.requested == MIB  # the regular file inside the checkpoint only
+    p = _run(Prefetch(images, ["dev0.img", "dev1.img", "dev9.img", "../outside.bin", "..", good], limit=1 << 40))
+    assert p.requested == MIB  # the regular file inside the directory only
     assert time.monotonic() - started < 30
+    os.symlink(images, tmp_path / "linked")  # a directory reached through a link is not read either
+    assert _run(Prefetch(tmp_path / "linked", [good], limit=1 << 40)).requested == 0
 
 
 def test_leaving_stops_it_and_nothing_named_starts_nothing(tmp_path: Path) -> None:
