@@ -152,8 +152,7 @@ class SetCheckpoint:
         for m in self.members:
             m.share(self.staging, self.guardian, self.undos, self.signals)
         try:
-            # Removed once every member is back or gone; a CLI killed outright leaves it for the
-            # agents whose leases then restore through it.
+            # Removed once every member is back or gone (by the guardian if we die).
             with communicators.rendezvous(self._hccl, os.stat(f"/proc/{first.pid}").st_uid) as self.meet:
                 return transaction(self.signals, self.undos, self.progress, self._discard, self._steps,
                                    self._finish)
@@ -195,9 +194,11 @@ class SetCheckpoint:
                 warn(self.progress, f"rollback: device rollback failed: {failed[m.pid]}")
 
     def _steps(self) -> Manifest:
-        for m in self.members:  # before the lock: an agent whose lease runs out restores through it
-            with self._member(m):
-                communicators.hand(m.backend, self.meet)
+        if self.meet is not None:  # before the lock: an agent whose lease runs out restores through it
+            self.guardian.meet(self.meet, [m.pid for m in self.members])
+            for m in self.members:
+                with self._member(m):
+                    communicators.hand(m.backend, self.meet)
         self._lock_all()
         with self.phase("backup") as t:
             for m in self.members:

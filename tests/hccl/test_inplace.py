@@ -170,6 +170,27 @@ def test_leases_that_run_out_bring_every_rank_back(n: int, daemons, ranks, short
     assert_bit_identical(workers, daemon, ranks, short_dir, n)
 
 
+@pytest.mark.parametrize("data_path", ["direct", "in-process"])
+def test_a_cli_killed_after_the_backup_every_rank_comes_back(data_path: str, daemons, ranks, short_dir: Path) -> None:
+    """SIGKILL: the guardian recovers every rank at once through the set's directory (the direct
+    path's data from the staged files), then removes the directory."""
+    (daemon,) = daemons(1)
+    tmp, env = private_tmp(short_dir, cli_env(daemon, ranks))
+    workers = start_training(ranks, daemon, 2, str(short_dir / "train.info"), env=LONG)
+    pids = [w.pid for w in workers]
+    for w in workers:
+        w.wait_for_line("step 2", timeout=60)
+    cli = PausedCli(["checkpoint", *pids, "-D", short_dir / "killed", "--data-path", data_path], "after:backup", env)
+    cli.kill()
+    deadline = time.monotonic() + ADVANCE_S
+    while any(agent_status(p, env)["state"] != "RUNNING" for p in pids) or list(tmp.iterdir()):
+        assert time.monotonic() < deadline, ([agent_status(p, env)["state"] for p in pids], list(tmp.iterdir()))
+        time.sleep(0.2)
+    assert_all_run_on(workers, env, "guardian")
+    assert not (short_dir / "killed").exists()
+    assert_bit_identical(workers, daemon, ranks, short_dir, 2)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_sigint_at_random_instants_of_an_hccl_set_checkpoint(n: int, daemons, ranks, short_dir: Path) -> None:
     """--leave-running, so every outcome (rolled back, or committed and run on) leaves every rank
