@@ -153,7 +153,7 @@ class SetCheckpoint:
             m.share(self.staging, self.guardian, self.undos, self.signals)
         try:
             # Removed once every member is back or gone (by the guardian if we die).
-            with communicators.rendezvous(self._hccl, os.stat(f"/proc/{first.pid}").st_uid) as self.meet:
+            with communicators.rendezvous(self._hccl, _owner(first.pid)) as self.meet:
                 return transaction(self.signals, self.undos, self.progress, self._discard, self._steps,
                                    self._finish)
         finally:
@@ -295,6 +295,14 @@ class SetCheckpoint:
         kept = [m.pid for m in self.members if m.keeps_device_data()]  # every member warns for itself
         if not kept:
             self.staging.discard()
+
+
+def _owner(pid: int) -> Optional[int]:
+    """The uid of a member's process (None if it is gone: its lock then fails by itself)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def _member_log(name: str, pid: int) -> str:
