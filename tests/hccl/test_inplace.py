@@ -83,10 +83,13 @@ def private_tmp(short_dir: Path, env: dict[str, str]) -> tuple[Path, dict[str, s
     return tmp, {**env, "TMPDIR": str(tmp)}
 
 
+def meetings(tmp: Path) -> list[str]:
+    return [p.name for p in tmp.glob("npusnap-hccl-*")]
+
+
 def no_meeting_left(tmp: Path) -> None:
     """The set's rendezvous directory is removed once the checkpoint is over."""
-    left = [p.name for p in tmp.glob("npusnap-hccl-*")]
-    assert not left, left
+    assert not meetings(tmp), meetings(tmp)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -183,8 +186,8 @@ def test_a_cli_killed_after_the_backup_every_rank_comes_back(data_path: str, dae
     cli = PausedCli(["checkpoint", *pids, "-D", short_dir / "killed", "--data-path", data_path], "after:backup", env)
     cli.kill()
     deadline = time.monotonic() + ADVANCE_S
-    while any(agent_status(p, env)["state"] != "RUNNING" for p in pids) or list(tmp.iterdir()):
-        assert time.monotonic() < deadline, ([agent_status(p, env)["state"] for p in pids], list(tmp.iterdir()))
+    while any(agent_status(p, env)["state"] != "RUNNING" for p in pids) or meetings(tmp):
+        assert time.monotonic() < deadline, ([agent_status(p, env)["state"] for p in pids], meetings(tmp))
         time.sleep(0.2)
     assert_all_run_on(workers, env, "guardian")
     assert not (short_dir / "killed").exists()
