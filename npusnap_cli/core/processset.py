@@ -13,9 +13,9 @@ directory, one undo stack, one guardian and one set of signal handlers, so any f
 Ctrl-C before the commit undoes every member (device restored and unlocked, tree resumed) and
 leaves no checkpoint. Members holding HCCL communicators are handed one rendezvous directory of
 the set's before their lock, and every in-place device restore of theirs (the rollback, running on
-after the commit, an agent whose lease ran out) runs at once through it: a rank's restore re-forms
-its communicators, which waits for its peers'. A restore that fails kills every member restored so far; the checkpoint
-stays intact for a retry.
+after the commit, an agent whose lease ran out, the guardian's recovery) runs at once through it:
+a rank's restore re-forms its communicators, which waits for its peers'. A restore that fails
+kills every member restored so far; the checkpoint stays intact for a retry.
 """
 
 from __future__ import annotations
@@ -281,7 +281,8 @@ class SetCheckpoint:
         else:
             # Every tree runs before any device restore: an HCCL rank's waits for its peers'.
             each(lambda m: m.run_on_after_commit())
-            for pid, e in self._at_once(lambda m: m.device_after_commit()).items():
+            stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
+            for pid, e in self._at_once(lambda m: None if m.pid in stuck else m.device_after_commit()).items():
                 failed.setdefault(pid, e)
         first: Optional[BaseException] = None
         for m in self.members:
