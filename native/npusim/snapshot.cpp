@@ -181,10 +181,21 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
     // holds HCCL communicators first runs on to its peers' collectives (the free pass).
     bool ready = false;
     std::string waiting;  // what the free pass still waits for, for the timeout's message
+    std::string broken;   // a communicator no checkpoint can hold: the lock fails at once
     for (;;) {
       l.unlock();
-      hccl_lock_poll(&ready, &waiting);
+      hccl_lock_poll(&ready, &waiting, &broken);
       l.lock();
+      if (!broken.empty()) {
+        l.unlock();
+        hccl_lock_end(true);
+        note_error("snapshot: lock refused: " + broken);
+        l.lock();
+        r.state = State::Running;
+        r.locker = std::thread::id();
+        r.gate_cv.notify_all();
+        return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+      }
       if (ready && r.inflight == 0) break;
       const auto next = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
       r.gate_cv.wait_until(l, next);

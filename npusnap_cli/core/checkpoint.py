@@ -256,8 +256,16 @@ class CheckpointRun:
         if not self.opts.leave_running:
             processes.kill(self.frozen)
             return
+        self.run_on_after_commit()
+        self.device_after_commit()
+
+    def run_on_after_commit(self) -> None:
+        """--leave-running: the tree runs on (a set resumes every member's before any device restore)."""
         self._run_on(self._in(self.staging.final / CRIU_DIR))
-        # From the committed directory: the staging path has moved.
+
+    def device_after_commit(self) -> None:
+        """--leave-running: the device restored and unlocked, from the committed directory (the
+        staging path has moved)."""
         self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
