@@ -47,10 +47,12 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
     """
+    from .. import warmup
     from ..core.restore import RestoreOptions, wait_exit_code
     from ..core.restore import restore as run_restore
 
     term: Terminal = ctx.obj
+    warmup.later(*term.closing_modules())  # the closing line's rich: imported while CRIU restores
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     opts = RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, device_map=mapping,
                           criu=criu_opts, require_signature=require_signature, trusted_keys=list(trusted_keys),
