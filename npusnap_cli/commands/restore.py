@@ -127,12 +127,10 @@ def _peek(directory: Path) -> tuple[bool, bool]:
 def _write_pidfile(pidfile: Path, *pids: int) -> None:
     """A random temporary name made with O_EXCL|O_NOFOLLOW, then renamed: a link planted
     in a shared directory is never written through."""
-    import secrets
-
     from ..errors import StorageProblem
 
-    for _ in range(8):
-        tmp = pidfile.with_name(f".{pidfile.name}.{secrets.token_hex(8)}.tmp")
+    for _ in range(8):  # os.urandom is what secrets.token_hex reads, without hmac's import
+        tmp = pidfile.with_name(f".{pidfile.name}.{os.urandom(8).hex()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except FileExistsError:
