@@ -61,7 +61,7 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     """
     from .. import warmup
 
-    warmup.start("yaml")  # YAML for the manifest: loaded while we wait on the agent and CRIU
+    warmup.later("yaml", *term.closing_modules())  # the manifest's YAML, the closing line: while CRIU dumps
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint
@@ -73,9 +73,11 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
                              criu=criu_opts, force=force)
-    from ..image.signing import Signer
+    signer = None
+    if sign_key:
+        from ..image.signing import Signer
 
-    signer = Signer(sign_key) if sign_key else None  # a bad key fails before anything starts
+        signer = Signer(sign_key)  # a bad key fails before anything starts
     targets = [parse_pid(p) for p in pids]
     with term.reporter(live=not shell_job) as report:
         if len(targets) == 1:

@@ -47,10 +47,12 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
     """
+    from .. import warmup
     from ..core.restore import RestoreOptions, wait_exit_code
     from ..core.restore import restore as run_restore
 
     term: Terminal = ctx.obj
+    warmup.later(*term.closing_modules())  # the closing line's rich: imported while CRIU restores
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     opts = RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, device_map=mapping,
                           criu=criu_opts, require_signature=require_signature, trusted_keys=list(trusted_keys),
@@ -125,12 +127,10 @@ def _peek(directory: Path) -> tuple[bool, bool]:
 def _write_pidfile(pidfile: Path, *pids: int) -> None:
     """A random temporary name made with O_EXCL|O_NOFOLLOW, then renamed: a link planted
     in a shared directory is never written through."""
-    import secrets
-
     from ..errors import StorageProblem
 
-    for _ in range(8):
-        tmp = pidfile.with_name(f".{pidfile.name}.{secrets.token_hex(8)}.tmp")
+    for _ in range(8):  # os.urandom is what secrets.token_hex reads, without hmac's import
+        tmp = pidfile.with_name(f".{pidfile.name}.{os.urandom(8).hex()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except FileExistsError:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import __version__, netlock, testhooks
+from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
@@ -123,6 +123,8 @@ class CheckpointRun:
         self.criu = services.criu(opts.criu_path)
         self.extra = opts.criu
         if opts.tcp_established or self.extra.network_lock:  # the lock matters only to dumped connections
+            from .. import netlock
+
             lock = netlock.choose(self.extra.network_lock, self.criu.binary.path)
             self.extra = replace(self.extra, network_lock=lock)
         self.backend: Backend = services.select_backend(pid, opts.device, self.target.maps(), data_path)

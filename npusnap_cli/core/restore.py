@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import netlock
 from ..backends import BackendName, DataPath, State
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
@@ -167,6 +166,8 @@ def _unlock_closed_connections(images_dir: Path, manifest: Manifest, opts: Resto
     extra = _restore_options(manifest, opts)
     if not (extra.tcp_close and manifest.options.get("tcp_established")):
         return
+    from .. import netlock
+
     try:
         netlock.drop_lock(images_dir, extra.network_lock, warn=lambda m: warn(progress, m))
     except Exception as e:  # the restore stands; the rules are the machine's to clean then

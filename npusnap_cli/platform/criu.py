@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from .. import warmup
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
 from . import criurpc
@@ -163,6 +164,7 @@ class Swrk:
                 ours.send(req.SerializeToString())
             except OSError:
                 pass  # it died at once; reported below as "exited without answering"
+            warmup.idle()  # CRIU works: the imports for afterwards run meanwhile
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
