@@ -35,6 +35,7 @@ from ..image.format import (
     in_member,
 )
 from ..image.staging import Staging
+from ..image.store import Packer
 from ..platform.criu import DumpOptions
 from ..platform.procfs import process_exists
 from . import communicators, processes
@@ -59,6 +60,8 @@ class CheckpointOptions:
     data_path: DataPathChoice = DataPathChoice.AUTO  # direct: the daemon streams device memory to DIR/device
     criu: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
+    dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
+    compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -139,6 +142,7 @@ class CheckpointRun:
         self.dump_timing = PhaseTiming("dump", 0.0)
         self.device_back = not self.direct  # the direct path's staged device data is the only copy until this
         self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
+        self.packer: Optional[Packer] = None  # holds the chunk store's lock until the commit is done
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
         """A set member: the set's staging directory, guardian, undo stack and signals."""
@@ -183,6 +187,8 @@ class CheckpointRun:
         finally:
             self.backend.release()
             self.guardian.release()
+            if self.packer is not None:
+                self.packer.close()
 
     # -- the steps, in order
     def lock(self) -> None:
@@ -245,7 +251,9 @@ class CheckpointRun:
 
     def seal(self) -> None:
         with self.phase("seal") as t:
-            self.files = self.staging.seal(known=self.device_files)
+            if (self.opts.dedup or self.opts.compress != "none") and self.packer is None:
+                self.packer = Packer(self.staging.final, self.opts.compress)
+            self.files = self.staging.seal(known=self.device_files, packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
 
     def _commit(self) -> Manifest:
@@ -284,7 +292,8 @@ class CheckpointRun:
             criu_version=self.criu.binary.version_str,
             command=self.target.command,
             options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
-                     "leave_running": opts.leave_running, **self.extra.recorded()},
+                     "leave_running": opts.leave_running, **self.extra.recorded(),
+                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,

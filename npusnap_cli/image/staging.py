@@ -11,7 +11,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import ImageInvalid, StorageProblem
 from .checksums import Follower, start_writeback
@@ -29,6 +29,10 @@ from .format import (
     load_manifest,
     manifest_text,
 )
+from .store import packable
+
+if TYPE_CHECKING:
+    from .store import Packer
 
 
 class Staging:
@@ -75,11 +79,12 @@ class Staging:
         self.followers.append(follower)
         return follower
 
-    def seal(self, known: Sequence[FileEntry] = ()) -> list[FileEntry]:
+    def seal(self, known: Sequence[FileEntry] = (), packer: Optional["Packer"] = None) -> list[FileEntry]:
         """Make images 0600, fsync them, and return their manifest entries. Files in
         `known` were checksummed and fsync'd by whoever wrote them (the device export,
         while streaming): they are only checked for size, never read again. Files the
-        follower hashed while they were written are not read again either."""
+        follower hashed while they were written are not read again either. With a packer, CRIU's
+        page images move into the chunk store (store.py) instead of being fsync'd here."""
         written = {f.path: f for f in known}
         hashed: dict[str, tuple[int, str]] = {}
         for follower in self.followers:
@@ -106,13 +111,18 @@ class Staging:
                 size, digest = hashed.get(str(rel), (-1, ""))
                 if size != os.lstat(p).st_size:
                     size, digest = checksum_file(p)
-                to_sync.append(p)
                 entry = FileEntry(str(rel), size, digest)
+                if packer is not None and packable(entry):
+                    entry = packer.pack(p, entry)
+                else:
+                    to_sync.append(p)
             entries.append(entry)
         if written:
             raise ImageInvalid(f"{sorted(written)[0]} is missing from the checkpoint")
         # Their write-back started long ago: these mostly wait for the last pages and the disk's
         # cache flush, which concurrent fsyncs share instead of paying one each.
+        if packer is not None:
+            packer.store.sync()
         _fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         return entries
 
