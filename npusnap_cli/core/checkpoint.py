@@ -36,7 +36,7 @@ from ..image.format import (
 )
 from ..image.staging import Staging
 from ..image.store import Packer
-from ..platform.criu import DumpOptions
+from ..platform.criu import DumpOptions, page_runs
 from ..platform.procfs import process_exists
 from . import communicators, processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn
@@ -253,6 +253,10 @@ class CheckpointRun:
         with self.phase("seal") as t:
             if (self.opts.dedup or self.opts.compress != "none") and self.packer is None:
                 self.packer = Packer(self.staging.final, self.opts.compress)
+                try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
+                    self.packer.runs = page_runs(self.criu_dir)
+                except (OSError, ValueError):
+                    pass
             self.files = self.staging.seal(known=self.device_files, packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
 

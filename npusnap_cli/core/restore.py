@@ -28,9 +28,8 @@ from ..image.format import (
     check_entry,
     load_manifest,
     restore_log_dir,
-    verify,
 )
-from ..image.store import assembled, packed_entries
+from ..image.store import assembled, packed_entries, verify
 from ..platform.criu import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
@@ -128,7 +127,7 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         pages = [e for e in page_entries(manifest) if not e.chunks] if _can_wait_stopped(root, manifest) else []
         # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
         later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
-        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later)
+        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
 
 

@@ -122,7 +122,7 @@ class Staging:
         # Their write-back started long ago: these mostly wait for the last pages and the disk's
         # cache flush, which concurrent fsyncs share instead of paying one each.
         if packer is not None:
-            packer.store.sync()
+            to_sync += packer.store.to_sync()
         _fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         return entries
 

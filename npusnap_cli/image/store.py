@@ -27,9 +27,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Collection, Iterable, Iterator, Optional, Sequence
 
 from ..errors import ImageInvalid, StorageProblem
+from . import format as fmt
 from .format import CRIU_DIR, MANIFEST, FileEntry, Manifest, load_manifest, new_hasher
 
 STORE_NAME = ".npusnap-store"
@@ -280,12 +281,10 @@ class Store:
                                "restore the store from a backup")
         return data
 
-    def sync(self) -> None:
-        """fsync the chunks this run added, and their directories."""
-        from .staging import _fsync_all
-
+    def to_sync(self) -> list[Path]:
+        """The chunks this run added, and their directories: for the seal's one batch of fsyncs."""
         base = self.path / "chunks"
-        _fsync_all([*(base / d / n for d, n in self.written), *{base / d for d, _ in self.written}, base, self.path])
+        return [*(base / d / n for d, n in self.written), *sorted({base / d for d, _ in self.written}), base, self.path]
 
     def names(self) -> Iterator[tuple[str, str]]:
         """(fan-out dir, name) of every file under chunks/."""
@@ -330,6 +329,7 @@ class Packer:
 
     def __init__(self, final: Path, choice: str) -> None:
         self.choice = choice
+        self.runs: dict[str, list[tuple[int, int]]] = {}  # pages-N.img -> its runs of pages (cuts)
         self.store = Store(store_of(final), create=True)
         self.chooser = Chooser(choice)
         self.stats = PackStats()
@@ -344,7 +344,7 @@ class Packer:
         fd = os.open(path, os.O_RDONLY | _OPEN)
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-                for length in cuts(path.parent, path.name, entry.size):
+                for length in cuts(self.runs.get(path.name, []), entry.size):
                     data = f.read(length)
                     whole.update(data)
                     chunks.append(self._one(data))
@@ -391,17 +391,12 @@ class Packer:
             os.close(fd)
 
 
-def cuts(images_dir: Path, name: str, size: int) -> list[int]:
+def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
     """The lengths of a page image's chunks: cut where the virtual address crosses a multiple of
-    CHUNK_SIZE and where a run of pages ends (pagemap), so that an area that grew, shrank or
-    moved in the file still cuts the same chunks out of the memory it did not change. Fixed
-    CHUNK_SIZE pieces when the pagemap does not account for the file."""
-    from ..platform.criu import page_runs
-
-    try:
-        runs = page_runs(images_dir).get(name, [])
-    except (OSError, ValueError):
-        runs = []
+    CHUNK_SIZE and where a run of pages ends (runs: (vaddr, bytes) from CRIU's pagemap, in file
+    order), so that an area that grew, shrank or moved in the file still cuts the same chunks
+    out of the memory it did not change. Fixed CHUNK_SIZE pieces when the runs do not account
+    for the file."""
     if sum(n for _, n in runs) != size:
         return [min(CHUNK_SIZE, size - off) for off in range(0, size, CHUNK_SIZE)]
     out = []
@@ -442,6 +437,14 @@ def check_chunks(root: Path, entries: Iterable[FileEntry], deep: bool) -> None:
                     raise ImageInvalid(f"{entry.path}: chunk {c.digest} is missing from the store {store.path}")
             if deep and whole.hexdigest() != entry.checksum:
                 raise ImageInvalid(f"{entry.path}: checksum mismatch (its chunks were altered)")
+
+
+def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = (),
+           later: Collection[str] = (), deep: bool = True) -> Manifest:
+    """format.verify, and the chunks of packed page images: present (deep: and intact)."""
+    m = manifest or load_manifest(root)
+    check_chunks(root, packed_entries(m), deep)
+    return fmt.verify(root, m, shallow, later, chunks_checked=True)
 
 
 @contextlib.contextmanager
