@@ -179,6 +179,23 @@ def _own_dir(path: Path, create: bool) -> int:
     return fd
 
 
+LOCK_WAIT_S = 60.0
+
+
+def _flock(fd: int, how: int, path: Path) -> None:
+    """flock, waiting at most LOCK_WAIT_S (a prune collecting, or a checkpoint being written)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise StorageProblem(f"the chunk store {path} stayed locked for {LOCK_WAIT_S:.0f} s "
+                                     "(a checkpoint writing to it, or a prune collecting)", "try again later") from None
+            time.sleep(0.05)
+
+
 class Store:
     """An open chunk store. Context manager: holds the store's lock (shared, or exclusive for
     collect) until closed."""
@@ -188,7 +205,7 @@ class Store:
         self.fd = _own_dir(path, create)
         try:
             self.lock = os.open("lock", os.O_RDWR | os.O_CREAT | _OPEN, 0o600, dir_fd=self.fd)
-            fcntl.flock(self.lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            _flock(self.lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, path)
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir("chunks", 0o700, dir_fd=self.fd)
@@ -199,6 +216,9 @@ class Store:
         except OSError as e:
             self.close()
             raise StorageProblem(f"cannot open the chunk store {path}: {e.strerror}") from e
+        except BaseException:
+            self.close()
+            raise
         self.written: list[tuple[str, str]] = []  # (fan-out dir, name) of chunks this run added
 
     def __enter__(self) -> "Store":
