@@ -175,3 +175,37 @@ class BulkVerifier:
             raise self.error
         if self.error is not None:
             raise ImageInvalid(f"cannot verify the checkpoint's images: {self.error}") from self.error
+
+
+def fsync_all(paths: list[Path], threads: int = 8) -> None:
+    """fsync every path, on a few threads at once; the first error is raised once all are done."""
+    todo = list(reversed(paths))
+    errors: list[OSError] = []
+
+    def work() -> None:
+        while True:
+            try:
+                p = todo.pop()
+            except IndexError:
+                return
+            try:
+                fsync_path(p)
+            except OSError as e:
+                errors.append(e)
+
+    pool = [threading.Thread(target=work, name="fsync", daemon=True) for _ in range(min(threads, len(paths)) - 1)]
+    for t in pool:
+        t.start()
+    work()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

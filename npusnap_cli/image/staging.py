@@ -9,12 +9,11 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import ImageInvalid, StorageProblem
-from .checksums import Follower, start_writeback
+from .checksums import Follower, fsync_all, fsync_path, start_writeback
 from .format import (
     CHECKSUMMED_DIRS,
     CRIU_DIR,
@@ -123,7 +122,7 @@ class Staging:
         # cache flush, which concurrent fsyncs share instead of paying one each.
         if packer is not None:
             to_sync += packer.store.to_sync()
-        _fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
+        fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         return entries
 
     def commit(self, manifest: Manifest) -> Path:
@@ -140,9 +139,9 @@ class Staging:
                 os.chmod(p, 0o600)
                 shutil.move(str(p), self.path / LOG_DIR / p.name)
             os.rmdir(self.log_dir)
-            _fsync_path(self.path)
+            fsync_path(self.path)
             self._put_in_place()
-            _fsync_path(self.final.parent)
+            fsync_path(self.final.parent)
         except OSError as e:
             if not self.committed:
                 raise StorageProblem(f"cannot write the checkpoint: {e.strerror}") from e
@@ -276,39 +275,5 @@ def _start_writeback(p: Path) -> None:
     fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         start_writeback(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_all(paths: list[Path], threads: int = 8) -> None:
-    """fsync every path, on a few threads at once; the first error is raised once all are done."""
-    todo = list(reversed(paths))
-    errors: list[OSError] = []
-
-    def work() -> None:
-        while True:
-            try:
-                p = todo.pop()
-            except IndexError:
-                return
-            try:
-                _fsync_path(p)
-            except OSError as e:
-                errors.append(e)
-
-    pool = [threading.Thread(target=work, name="fsync", daemon=True) for _ in range(min(threads, len(paths)) - 1)]
-    for t in pool:
-        t.start()
-    work()
-    for t in pool:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def _fsync_path(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Optional, Sequ
 
 from ..errors import ImageInvalid, StorageProblem
 from . import format as fmt
+from .checksums import fsync_all
 from .format import CRIU_DIR, MANIFEST, FileEntry, Manifest, load_manifest, new_hasher
 
 STORE_NAME = ".npusnap-store"
@@ -104,7 +105,7 @@ class Chooser:
     (we write one chunk after the other, so the costs add). Its compress rate is watched on:
     should it fall, the rest is written raw."""
 
-    PROBE = 16
+    PROBE = 64  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
 
     def __init__(self, choice: str) -> None:
         self.fixed = None if choice == "auto" else _STORED[choice]
@@ -121,7 +122,7 @@ class Chooser:
     def pick(self) -> str:
         return self.fixed if self.fixed is not None else self.codec
 
-    def probe(self, data: bytes, write: Callable[[], None]) -> None:
+    def probe(self, data: bytes, write: Callable[[], None], sync: Callable[[], None]) -> None:
         for codec, acc in self.trial.items():
             t = time.perf_counter()
             acc[1] += len(_compress(codec, data))
@@ -132,12 +133,15 @@ class Chooser:
         self.written += len(data)
         self.seen += 1
         if self.seen == self.PROBE:
+            t = time.perf_counter()
+            sync()  # as the seal does: the probe's chunks fsync'd together
+            self.write_s += time.perf_counter() - t
             per_byte_w = self.write_s / max(self.written, 1)
             best, cost = "raw", per_byte_w
             for codec, (secs, stored) in self.trial.items():
                 ratio = stored / max(self.written, 1)
                 c = secs / max(self.written, 1) + ratio * per_byte_w
-                if c < cost * 0.9:  # a margin: never slower
+                if c < cost * 0.8:  # a margin: never slower
                     best, cost, self.ratio = codec, c, ratio
             self.codec = best
             self.per_byte_w = per_byte_w
@@ -220,6 +224,8 @@ class Store:
             self.close()
             raise
         self.written: list[tuple[str, str]] = []  # (fan-out dir, name) of chunks this run added
+        self.fans: dict[str, int] = {}
+        self.names_known: Optional[set[str]] = None  # index()
 
     def __enter__(self) -> "Store":
         return self
@@ -228,6 +234,9 @@ class Store:
         self.close()
 
     def close(self) -> None:
+        for fd in getattr(self, "fans", {}).values():
+            os.close(fd)
+        self.fans = {}
         for name in ("chunks", "lock", "fd"):
             fd = getattr(self, name, -1)
             if fd >= 0:
@@ -235,51 +244,51 @@ class Store:
             setattr(self, name, -1)
 
     def _fan(self, digest: str, create: bool) -> int:
+        """The fan-out directory of a digest, opened once (kept until close)."""
         sub = digest[:2]
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(sub, 0o700, dir_fd=self.chunks)
-        return os.open(sub, os.O_RDONLY | os.O_DIRECTORY | _OPEN, dir_fd=self.chunks)
+        fd = self.fans.get(sub)
+        if fd is None:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(sub, 0o700, dir_fd=self.chunks)
+            fd = self.fans[sub] = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | _OPEN, dir_fd=self.chunks)
+        return fd
+
+    def index(self) -> None:
+        """List the store once: find() then answers from memory (a checkpoint holds the lock,
+        so nothing it lists goes away, and only it adds what it adds)."""
+        self.names_known = {name for _, name in self.names()}
 
     def find(self, digest: str) -> Optional[Chunk]:
         """A chunk with these raw bytes already stored (any codec), or None."""
-        try:
-            fan = self._fan(digest, create=False)
-        except FileNotFoundError:
-            return None
-        try:
-            for codec in ("zstd", "lz4", "raw"):
-                try:
-                    st = os.stat(f"{digest}.{codec}", dir_fd=fan, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    return Chunk(digest, codec, -1, st.st_size)
-        finally:
-            os.close(fan)
+        for codec in ("zstd", "lz4", "raw"):
+            name = f"{digest}.{codec}"
+            if self.names_known is not None and name not in self.names_known:
+                continue
+            try:
+                st = os.stat(name, dir_fd=self._fan(digest, create=False), follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                return Chunk(digest, codec, -1, st.st_size)
         return None
 
     def put(self, digest: str, codec: str, data: bytes) -> None:
         """Store one chunk under its name, atomically (a temporary file renamed into place)."""
         fan = self._fan(digest, create=True)
-        try:
-            tmp = f".tmp-{os.getpid()}-{os.urandom(4).hex()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=fan)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.rename(tmp, f"{digest}.{codec}", src_dir_fd=fan, dst_dir_fd=fan)
-        finally:
-            os.close(fan)
+        tmp = f".tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=fan)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.rename(tmp, f"{digest}.{codec}", src_dir_fd=fan, dst_dir_fd=fan)
         self.written.append((digest[:2], f"{digest}.{codec}"))
+        if self.names_known is not None:
+            self.names_known.add(f"{digest}.{codec}")
 
     def read(self, chunk: Chunk, where: str) -> bytes:
         """A chunk's raw bytes, checked against its digest."""
         try:
-            fan = self._fan(chunk.digest, create=False)
-            try:
-                fd = os.open(f"{chunk.digest}.{chunk.codec}", os.O_RDONLY | _OPEN, dir_fd=fan)
-            finally:
-                os.close(fan)
+            fd = os.open(f"{chunk.digest}.{chunk.codec}", os.O_RDONLY | _OPEN, dir_fd=self._fan(chunk.digest, False))
         except FileNotFoundError:
             raise ImageInvalid(f"{where}: chunk {chunk.digest} is missing from the store {self.path}",
                                "it was deleted by hand or the store is incomplete; restore from a backup") from None
@@ -351,6 +360,7 @@ class Packer:
         self.choice = choice
         self.runs: dict[str, list[tuple[int, int]]] = {}  # pages-N.img -> its runs of pages (cuts)
         self.store = Store(store_of(final), create=True)
+        self.store.index()
         self.chooser = Chooser(choice)
         self.stats = PackStats()
 
@@ -389,7 +399,8 @@ class Packer:
             self.stats.referenced_bytes += len(data)
             return Chunk(digest, found.codec, len(data), found.stored)
         if self.chooser.probing():
-            self.chooser.probe(data, lambda: self._put_synced(digest, data))
+            self.chooser.probe(data, lambda: self.store.put(digest, "raw", data),
+                               lambda: fsync_all(self.store.to_sync()[:-2]))
             stored, codec = data, "raw"
         else:
             codec = self.chooser.pick()
@@ -400,15 +411,6 @@ class Packer:
             self.store.put(digest, codec, stored)
         self.stats.new_bytes += len(stored)
         return Chunk(digest, codec, len(data), len(stored))
-
-    def _put_synced(self, digest: str, data: bytes) -> None:
-        self.store.put(digest, "raw", data)
-        sub, name = self.store.written[-1]
-        fd = os.open(self.store.path / "chunks" / sub / name, os.O_RDONLY | _OPEN)
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
 
 
 def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
