@@ -236,7 +236,8 @@ class CheckpointRun:
         if self.sub:
             criu_dir.mkdir(0o700, exist_ok=True)
         log_dir = self.log_dir or self.staging.log_dir
-        with self.phase("dump") as self.dump_timing, self.signals.critical(), self.staging.follow(criu_dir):
+        with self.phase("dump") as self.dump_timing, self.signals.critical(), \
+                self.staging.follow(criu_dir, packing=self.packs):
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
             self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
@@ -251,7 +252,7 @@ class CheckpointRun:
 
     def seal(self) -> None:
         with self.phase("seal") as t:
-            if (self.opts.dedup or self.opts.compress != "none") and self.packer is None:
+            if self.packs and self.packer is None:
                 self.packer = Packer(self.staging.final, self.opts.compress)
                 try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
                     self.packer.runs = page_runs(self.criu_dir)
@@ -259,6 +260,11 @@ class CheckpointRun:
                     pass
             self.files = self.staging.seal(known=self.device_files, packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
+
+    @property
+    def packs(self) -> bool:
+        """Whether CRIU's page images go to the chunk store (--dedup, --compress)."""
+        return self.opts.dedup or self.opts.compress != "none"
 
     def _commit(self) -> Manifest:
         return commit(self.staging, self.signals, self._manifest())

@@ -55,8 +55,10 @@ class Follower:
     followed (a big process tree writes thousands of images; descriptors are bounded); the
     seal hashes the others itself."""
 
-    def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256) -> None:
+    def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256,
+                 keep_cached: Optional[re.Pattern[str]] = None) -> None:
         self.max_files = max_files
+        self.keep_cached = keep_cached  # names not written back: they move to the chunk store (store.py)
         self.directory = directory
         self.interval = interval
         self.tails: dict[str, _Tail] = {}
@@ -117,7 +119,8 @@ class Follower:
         end = os.fstat(tail.fd).st_size
         if end > tail.offset:
             done = hash_fd(tail.fd, tail.hasher, tail.offset, end)
-            start_writeback(tail.fd, tail.offset, done)
+            if self.keep_cached is None or not self.keep_cached.fullmatch(name):
+                start_writeback(tail.fd, tail.offset, done)
             tail.offset += done
 
     def _drop(self, name: str) -> None:

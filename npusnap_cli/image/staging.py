@@ -28,7 +28,7 @@ from .format import (
     load_manifest,
     manifest_text,
 )
-from .store import packable
+from .store import PAGE_IMAGE, packable
 
 if TYPE_CHECKING:
     from .store import Packer
@@ -71,10 +71,10 @@ class Staging:
         return self.path / DEVICE_DIR
 
 
-    def follow(self, directory: Path) -> Follower:
+    def follow(self, directory: Path, packing: bool = False) -> Follower:
         """Around the writing of directory (CRIU's dump): its files are hashed and their write-back
         started while they are written; seal() takes those checksums instead of reading again."""
-        follower = Follower(directory)
+        follower = Follower(directory, keep_cached=PAGE_IMAGE if packing else None)
         self.followers.append(follower)
         return follower
 

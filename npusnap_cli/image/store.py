@@ -38,7 +38,8 @@ STORE_NAME = ".npusnap-store"
 CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites little
 _STORED = {"none": "raw", "zstd": "zstd", "lz4": "lz4"}
 _NAME = re.compile(r"^([0-9a-f]{32})\.(raw|zstd|lz4)$")
-PAGES = re.compile(r"criu/pages-[0-9]+\.img")
+PAGE_IMAGE = re.compile(r"pages-[0-9]+\.img")  # CRIU's page images, the ones packed
+PAGES = re.compile(r"criu/" + PAGE_IMAGE.pattern)
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
