@@ -101,8 +101,8 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes:
 
 class Chooser:
     """--compress auto: compress only while it does not make writing slower. The first chunks
-    are written raw and timed to the disk (with fdatasync), and compressed by each codec on the
-    side; a codec is taken only if compressing plus writing what it leaves beats writing raw
+    are written raw and timed to the disk (fsync'd together, as the seal does), and a sample of
+    them compressed by each codec on the side; a codec is taken only if compressing plus writing what it leaves beats writing raw
     (we write one chunk after the other, so the costs add). Its compress rate is watched on:
     should it fall, the rest is written raw."""
 
@@ -112,7 +112,7 @@ class Chooser:
         self.fixed = None if choice == "auto" else _STORED[choice]
         self.codec = "raw"
         self.seen = 0
-        self.write_s = self.written = 0.0
+        self.write_s = self.written = self.sampled = 0.0
         self.trial: dict[str, list[float]] = {"zstd": [0.0, 0.0], "lz4": [0.0, 0.0]}  # seconds, stored bytes
         self.spent = self.fed = 0.0
         self.ratio = 1.0
@@ -124,10 +124,12 @@ class Chooser:
         return self.fixed if self.fixed is not None else self.codec
 
     def probe(self, data: bytes, write: Callable[[], None], sync: Callable[[], None]) -> None:
-        for codec, acc in self.trial.items():
-            t = time.perf_counter()
-            acc[1] += len(_compress(codec, data))
-            acc[0] += time.perf_counter() - t
+        if self.seen % 4 == 0:  # a sample of the probe's chunks: the trial itself must cost little
+            for codec, acc in self.trial.items():
+                t = time.perf_counter()
+                acc[1] += len(_compress(codec, data))
+                acc[0] += time.perf_counter() - t
+            self.sampled += len(data)
         t = time.perf_counter()
         write()
         self.write_s += time.perf_counter() - t
@@ -140,8 +142,8 @@ class Chooser:
             per_byte_w = self.write_s / max(self.written, 1)
             best, cost = "raw", per_byte_w
             for codec, (secs, stored) in self.trial.items():
-                ratio = stored / max(self.written, 1)
-                c = secs / max(self.written, 1) + ratio * per_byte_w
+                ratio = stored / max(self.sampled, 1)
+                c = secs / max(self.sampled, 1) + ratio * per_byte_w
                 if c < cost * 0.8:  # a margin: never slower
                     best, cost, self.ratio = codec, c, ratio
             self.codec = best
