@@ -102,9 +102,9 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes:
 class Chooser:
     """--compress auto: compress only while it does not make writing slower. The first chunks
     are written raw and timed to the disk (fsync'd together, as the seal does), and a sample of
-    them compressed by each codec on the side; a codec is taken only if compressing plus writing what it leaves beats writing raw
-    (we write one chunk after the other, so the costs add). Its compress rate is watched on:
-    should it fall, the rest is written raw."""
+    them compressed by each codec on the side; a codec is taken only if compressing plus writing
+    what it leaves beats writing raw (we write one chunk after the other, so the costs add). Its
+    compress rate is watched on: should it fall, the rest is written raw."""
 
     PROBE = 64  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
 
