@@ -27,8 +27,8 @@ from ..image.format import (
     check_entry,
     load_manifest,
     restore_log_dir,
-    verify,
 )
+from ..image.store import assembled, packed_entries, verify
 from ..platform.criu import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
@@ -77,12 +77,12 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     restored = [manifest.pid]  # the root to kill on failure: CRIU's answer once it has one
     guardian = services.guardian(None, manifest.pid)
     try:
-        with Signals() as signals, services.images_view() as view:
+        with Signals() as signals, services.images_view() as view, assembled(root, manifest) as images:
             try:
                 guardian.kill_if_dead(pids)
                 with phase("criu-restore"), signals.critical():
                     try:
-                        restored[0] = criu.restore(view.enter(root / CRIU_DIR, lambda m: warn(progress, m)),
+                        restored[0] = criu.restore(view.enter(images, lambda m: warn(progress, m)),
                                                    log_dir, shell_job=bool(manifest.options.get("shell_job")),
                                                    tcp_established=bool(manifest.options.get("tcp_established")),
                                                    extra=_restore_options(manifest, opts),
@@ -123,8 +123,10 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
             return manifest, None
         # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
         direct = manifest.device.method == DataPath.DIRECT
-        pages = page_entries(manifest) if _can_wait_stopped(root, manifest) else []
-        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later={e.path for e in pages})
+        pages = [e for e in page_entries(manifest) if not e.chunks] if _can_wait_stopped(root, manifest) else []
+        # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
+        later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
+        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
 
 

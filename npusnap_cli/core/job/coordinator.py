@@ -35,8 +35,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from ... import __version__
 from ...errors import JobAborted, StorageProblem, WrongState
+from ...image.checksums import fsync_path  # the same durability step as a single checkpoint's commit
 from ...image.format import hidden_sibling
-from ...image.staging import _fsync_path  # the same durability step as a single checkpoint's commit
 from . import manifest as jm
 from . import slurm
 from .protocol import Channel, ProtocolError, new_secret
@@ -287,7 +287,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
             raise StorageProblem(f"{final} appeared while the job was checkpointed")
         os.rename(staging, final)  # THE commit point
         committed = True
-        _fsync_path(final.parent)
+        fsync_path(final.parent)
         stage("commit", t)
         session.broadcast("done")
         t = time.monotonic()
