@@ -42,7 +42,9 @@
 #   * Each node has its own npusim daemon (`npusnap device start`, in the node's namespace) on
 #     DIR/nodes/nodeK/npusim/daemon.sock with its own devices. TaskProlog exports NPUSIM_SOCKET
 #     for every task, the batch script included, so `npusnap` in a job step finds its node's
-#     daemon with no setup of its own (the submitter's NPUSIM_SOCKET is overridden).
+#     daemon with no setup of its own (the submitter's NPUSIM_SOCKET is overridden). The daemon
+#     takes HCCL traffic on the node's address (--hccl-listen), so ranks on different nodes talk
+#     over the cluster network, and a communicator re-formed on other nodes moves to their addresses.
 #   * slurm.conf: select/cons_tres with CR_CPU_Memory; each node claims CPUs=2 RealMemory=1024
 #     (what this 2-core machine has; every node shares the same cores), DefMemPerCPU=128 so a
 #     job without --mem fits. proctrack/linuxproc and task/none: no cgroups, no systemd.
@@ -258,7 +260,7 @@ start_node() {
     own_dir "$dir/nodes/$node/spool"
     own_dir "$dir/nodes/$node/npusim"
     in_node "$ns" "$node" "$npusnap" device start --socket "$dir/nodes/$node/npusim/daemon.sock" \
-        --devices 2 --memory 256M >>"$dir/logs/npusim-$node.log" 2>&1 ||
+        --devices 2 --memory 256M --hccl-listen "$(node_addr "$node")" >>"$dir/logs/npusim-$node.log" 2>&1 ||
         die 1 "the npusim daemon of $node did not start: see $dir/logs/npusim-$node.log and $dir/nodes/$node/npusim/daemon.log"
     pid_alive "$dir/nodes/$node/slurmd.pid" slurmd && return 0
     in_node "$ns" "$node" env SLURM_CONF="$conf" slurmd -f "$conf" -N "$node" ||

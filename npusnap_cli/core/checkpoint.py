@@ -59,6 +59,9 @@ class CheckpointOptions:
     data_path: DataPathChoice = DataPathChoice.AUTO  # direct: the daemon streams device memory to DIR/device
     criu: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
+    # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
+    # the same time (their locks meet in the free pass; a peer that is not times the lock out)
+    peers_elsewhere: bool = False
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
