@@ -224,8 +224,8 @@ def hand_daemon(backend: Any, device: DeviceState, opts: RestoreOptions) -> None
     """Before its device restore, tell a runtime which daemon to reconnect to (agent `hccl socket
     PATH`, npusimSnapShotUseDaemon): a process restored on another node must use that node's
     daemon, not the one its stale NPUSIM_SOCKET names."""
-    if opts.daemon_socket and device.backend == BackendName.SIM and hasattr(backend, "hccl_option"):
-        backend.hccl_option("socket", opts.daemon_socket)
+    if opts.daemon_socket and device.backend == BackendName.SIM and hasattr(backend, "use_daemon"):
+        backend.use_daemon(opts.daemon_socket)
 
 
 def wait_exit_code(pid: int) -> int:
