@@ -53,6 +53,7 @@
 #     22.05. sched/builtin starts a job the moment it fits; KillWait=2 so scancel is quick;
 #     AuthInfo cred_expire=5 because a requeued job waits that long before it may start again
 #     (Slurm's default 120 s would make every requeue test wait two minutes).
+#     FirstJobId=B*10000+1 (NET 10.A.B): two clusters on this machine never hand out the same job id.
 #     Accounting off (no slurmdbd). Everything runs as root (SlurmUser=root).
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin  # munged, slurmctld, slurmd, ip live there
@@ -79,6 +80,9 @@ ctl_ns=$name-ctl
 host_addr=$net.1
 ctl_addr=$net.2
 node_addr() { echo "$net.$((10 + ${1#node}))"; }
+# Job ids of their own per cluster (by the /24's last octet): two clusters on one machine share
+# /proc and /run/npusnap/jobs, and a job 1 on node1 of each would look like one job to npusnap.
+first_job_id=$(( ${net##*.} * 10000 + 1 ))
 node_ns() { echo "$name-$1"; }
 conf=$dir/etc/slurm.conf
 munge_sock=$dir/munge/munge.socket
@@ -198,6 +202,7 @@ write_config() {
         echo "SchedulerType=sched/builtin"
         echo "SchedulerParameters=sched_interval=1"
         echo "JobRequeue=1"
+        echo "FirstJobId=$first_job_id"
         echo "ReturnToService=2"
         echo "KillWait=2"
         echo "InactiveLimit=0"

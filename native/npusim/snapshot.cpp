@@ -169,8 +169,8 @@ int npusimSnapShotUseDaemon(const char *socket) {
   if (socket == nullptr || socket[0] != '/') return ACL_ERROR_INVALID_PARAM;
   std::string why;
   if (!trust::dir_trusted(trust::dir_of(socket), ::geteuid(), &why))
-    return note_error(ACL_ERROR_RT_NO_PERMISSION, "snapshot: refusing the daemon socket " + std::string(socket) +
-                                                      ": " + why);
+    return note_error(ACL_ERROR_RT_NO_PERMISSION,
+                      "snapshot: refusing the daemon socket " + std::string(socket) + ": " + why);
   Runtime &r = runtime();
   std::lock_guard<std::mutex> g(r.mu);
   if (r.state != State::BackedUp) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
