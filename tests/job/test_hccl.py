@@ -94,7 +94,8 @@ def test_hccl_ranks_checkpointed_requeued_and_restored_on_swapped_nodes_bit_iden
         return all(pid in clients[other if node == first else first] and pid not in clients[node]
                    for pid, node in old.items())
 
-    assert poll(on_new_daemons, 120), ({n: sorted(_clients(c, n)) for n in c.nodes}, old, c.output(job.id))
+    assert poll(on_new_daemons, 120), \
+        f"daemons' clients {({n: sorted(_clients(c, n)) for n in c.nodes})}, ranks were {old}:\n{c.output(job.id)[-4000:]}"
     state = wait_finished(c, job.id, timeout=180)
     text = c.output(job.id)
     assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 1, text
