@@ -322,6 +322,7 @@ extern "C" {
 // acl/npusim.h; the agent passes npusnap's settings on (`hccl KEY VALUE`).
 int npusimHcclSnapshotOption(const char *key, const char *value) {
   if (key == nullptr || value == nullptr) return ACL_ERROR_INVALID_PARAM;
+  if (std::strcmp(key, "socket") == 0) return npusimSnapShotUseDaemon(value);  // snapshot.cpp
   std::lock_guard<std::mutex> g(runtime().mu);
   if (std::strcmp(key, "rendezvous") == 0 && value[0] == '/') options().rendezvous = value;
   else if (std::strcmp(key, "alone") == 0 && (std::strcmp(value, "0") == 0 || std::strcmp(value, "1") == 0))

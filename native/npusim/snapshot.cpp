@@ -17,6 +17,7 @@
 #include "npusnap/states.h"
 #include "resources.h"
 #include "runtime.h"
+#include "trust.h"
 #include "wire.h"
 
 using namespace npusim;
@@ -159,6 +160,22 @@ aclError aclrtSnapShotProcessLock(int pid, void *reserve) {
 aclError npusimSnapShotProcessLockTimeout(int pid, int32_t timeoutMs) {
   if (bad_pid(pid) || timeoutMs <= 0) return ACL_ERROR_INVALID_PARAM;
   return npusim::rt::snapshot_lock(timeoutMs);
+}
+
+// A process restored on another host reconnects to that host's daemon (the restoring npusnap
+// knows it), never to the stale NPUSIM_SOCKET of its environment. Only while BACKED_UP: no
+// connection is open then, and device_restore() opens the new one.
+int npusimSnapShotUseDaemon(const char *socket) {
+  if (socket == nullptr || socket[0] != '/') return ACL_ERROR_INVALID_PARAM;
+  std::string why;
+  if (!trust::dir_trusted(trust::dir_of(socket), ::geteuid(), &why))
+    return note_error(ACL_ERROR_RT_NO_PERMISSION,
+                      "snapshot: refusing the daemon socket " + std::string(socket) + ": " + why);
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  if (r.state != State::BackedUp) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  r.socket_path = socket;
+  return ACL_SUCCESS;
 }
 
 }  // extern "C"

@@ -62,6 +62,9 @@ class CheckpointOptions:
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
     dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
     compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
+    # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
+    # the same time (their locks meet in the free pass; a peer that is not times the lock out)
+    peers_elsewhere: bool = False
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,

@@ -52,6 +52,8 @@ from .restore import (
     _restore_options,
     _unlock_closed_connections,
     _verified,
+    hand_daemon,
+    on_daemon,
 )
 from .services import REAL, CriuDriver, GuardianLike, ImagesViewLike, Services
 from .signals import Signals
@@ -123,7 +125,8 @@ class SetCheckpoint:
             with self._member(m):
                 m.expect(State.RUNNING)
         # Every rank of each member's HCCL communicators must be in the set (or --force).
-        communicators.admit({m.pid: m.backend for m in self.members}, opts.force, self.progress)
+        if not opts.peers_elsewhere:  # a job's node: its workers checkpoint the other ranks meanwhile
+            communicators.admit({m.pid: m.backend for m in self.members}, opts.force, self.progress)
         self.phase = Phases(self.progress)
         self.undos = UndoStack(lambda text: warn(self.progress, text))
         self.signals = Signals()
@@ -343,7 +346,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
         raise WrongState("--criu-only is a runbook step for one process; a set is restored whole",
                          "restore the set without --criu-only")
     for entry in manifest.members:
-        services.device_fits(entry.device)
+        services.device_fits(on_daemon(entry.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
     services.become_subreaper()
@@ -468,6 +471,7 @@ def _device_restore(pid: int, entry: MemberEntry, manifest: Manifest, root: Path
         backend.release()
         return None
     with phase("device-restore") as t:
+        hand_daemon(backend, entry.device, opts)
         communicators.hand(backend, meet)
         files: list[FileEntry] = [f for f in entry.files(manifest) if f.path.startswith(f"{DEVICE_DIR}/")]
         backend.restore(root / DEVICE_DIR / entry.subdir, files)

@@ -6,6 +6,7 @@ unlock is the commit point: after it, the restore stands."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import tempfile
@@ -22,6 +23,7 @@ from ..image.format import (
     CRIU_DIR,
     DEVICE_DIR,
     LOG_DIR,
+    DeviceState,
     Manifest,
     PhaseTiming,
     check_entry,
@@ -50,6 +52,9 @@ class RestoreOptions:
     require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
     trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
     rendezvous: Optional[Path] = None  # where HCCL ranks restored separately meet (communicators.py)
+    # sim: the npusim daemon the restored runtimes reconnect to (a job worker's own node's), whatever
+    # socket they started with; None: each its old one (the manifest's endpoint)
+    daemon_socket: Optional[str] = None
 
 
 @dataclass
@@ -64,7 +69,7 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     root = opts.directory.absolute()
     phase = Phases(progress)
     manifest, pages = _verified(root, opts, phase)
-    services.device_fits(manifest.device)
+    services.device_fits(on_daemon(manifest.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
     try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
@@ -200,6 +205,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             signals.settled = True
             return
         with phase("device-restore") as t:
+            hand_daemon(backend, manifest.device, opts)
             communicators.hand(backend, meet)
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
             backend.restore(root / DEVICE_DIR, images)
@@ -208,6 +214,21 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             backend.unlock()
     finally:
         backend.release()
+
+
+def on_daemon(device: DeviceState, opts: RestoreOptions) -> DeviceState:
+    """The checkpoint's device as it will be restored: on opts.daemon_socket when one is given."""
+    if opts.daemon_socket and device.backend == BackendName.SIM:
+        return dataclasses.replace(device, endpoint=opts.daemon_socket)
+    return device
+
+
+def hand_daemon(backend: Any, device: DeviceState, opts: RestoreOptions) -> None:
+    """Before its device restore, tell a runtime which daemon to reconnect to (agent `hccl socket
+    PATH`, npusimSnapShotUseDaemon): a process restored on another node must use that node's
+    daemon, not the one its stale NPUSIM_SOCKET names."""
+    if opts.daemon_socket and device.backend == BackendName.SIM and hasattr(backend, "use_daemon"):
+        backend.use_daemon(opts.daemon_socket)
 
 
 def wait_exit_code(pid: int) -> int:

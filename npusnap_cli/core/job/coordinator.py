@@ -385,12 +385,14 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
     private = Path(tempfile.mkdtemp(prefix=f".{root.name}.restore-", dir=root.parent))
     stages: list[dict[str, Any]] = []
     session: Optional[Session] = None
+    meet: Optional[Path] = None
     try:
         key = new_secret(private / jm.SECRET)
         session = Session(job, list(place.values()), opts.listen, key, say)
         t = time.monotonic()
+        meet = _rendezvous(root / m.rendezvous, session.run)
         session.start_workers(["restore", "--directory", str(root), "--secret-file", str(private / jm.SECRET),
-                               "--lease", str(d.lease), "--rendezvous", str(root / m.rendezvous)])
+                               "--lease", str(d.lease), "--rendezvous", str(meet)])
         session.gather("hello", "connect", d.connect)
         stages.append({"name": "connect", "seconds": round(time.monotonic() - t, 6)})
         t = time.monotonic()
@@ -398,6 +400,7 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
             ranks = [{"pid": r.pid, "step": r.step, "procid": r.procid} for r in m.ranks_of(old)]
             session.channels[new].send("restore", dir=m.node(old).dir, from_node=old, ranks=ranks)
         restored = session.gather("restored", "restore", d.prepare)
+        shutil.rmtree(meet, ignore_errors=True)  # every communicator re-formed: nobody meets there again
         session.broadcast("go")
         stages.append({"name": "restore", "seconds": round(time.monotonic() - t, 6)})
         pids = {new: list(restored[new]["pids"]) for new in place.values()}
@@ -414,3 +417,21 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
         if session is not None:
             session.close(wait=d.commit + 30)
         shutil.rmtree(private, ignore_errors=True)
+        if meet is not None:
+            shutil.rmtree(meet, ignore_errors=True)
+
+
+def _rendezvous(parent: Path, run: str) -> Path:
+    """A fresh directory of this restore's own under the job checkpoint's rendezvous/ (storage
+    every node sees): the HCCL ranks of all nodes re-form their communicators there (rank 0
+    publishes its new root, the others wait for it). One per restore, so a retry never meets a
+    root left by an earlier one; removed once every node has restored."""
+    try:
+        if parent.is_symlink() or not parent.is_dir():
+            raise StorageProblem(f"{parent} is not a directory", "the job checkpoint is damaged: verify it")
+        meet = parent / run
+        meet.mkdir(0o700)
+    except OSError as e:
+        raise StorageProblem(f"cannot create the ranks' rendezvous directory in {parent}: {e.strerror}",
+                             "the job checkpoint's directory must be writable by whoever restores it") from e
+    return meet

@@ -21,7 +21,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ... import testhooks
 from ...errors import JobAborted, NpusnapError
@@ -29,6 +29,9 @@ from ...image.format import MANIFEST, Manifest
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
 from .ranks import Rank, find_ranks, register_restored, unregister_restored
+
+if TYPE_CHECKING:
+    from ..restore import RestoreOptions
 
 
 @dataclass
@@ -44,7 +47,7 @@ class WorkerOptions:
     shell_job: bool = False
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
-    rendezvous: Optional[Path] = None  # restore: where communicators meet again (not used yet)
+    rendezvous: Optional[Path] = None  # restore: where the ranks of every node re-form their communicators
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,7 +125,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.IN_PROCESS)
+                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True)
         gate = _Gate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
@@ -173,7 +176,6 @@ def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
 def restore_worker(opts: WorkerOptions) -> int:
     from ..processes import kill_tree
     from ..processset import restore_set
-    from ..restore import RestoreOptions
 
     assert opts.directory is not None
     node = node_name()
@@ -191,7 +193,7 @@ def restore_worker(opts: WorkerOptions) -> int:
         say(f"restoring node {msg['from_node']}'s ranks from {node_dir}")
         try:
             testhooks.job_point("restore", node)
-            result = restore_set(RestoreOptions(directory=node_dir))
+            result = restore_set(_restore_options(opts, node_dir))
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
             ch.send("failed", node=node, error=e.one_line())
@@ -223,6 +225,16 @@ def restore_worker(opts: WorkerOptions) -> int:
         return next((c for c in codes.values() if c != 0), 0)
     finally:
         ch.close()
+
+
+def _restore_options(opts: WorkerOptions, node_dir: Path) -> "RestoreOptions":
+    """This node's set restored with the job's rendezvous directory (communicators re-form across
+    nodes there) and this node's npusim daemon (a rank from another node must not reconnect to
+    the daemon of the node it was checkpointed on)."""
+    from ...platform.simdaemon import socket_path
+    from ..restore import RestoreOptions
+
+    return RestoreOptions(directory=node_dir, rendezvous=opts.rendezvous, daemon_socket=socket_path())
 
 
 def _wait_children(pids: list[int]) -> dict[str, int]:
