@@ -263,3 +263,35 @@ def test_the_shared_directory_full_aborts_with_a_storage_problem(ranks: RankJob)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
         small.rmdir()
+
+
+def test_a_node_daemon_dying_aborts_the_other_nodes_ranks_run_on(ranks: RankJob) -> None:
+    """Last in this file: the ranks of the node whose npusim daemon dies lose their device (as on
+    real hardware whose driver died); the job checkpoint aborts and the other node's ranks run on.
+    The daemon is started again for the tests after this one (ensure_up)."""
+    c = ranks.c
+    node = node_of(ranks, 3)
+    target = c.shared / f"ck-daemon-{uuid.uuid4().hex[:8]}"
+    st = npusnap(c, "device", "status", "--socket", c.npusim_socket(node), "--json")
+    daemon = int(json.loads(st.stdout)["pid"])
+    proc = coordinator(c, target, ranks.id, {"NPUSNAP_TEST_PAUSE": "before:backup", "NPUSNAP_TEST_PAUSE_S": "5"})
+    try:
+        read_until(proc, r"test pause before:backup")  # every rank is locked
+        sigkill([daemon])
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    try:
+        assert proc.returncode == ABORTED, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("npusnap: error: ") and node in last, err
+        assert "Traceback" not in err, err
+        no_checkpoint_left(target)
+        others = [t for t in range(ranks.count) if node_of(ranks, t) != node]
+        before = {t: ranks.last_step(t) for t in others}
+        assert poll(lambda: all(ranks.last_step(t) > before[t] + 1 for t in others), 60), \
+            f"the ranks of the other node stuck: {before}"
+    finally:
+        ensure_up(c)  # a fresh daemon on the node for the tests that come after
