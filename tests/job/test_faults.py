@@ -2,8 +2,8 @@
 runs on, unlocked, and no job checkpoint (nor its staging directory) exists. One worker failing
 at each stage, the coordinator failing just before its commit, a worker SIGKILLed mid-checkpoint,
 the coordinator SIGKILLed at each stage, the shared directory full, a second job checkpoint of the
-same job refused while one runs, and a message from another user without the job's secret. Real
-Slurm, CRIU and daemons."""
+same job refused while one runs, a message from another user without the job's secret, and (last:
+it costs that node's ranks their device) a node's npusim daemon dying. Real Slurm, CRIU and daemons."""
 
 from __future__ import annotations
 
