@@ -202,7 +202,9 @@ def test_the_coordinator_killed_at_each_stage_every_rank_runs_on(ranks: RankJob,
         ranks.assert_all_run_on(timeout=90)
         assert not target.exists(), f"{stage}: {target} exists without a commit"
         status = json.loads(npusnap(c, "job", "status", str(target), "--json").stdout)
-        assert status["state"] == "absent", status  # the truth: nothing committed, maybe a leftover
+        assert status["state"] == "absent", status  # the truth: nothing committed,
+        assert status["partial"] and all(n.startswith(f".{target.name}.partial-") for n in status["partial"]), status
+        # ... and the dead coordinator's staging directory left over (prune's to remove)
         verify = npusnap(c, "job", "verify", str(target))
         assert verify.returncode != 0 and "Traceback" not in verify.stderr, verify.stderr
     finally:
