@@ -6,7 +6,7 @@ PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' -not -name _protocol.py 2>/dev/null) \
            pyproject.toml CMakeLists.txt scripts/gen_protocol.py
 
-.PHONY: setup demo test cluster-test job-faults faults bench bench-quick criu zdtm completions man docs clean
+.PHONY: setup demo test cluster-test job-faults faults bench bench-job bench-quick criu zdtm completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -65,6 +65,9 @@ faults: setup
 
 bench: setup
 	$(PY) -m bench
+
+bench-job: setup
+	$(PY) -m bench.job
 
 bench-quick: setup
 	$(PY) -m bench --quick

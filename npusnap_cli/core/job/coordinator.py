@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ... import __version__
-from ...errors import JobAborted, StorageProblem, WrongState
+from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem, WrongState
 from ...image.checksums import fsync_path  # the same durability step as a single checkpoint's commit
 from ...image.format import hidden_sibling
 from . import manifest as jm
@@ -83,6 +83,17 @@ class Event:
     node: Optional[str]
     msg: Optional[dict[str, Any]]  # None: the worker's connection was lost
     why: str = ""
+
+
+# A worker's failure of these kinds stays that kind (every rank is undone all the same): a refusal
+# because another job checkpoint runs, a full or broken shared directory. Any other is JobAborted.
+_KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProblem": StorageProblem}
+
+
+def _worker_failure(stage: str, node: str, msg: dict[str, Any]) -> NpusnapError:
+    kind = _KEPT_KINDS.get(str(msg.get("error_kind")), JobAborted)
+    return kind(f"{stage}: the worker on {node} failed: {msg.get('error')}",
+                kind.default_hint if kind is JobBusy else JobAborted.default_hint)
 
 
 def _worker_command() -> list[str]:
@@ -187,7 +198,7 @@ class Session:
             elif ev.msg is None:
                 self.lost[ev.node] = ev.why
             elif ev.msg["type"] == "failed":
-                raise JobAborted(f"{stage}: the worker on {ev.node} failed: {ev.msg.get('error')}")
+                raise _worker_failure(stage, ev.node, ev.msg)
             elif ev.msg["type"] == wanted and ev.node in waiting:
                 waiting.discard(ev.node)
                 got[ev.node] = ev.msg
@@ -332,11 +343,12 @@ def _job_manifest(job: str, nodes: list[str], staging: Path, hellos: dict[str, d
         entries.append(jm.NodeEntry(name=node, address=slurm.node_address(node), dir=rel, manifest_sha256=sha,
                                     phases=votes[node].get("phases", [])))
         members = {m["pid"]: m for m in votes[node].get("members", [])}
+        voted = acks[node].get("phases", [])  # the node's vote and commit: every rank of it took part in both
         for r in hellos[node]["ranks"]:
             member = members.get(r["pid"], {})
             ranks.append(jm.RankEntry(rank=-1, step=r["step"], procid=r["procid"], node=node, pid=r["pid"],
                                       images=f"{rel}/criu/{r['pid']}", device=member.get("device", {}),
-                                      phases=member.get("phases", [])))
+                                      phases=[*member.get("phases", []), *voted]))
     ranks.sort(key=lambda r: (r.step, r.procid))
     for i, r in enumerate(ranks):
         r.rank = i
