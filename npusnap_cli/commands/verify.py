@@ -16,8 +16,8 @@ from . import json_option, trust_options
 def verify(term: Terminal, directory: Path, require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
     """Recompute every checksum in DIRECTORY; exit non-zero naming the first bad file."""
     from ..image.format import member_summary
-    from ..image.format import verify as verify_dir
     from ..image.signing import check
+    from ..image.store import verify as verify_dir
 
     signer = check(directory, trusted_keys, require_signature)
     m = verify_dir(directory)
