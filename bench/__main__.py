@@ -1,4 +1,5 @@
-"""python -m bench [--quick | --sizes tiny|quick|full] [--dir DIR] [--output FILE]"""
+"""python -m bench [--quick | --sizes tiny|quick|full] [--host-sizes 64M,1G] [--device-sizes 256M,8G]
+                   [--dir DIR] [--output FILE]"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import copies, cpuonly, device, latency, limits, report
-from .config import PRESETS, human
+from .config import PRESETS, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
 
@@ -18,6 +19,10 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").strip())
     ap.add_argument("--quick", action="store_true", help="the quick preset (256 MiB; under 2 minutes)")
     ap.add_argument("--sizes", choices=sorted(PRESETS), help="size preset (default: full, or quick with --quick)")
+    ap.add_argument("--host-sizes", type=_sizes, metavar="LIST",
+                    help="host RSS of the CPU-only process, swept (e.g. 64M,256M,1G,4G; default: the preset's)")
+    ap.add_argument("--device-sizes", type=_sizes, metavar="LIST",
+                    help="device memory of the device workload, swept (e.g. 256M,1G,8G; default: the preset's)")
     ap.add_argument("--repeat", type=int, help="samples per measurement (median reported)")
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp"),
                     help="where the disk measurements and checkpoints go (a private directory is made there)")
@@ -30,9 +35,17 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
-    sizes = PRESETS[args.sizes or ("quick" if args.quick else "full")]
+    sizes = with_sizes(PRESETS[args.sizes or ("quick" if args.quick else "full")], args.host_sizes,
+                       args.device_sizes)
     repeat = args.repeat or sizes.repeat
     do_plot = sizes.plot if args.plot is None else args.plot
     if os.geteuid() != 0:
@@ -51,23 +64,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         with Resources() as res:
             workdir = res.mkdtemp(args.dir, "npusnap-bench-")
             tmpfs_dir = res.mkdtemp(args.tmpfs, "npusnap-bench-")
-            progress(f"preset {sizes.name}, {repeat} samples each; work in {workdir} and {tmpfs_dir}")
+            progress(f"preset {sizes.name}: CPU-only {_list(sizes.cpu_bytes)}, device {_list(sizes.device_bytes)} "
+                     f"(+{human(sizes.host_bytes)} host); {repeat} samples each; work in {workdir} and {tmpfs_dir}")
 
             budget_s = sizes.budget if args.budget is None else (args.budget or None)
-            budget = Budget(budget_s, [("limits", 4 * sizes.limit_bytes), ("cpu-only", cpuonly.weight(sizes.cpu_bytes)),
+            budget = Budget(budget_s, [("limits", 4 * sizes.limit_bytes),
+                                       *((cpuonly.section_name(n), cpuonly.weight(n)) for n in sizes.cpu_bytes),
                                        ("cpu-only-tiny", cpuonly.weight(sizes.tiny_bytes)),
                                        *device.sections(sizes.host_bytes, sizes.device_bytes),
                                        ("latency", 256 << 20)])
             progress(f"physical limits ({human(sizes.limit_bytes)} buffers/files)")
             lim = limits.measure(workdir, tmpfs_dir, sizes.limit_bytes, repeat)
 
-            progress(f"CPU-only process of {human(sizes.cpu_bytes)}: bare criu vs npusnap")
-            cpu = cpuonly.measure(res, criu, workdir, sizes.cpu_bytes, repeat, budget)
+            cpus, skipped = cpuonly.sweep(res, criu, workdir, sizes.cpu_bytes, repeat, budget, progress)
             progress(f"tiny CPU-only process ({human(sizes.tiny_bytes)} of data): npusnap's fixed cost over bare criu")
             tiny = cpuonly.measure(res, criu, workdir, sizes.tiny_bytes, repeat, budget, section="cpu-only-tiny")
 
-            dev_runs = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes, repeat,
-                                      sizes.zero_fraction, lim, budget, progress)
+            dev_runs, dev_skipped = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes,
+                                                   repeat, sizes.zero_fraction, lim, budget, progress)
+            skipped.update(dev_skipped)
 
             progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
             copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
@@ -76,12 +91,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             ping = latency.agent_round_trip(res, workdir, sizes.pings)
             helps = latency.help_latency(sizes.helps)
 
-            runs: list[dict[str, Any]] = cpu.pop("runs") + tiny.pop("runs") + dev_runs
+            runs: list[dict[str, Any]] = [r for c in cpus for r in c.pop("runs")] + tiny.pop("runs") + dev_runs
             doc: dict[str, Any] = {
-                "targets": report.targets(lim, cpu, runs, ping, helps, copy, tiny),
+                "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny),
                 "limits": lim,
                 "runs": runs,
-                "cpu_only": cpu,
+                "skipped": skipped,
+                "cpu_only": cpus,
                 "cpu_only_tiny": tiny,
                 "latency": {"agent_ping": ping, "help": helps},
                 "npusim_copies": copy,
@@ -104,6 +120,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"bench: {msg}" if msg else f"bench: plot in {png}", file=sys.stderr)
     progress("done")
     return 0
+
+
+def _list(sizes: list[int]) -> str:
+    return ", ".join(human(n) for n in sizes) or "none"
 
 
 if __name__ == "__main__":

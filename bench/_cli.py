@@ -7,7 +7,9 @@ Why not getrusage: subprocess starts children with vfork, and ru_maxrss survives
 so a child's ru_maxrss starts at its parent's high-water mark (the benchmark's own
 buffers). VmHWM belongs to the address space exec creates, so it is the process's own.
 Children are polled (every 5 ms) for the same reason; grandchildren are not counted
-(during a restore they are the restored workload, not npusnap's overhead)."""
+(during a restore they are the restored workload, not npusnap's overhead), nor the pids
+named in NPUSNAP_BENCH_WORKLOAD: a restored root that npusnap, a subreaper, adopts once
+`criu swrk` exits is its child then, but it is the workload, not overhead."""
 
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def _vm(pid: int | str, key: str = "VmHWM") -> tuple[str, int]:
 
 
 class ChildWatch(threading.Thread):
-    def __init__(self) -> None:
+    def __init__(self, ignore: set[int]) -> None:
         super().__init__(daemon=True)
+        self.ignore = ignore
         self.peaks: dict[int, tuple[str, int]] = {}
         self.stop = threading.Event()
 
@@ -49,7 +52,7 @@ class ChildWatch(threading.Thread):
                     pass
         except OSError:
             pass
-        return kids
+        return kids - self.ignore
 
     def run(self) -> None:
         while not self.stop.wait(0.005):
@@ -63,7 +66,8 @@ class ChildWatch(threading.Thread):
 def main() -> None:
     out, args = sys.argv[1], sys.argv[2:]
     code: int | str | None = 0
-    watch = ChildWatch()
+    workload = os.environ.pop("NPUSNAP_BENCH_WORKLOAD", "")
+    watch = ChildWatch({int(p) for p in workload.split(",") if p.strip().isdigit()})
     watch.start()
     try:
         from npusnap_cli.cli import main as cli_main

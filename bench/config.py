@@ -1,8 +1,14 @@
-"""Size presets. Every measurement is repeated `repeat` times and its median reported."""
+"""Size presets. Every measurement is repeated `repeat` times and its median reported.
+
+A preset sweeps two sizes: the host RSS of a CPU-only process (bare CRIU against npusnap)
+and the device memory of a device workload (npusnap against the disk's and memory's limits),
+so the plot shows how each cost grows with size. --host-sizes/--device-sizes replace a
+preset's lists; sizes that do not fit the machine are skipped with the reason printed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 MIB = 1 << 20
@@ -12,9 +18,9 @@ GIB = 1 << 30
 @dataclass(frozen=True)
 class Sizes:
     name: str
-    cpu_bytes: int                 # S: the CPU-only process (bare CRIU vs npusnap)
+    cpu_bytes: list[int]           # the CPU-only process's sizes (bare CRIU vs npusnap)
     host_bytes: int                # host memory of the device workload
-    device_bytes: list[int] = field(default_factory=list)  # D values
+    device_bytes: list[int] = field(default_factory=list)  # D values of the device workload
     limit_bytes: int = 256 * MIB   # buffer/file size for the physical limits
     repeat: int = 3
     pings: int = 1000
@@ -26,13 +32,37 @@ class Sizes:
 
 
 PRESETS = {
-    "tiny": Sizes("tiny", cpu_bytes=16 * MIB, host_bytes=16 * MIB, device_bytes=[16 * MIB],
+    "tiny": Sizes("tiny", cpu_bytes=[16 * MIB], host_bytes=16 * MIB, device_bytes=[16 * MIB],
                   limit_bytes=32 * MIB, repeat=1, pings=200, helps=3),
-    "quick": Sizes("quick", cpu_bytes=256 * MIB, host_bytes=256 * MIB, device_bytes=[256 * MIB],
-                   limit_bytes=256 * MIB, repeat=3, budget=95),
-    "full": Sizes("full", cpu_bytes=1 * GIB, host_bytes=1 * GIB, device_bytes=[1 * GIB, 2 * GIB, 4 * GIB],
-                  limit_bytes=1 * GIB, repeat=3, plot=True, budget=780),
+    "quick": Sizes("quick", cpu_bytes=[64 * MIB, 256 * MIB], host_bytes=256 * MIB, device_bytes=[256 * MIB],
+                   limit_bytes=256 * MIB, repeat=3, budget=110),
+    "full": Sizes("full", cpu_bytes=[64 * MIB, 256 * MIB, 1 * GIB, 4 * GIB], host_bytes=1 * GIB,
+                  device_bytes=[256 * MIB, 1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB],
+                  limit_bytes=1 * GIB, repeat=3, plot=True, budget=1500),
 }
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
+
+
+def parse_size(text: str) -> int:
+    """'256M', '1GiB', '64m' -> bytes (binary units; a bare number is bytes)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (say 64M, 256MiB, 1G)")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n < MIB:
+        raise ValueError(f"size {text!r} is under 1 MiB")
+    return n
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'64M,256M,1G' -> sorted distinct byte counts."""
+    return sorted({parse_size(part) for part in text.split(",") if part.strip()})
+
+
+def with_sizes(sizes: Sizes, cpu: Optional[list[int]], device: Optional[list[int]]) -> Sizes:
+    return replace(sizes, cpu_bytes=cpu or sizes.cpu_bytes, device_bytes=device or sizes.device_bytes)
 
 
 def human(n: float) -> str:

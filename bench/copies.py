@@ -36,7 +36,7 @@ print(json.dumps(out))
 
 
 def measure(res: Resources, workdir: Path, nbytes: int, repeat: int) -> dict[str, Any]:
-    sock = start_daemon(res, workdir, memory=nbytes + (64 << 20))
+    sock, _ = start_daemon(res, workdir, memory=nbytes + (64 << 20))
     r = subprocess.run([sys.executable, "-c", _CHILD, str(nbytes), str(max(3, repeat))],
                        env=child_env({"NPUSIM_SOCKET": sock}), capture_output=True, text=True, timeout=300)
     if r.returncode != 0:

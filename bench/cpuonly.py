@@ -7,7 +7,9 @@ machine hits both alike. Before each restore the images are evicted from the pag
 tools read them cold). Bare CRIU does not fsync its images; npusnap does (and checksums
 them), which is part of what the ratio shows: the checkpoint is compared with bare CRIU + that
 fsync (the eviction's write-back), the restore with bare CRIU. A tiny process measures npusnap's
-fixed cost (start-up, imports, RPC, manifest) as the difference from bare CRIU, in seconds."""
+fixed cost (start-up, imports, RPC, manifest) as the difference from bare CRIU, in seconds.
+sweep() measures one such process per size (64 MiB ... 4 GiB of RSS), skipping those that
+do not fit the machine."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 from .util import (
     BenchError,
     Budget,
+    MemoryWatch,
     Resources,
     child_env,
     disk_usage,
@@ -29,6 +32,7 @@ from .util import (
     reap,
     run_timed,
     start_workload,
+    unfit,
     workload_argv,
 )
 
@@ -68,8 +72,11 @@ def _sample(res: Resources, tool: str, criu: str, workdir: Path, pid: int, i: in
         if tool == "criu":
             sample["checkpoint_s"] = _bare_dump(criu, pid, ckpt)
         else:
-            run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "none"], workdir=workdir)
+            with MemoryWatch(pid) as mem:
+                run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "none"], workdir=workdir)
             sample["checkpoint_s"] = run.seconds
+            # What the checkpoint costs the machine in host memory beyond the workload's own.
+            sample["extra_memory"] = mem.extra + run.self_maxrss + run.children_maxrss
             sample["checkpoint_phases"] = {p["name"]: p["seconds"] for p in run.data.get("phases", [])}
         reap(pid)  # killed by the dump: its pid must be free for the restore
         sample["bytes_on_disk"] = disk_usage(ckpt)[0]
@@ -80,9 +87,10 @@ def _sample(res: Resources, tool: str, criu: str, workdir: Path, pid: int, i: in
             sample["restore_s"], rpid = _bare_restore(criu, ckpt)
         else:
             pidfile = workdir / f"cpu-{tool}-{i}.pid"
-            run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], workdir=workdir)
+            run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], workdir=workdir, workload=[pid])
             sample["restore_s"] = run.seconds
             sample["restore_phases"] = {p["name"]: p["seconds"] for p in run.data.get("phases", [])}
+            sample["restore_extra_memory"] = run.self_maxrss + run.children_maxrss
             rpid = int(pidfile.read_text().split()[0])
             os.unlink(pidfile)
         res.add_pid(rpid)
@@ -147,6 +155,43 @@ def measure(res: Resources, criu: str, workdir: Path, nbytes: int, repeat: int, 
     # What npusnap adds, in seconds: its fixed cost on a tiny process, its growth with size on a big one.
     summary["checkpoint_overhead_s"] = summary["npusnap_checkpoint_s"] - durable
     summary["restore_overhead_s"] = summary["npusnap_restore_s"] - summary["criu_restore_s"]
+    summary["npusnap_extra_memory"] = median([s["extra_memory"] for s in samples["npusnap"]])
+    summary["npusnap_restore_extra_memory"] = median([s["restore_extra_memory"] for s in samples["npusnap"]])
+    # Bare CRIU made durable, as a run of its own: the plot's bare-CRIU checkpoint line.
+    runs.append({"kind": "cpu-only", "tool": "criu+fsync", "op": "checkpoint", "storage": "disk",
+                 "host_bytes": nbytes, "device_bytes": 0, "state_bytes": nbytes, "seconds": durable,
+                 "samples": [s["checkpoint_s"] + s["evict_s"] for s in samples["criu"]],
+                 "throughput_Bps": nbytes / durable, "phases": {}})
     summary["runs"] = runs
     return summary
+
+
+def need(nbytes: int) -> dict[str, int]:
+    """What one size needs: the workload's memory (plus its interpreter) and one image on disk."""
+    return {"memory": nbytes + (256 << 20), "disk": nbytes}
+
+
+def sweep(res: Resources, criu: str, workdir: Path, sizes: list[int], repeat: int, budget: Budget,
+          progress: Any = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """measure() at each size that fits; returns (summaries, {section: why skipped})."""
+    from .config import human
+
+    out: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for n in sizes:
+        section = section_name(n)
+        why = unfit(need(n)["memory"], need(n)["disk"], workdir)
+        if why:
+            skipped[section] = why
+            if progress:
+                progress(f"skipped: CPU-only process of {human(n)}: {why}")
+            continue
+        if progress:
+            progress(f"CPU-only process of {human(n)}: bare criu vs npusnap")
+        out.append(measure(res, criu, workdir, n, repeat, budget, section=section))
+    return out, skipped
+
+
+def section_name(nbytes: int) -> str:
+    return f"cpu-only-{nbytes >> 20}m"
 

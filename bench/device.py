@@ -6,7 +6,9 @@ sample restored): `npusnap checkpoint --device sim` timed while the target's
 memory is watched; the images' bytes on disk, and how many of them are device memory
 (pages CRIU dumped at addresses the process did not map before the checkpoint: the
 runtime's backup staging); eviction from the page cache (disk only); `npusnap restore
---detach` timed; a status check through the agent; kill."""
+--detach` timed; a status check through the agent; kill. The daemon's RSS is watched during
+both commands: its growth is host memory the checkpoint costs too. Each D that does not fit
+the machine (memory, disk, tmpfs) is skipped with the reason printed."""
 
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ from .util import (
     npusnap,
     npusnap_exe,
     proc_maps,
+    proc_status,
     reap,
     start_workload,
+    unfit,
     workload_argv,
 )
 
@@ -61,8 +65,17 @@ def _phases(run_data: dict[str, Any]) -> dict[str, float]:
     return {p["name"]: float(p["seconds"]) for p in run_data.get("phases", [])}
 
 
-def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage: str, host: int, dev: int,
-            zero_fraction: float, repeat: int, budget: Budget, section: str) -> list[dict[str, Any]]:
+class DaemonWatch(MemoryWatch):
+    """The daemon's RSS growth while a command runs (it lives on: VmHWM would hold its past)."""
+
+    @property
+    def peak(self) -> int:
+        return max(self.rss_max, proc_status(self.pid).get("VmRSS", 0))
+
+
+def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_parent: Path, storage: str,
+            host: int, dev: int, zero_fraction: float, repeat: int, budget: Budget,
+            section: str) -> list[dict[str, Any]]:
     """repeat checkpoint/restore cycles of one workload: each sample checkpoints the
     process the previous sample restored (same pid, same state), which saves starting
     a fresh workload (interpreter, numpy, filling memory) for every sample."""
@@ -84,7 +97,7 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
             s: dict[str, Any] = {"pid": pid}
             try:
                 old = proc_maps(pid)
-                with MemoryWatch(pid) as mem:
+                with MemoryWatch(pid) as mem, DaemonWatch(daemon_pid) as dmem:
                     run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "sim"], env=env, workdir=workdir)
                 reap(pid)  # killed once committed: reap it so its pid is free for the restore
                 s["checkpoint_s"] = run.seconds
@@ -92,7 +105,8 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
                 s["memory"] = {
                     "target_rss_before": mem.rss_before, "target_peak": mem.peak, "target_extra": mem.extra,
                     "npusnap_peak_rss": run.self_maxrss, "children_peak_rss": run.children_maxrss,
-                    "extra_total": mem.extra + run.self_maxrss + run.children_maxrss,
+                    "daemon_growth": dmem.extra,
+                    "extra_total": mem.extra + run.self_maxrss + run.children_maxrss + dmem.extra,
                 }
                 size, allocated = disk_usage(ckpt)
                 dumped, staged = dumped_pages(ckpt, pid, old)
@@ -104,7 +118,9 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
                 if storage == "disk":
                     evict(ckpt)
                 pidfile = workdir / f"{tag}.pid"
-                run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], env=env, workdir=workdir)
+                with DaemonWatch(daemon_pid) as dmem:
+                    run = npusnap(["restore", ckpt, "--detach", "--pidfile", pidfile], env=env, workdir=workdir,
+                                  workload=[pid])
                 rpid = int(pidfile.read_text().split()[0])
                 os.unlink(pidfile)
                 res.add_pid(rpid)
@@ -112,8 +128,11 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
                     raise BenchError(f"the workload came back as pid {rpid}, not {pid}")
                 s["restore_s"] = run.seconds
                 s["restore_phases"] = _phases(run.data)
+                # The daemon's growth on restore is the workload's device memory coming back (it
+                # was freed with the checkpointed process): not overhead, recorded but not added.
                 s["restore_memory"] = {"npusnap_peak_rss": run.self_maxrss,
-                                       "children_peak_rss": run.children_maxrss}
+                                       "children_peak_rss": run.children_maxrss, "daemon_growth": dmem.extra,
+                                       "extra_total": run.self_maxrss + run.children_maxrss}
                 state = AgentClient(rpid).status().state
                 if state != "RUNNING":
                     raise BenchError(f"restored workload {rpid} is {state}, not RUNNING")
@@ -128,13 +147,27 @@ def _series(res: Resources, sock: str, workdir: Path, ckpt_parent: Path, storage
     return samples
 
 
-def start_daemon(res: Resources, workdir: Path, memory: int) -> str:
+def start_daemon(res: Resources, workdir: Path, memory: int) -> tuple[str, int]:
+    """A private npusim daemon: (socket, pid)."""
     from npusnap_cli.platform import simdaemon
 
     sock = str(workdir / "npusim.sock")
     res.daemons.append(sock)
-    simdaemon.start(sock, devices=1, memory=memory)
-    return sock
+    pid, _ = simdaemon.start(sock, devices=1, memory=memory)
+    return sock, pid
+
+
+def need(host: int, dev: int, storage: str, zero_fraction: float) -> dict[str, int]:
+    """What one (D, storage) series needs: the workload's host memory and interpreter, its device
+    memory in the daemon, and one checkpoint (zero device chunks are not stored) on disk or tmpfs."""
+    image = host + int(dev * (1.0 - zero_fraction)) + (64 << 20)
+    out = {"memory": host + dev + (512 << 20), "disk": 0, "tmpfs": 0}
+    out["disk" if storage == "disk" else "tmpfs"] = image
+    return out
+
+
+def section_name(dev: int, storage: str) -> str:
+    return f"device-{dev >> 20}m-{storage}"
 
 
 def sections(host: int, devs: list[int]) -> list[tuple[str, float]]:
@@ -142,24 +175,41 @@ def sections(host: int, devs: list[int]) -> list[tuple[str, float]]:
     fixed = 256 << 20
     out: list[tuple[str, float]] = []
     for dev in devs:
-        out.append((f"device-{dev}-disk", 2 * (host + dev) * 2 + fixed))
-        out.append((f"device-{dev}-tmpfs", 2 * (host + dev) + fixed))
+        out.append((section_name(dev, "disk"), 2 * (host + dev) * 2 + fixed))
+        out.append((section_name(dev, "tmpfs"), 2 * (host + dev) + fixed))
     return out
 
 
 def measure(res: Resources, workdir: Path, tmpfs_dir: Path, host: int, devs: list[int], repeat: int,
             zero_fraction: float, limits: dict[str, float], budget: Budget,
-            progress: Optional[Any] = None) -> list[dict[str, Any]]:
-    sock = start_daemon(res, workdir, memory=max(devs) + (256 << 20))
+            progress: Optional[Any] = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every (D, storage) that fits; returns (runs, {section: why skipped})."""
+    from .config import human
+
     runs: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    plan = []
     for dev in devs:
         for storage, parent in (("disk", workdir), ("tmpfs", tmpfs_dir)):
-            if progress:
-                progress(f"device workload: {host >> 20} MiB host + {dev >> 20} MiB device -> {storage}")
-            samples = _series(res, sock, workdir, parent, storage, host, dev, zero_fraction, repeat, budget,
-                              f"device-{dev}-{storage}")
-            runs.extend(_summarise(samples, storage, host, dev, limits))
-    return runs
+            n = need(host, dev, storage, zero_fraction)
+            why = unfit(n["memory"], n["disk"], workdir, n["tmpfs"], tmpfs_dir)
+            if why:
+                skipped[section_name(dev, storage)] = why
+                if progress:
+                    progress(f"skipped: {human(host)} host + {human(dev)} device -> {storage}: {why}")
+            else:
+                plan.append((dev, storage, parent))
+    if not plan:
+        return runs, skipped
+    # The daemon reserves its memory lazily: sized for the largest D, it costs only what is used.
+    sock, daemon_pid = start_daemon(res, workdir, memory=max(d for d, _, _ in plan) + (256 << 20))
+    for dev, storage, parent in plan:
+        if progress:
+            progress(f"device workload: {human(host)} host + {human(dev)} device -> {storage}")
+        samples = _series(res, sock, daemon_pid, workdir, parent, storage, host, dev, zero_fraction, repeat,
+                          budget, section_name(dev, storage))
+        runs.extend(_summarise(samples, storage, host, dev, limits))
+    return runs, skipped
 
 
 def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,

@@ -21,7 +21,7 @@ def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: st
             "cmp": cmp, "unit": unit, "detail": detail}
 
 
-def targets(limits: dict[str, Any], cpu: dict[str, Any], runs: list[dict[str, Any]],
+def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[str, Any]],
             ping: dict[str, Any], helps: dict[str, Any], copy: dict[str, Any],
             tiny: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     out = []
@@ -29,32 +29,52 @@ def targets(limits: dict[str, Any], cpu: dict[str, Any], runs: list[dict[str, An
     for dev in sorted({r["device_bytes"] for r in dev_runs}):
         d = human(dev).replace(" ", "")
 
-        def get(op: str, storage: str, dev: int = dev) -> dict[str, Any]:
-            return next(r for r in dev_runs if r["device_bytes"] == dev and r["op"] == op and r["storage"] == storage)
+        def get(op: str, storage: str, dev: int = dev) -> Optional[dict[str, Any]]:
+            return next((r for r in dev_runs if r["device_bytes"] == dev and r["op"] == op
+                         and r["storage"] == storage), None)
 
         ck, rs, ckt = get("checkpoint", "disk"), get("restore", "disk"), get("checkpoint", "tmpfs")
-        out.append(target(f"checkpoint to disk, D={d}: rate / fsync'd disk write", ck["ratio_to_limit"], 0.85, ">=",
-                          "x", f"{human(ck['throughput_Bps'])}/s vs {human(limits['disk_write_fsync_Bps'])}/s"))
-        out.append(target(f"restore from disk, D={d}: rate / cold disk read", rs["ratio_to_limit"], 0.85, ">=",
-                          "x", f"{human(rs['throughput_Bps'])}/s vs {human(limits['disk_read_cold_Bps'])}/s"))
-        out.append(target(f"checkpoint to tmpfs, D={d}: rate / memcpy", ckt["ratio_to_limit"], 0.5, ">=",
-                          "x", f"{human(ckt['throughput_Bps'])}/s vs {human(limits['memcpy_Bps'])}/s"))
+        if ck is not None:
+            out.append(target(f"checkpoint to disk, D={d}: rate / fsync'd disk write", ck["ratio_to_limit"], 0.85,
+                              ">=", "x",
+                              f"{human(ck['throughput_Bps'])}/s vs {human(limits['disk_write_fsync_Bps'])}/s"))
+        if rs is not None:
+            out.append(target(f"restore from disk, D={d}: rate / cold disk read", rs["ratio_to_limit"], 0.85, ">=",
+                              "x", f"{human(rs['throughput_Bps'])}/s vs {human(limits['disk_read_cold_Bps'])}/s"))
+        if ckt is not None:
+            out.append(target(f"checkpoint to tmpfs, D={d}: rate / memcpy", ckt["ratio_to_limit"], 0.5, ">=",
+                              "x", f"{human(ckt['throughput_Bps'])}/s vs {human(limits['memcpy_Bps'])}/s"))
+        ck = ck or ckt
+        if ck is None:
+            continue
         m = ck["memory"]
         out.append(target(f"extra host memory during checkpoint, D={d}", m["extra_total"] / MIB, 256, "<=", "MiB",
                           f"target +{human(m['target_extra'])}, npusnap {human(m['npusnap_peak_rss'])}, "
-                          f"criu+guardian {human(m['children_peak_rss'])}"))
+                          f"criu+guardian {human(m['children_peak_rss'])}, daemon +{human(m['daemon_growth'])}"))
+        rm = (rs or get("restore", "tmpfs") or {}).get("memory")
+        if rm:
+            out.append(target(f"extra host memory during restore, D={d}", rm["extra_total"] / MIB, 256, "<=", "MiB",
+                              f"npusnap {human(rm['npusnap_peak_rss'])}, criu+guardian {human(rm['children_peak_rss'])}"
+                              f" (daemon +{human(rm['daemon_growth'])}: the device memory itself)"))
         disk = ck["disk"]
         nz = disk["device_nonzero"]
         out.append(target(f"device bytes on disk / non-zero device bytes, D={d}",
                           disk["device_on_disk"] / nz if nz else 0.0, 1.01, "<=", "x",
                           f"{human(disk['device_on_disk'])} on disk for {human(nz)} non-zero of {human(dev)}"))
-    size = human(cpu["bytes"])
-    out.append(target("CPU-only checkpoint: npusnap / (bare criu dump + fsync)",
-                      cpu["checkpoint_ratio_vs_criu_plus_fsync"], 1.10, "<=", "x",
-                      f"{cpu['npusnap_checkpoint_s']:.3f} s vs {cpu['criu_checkpoint_plus_fsync_s']:.3f} s "
-                      f"for {size} (bare alone: {cpu['criu_checkpoint_s']:.3f} s)"))
-    out.append(target("CPU-only restore: npusnap / bare criu restore", cpu["restore_ratio"], 1.10, "<=", "x",
-                      f"{cpu['npusnap_restore_s']:.3f} s vs {cpu['criu_restore_s']:.3f} s for {size}"))
+    for cpu in cpus:
+        size = human(cpu["bytes"])
+        sz = size.replace(" ", "")
+        out.append(target(f"CPU-only checkpoint, S={sz}: npusnap / (bare criu dump + fsync)",
+                          cpu["checkpoint_ratio_vs_criu_plus_fsync"], 1.10, "<=", "x",
+                          f"{cpu['npusnap_checkpoint_s']:.3f} s vs {cpu['criu_checkpoint_plus_fsync_s']:.3f} s "
+                          f"(bare alone: {cpu['criu_checkpoint_s']:.3f} s)"))
+        out.append(target(f"CPU-only restore, S={sz}: npusnap / bare criu restore", cpu["restore_ratio"], 1.10, "<=",
+                          "x", f"{cpu['npusnap_restore_s']:.3f} s vs {cpu['criu_restore_s']:.3f} s"))
+        out.append(target(f"extra host memory during CPU-only checkpoint, S={sz}", cpu["npusnap_extra_memory"] / MIB,
+                          256, "<=", "MiB", "target's growth + npusnap + criu + guardian (peaks)"))
+        out.append(target(f"extra host memory during CPU-only restore, S={sz}",
+                          cpu["npusnap_restore_extra_memory"] / MIB, 256, "<=", "MiB",
+                          "npusnap + criu + guardian (peaks; the restored workload not counted)"))
     if tiny is not None:
         t = human(tiny["bytes"])
         out.append(target(f"tiny CPU-only checkpoint ({t}): npusnap - (bare criu dump + fsync)",
@@ -162,6 +182,8 @@ def print_tables(doc: dict[str, Any]) -> None:
         met = "[green]yes[/green]" if tg["met"] else "[red]NO[/red]"
         t.add_row(tg["name"], _fmt_value(tg), goal, met, tg["detail"])
     console.print(t)
+    for section, why in (doc.get("skipped") or {}).items():
+        console.print(f"skipped {section}: {why}")
     cut = (doc.get("budget") or {}).get("cut") or {}
     if cut:
         console.print("budget of {:.0f} s: fewer samples than planned in {}".format(
@@ -171,62 +193,65 @@ def print_tables(doc: dict[str, Any]) -> None:
 
 
 def plot(doc: dict[str, Any], path: Path) -> Optional[str]:
-    """Per-phase time and throughput for each D beside the physical limits. Returns a
-    message instead of drawing when matplotlib is missing."""
+    """Throughput against size (checkpoint, restore) for npusnap, bare CRIU and the limits, and
+    each device run's time per phase. Returns why nothing was drawn (matplotlib missing)."""
     try:
         import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        return ("matplotlib is not installed: no plot drawn (pip install matplotlib, "
+        return ("matplotlib is not installed: plot skipped (pip install matplotlib, "
                 "or install npusnap with the `bench` extra)")
-    runs = [r for r in doc["runs"] if r["kind"] == "device"]
-    devs = sorted({r["device_bytes"] for r in runs})
-    combos = [("checkpoint", "disk"), ("restore", "disk"), ("checkpoint", "tmpfs"), ("restore", "tmpfs")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
-
-    # Left: stacked per-phase seconds, one bar per (D, op, storage).
-    labels, bottoms = [], []
-    phase_names: list[str] = []
-    for r in runs:
-        for n in r["phases"]:
-            if n not in phase_names:
-                phase_names.append(n)
-    bars = []
-    for dev in devs:
-        for op, st in combos:
-            r = next(x for x in runs if x["device_bytes"] == dev and x["op"] == op and x["storage"] == st)
-            labels.append(f"{human(dev)}\n{'ckpt' if op == 'checkpoint' else 'rest'}/{st}")
-            bars.append(r["phases"])
-    x = list(range(len(labels)))
-    bottoms = [0.0] * len(labels)
-    cmap = plt.get_cmap("tab10")
-    for i, n in enumerate(phase_names):
-        vals = [b.get(n, 0.0) for b in bars]
-        ax1.bar(x, vals, bottom=bottoms, label=n, color=cmap(i % 10))
-        bottoms = [a + b for a, b in zip(bottoms, vals)]
-    ax1.set_xticks(x, labels, fontsize=7)
-    ax1.set_ylabel("seconds (median)")
-    ax1.set_title("per-phase time (host + D device memory)")
-    ax1.legend(fontsize=8)
-
-    # Right: throughput per D and combo, with the limits as lines.
-    width = 0.2
-    for j, (op, st) in enumerate(combos):
-        vals = [next(r["throughput_Bps"] for r in runs if r["device_bytes"] == dev and r["op"] == op
-                     and r["storage"] == st) / MIB for dev in devs]
-        ax2.bar([i + (j - 1.5) * width for i in range(len(devs))], vals, width, label=f"{op} {st}")
+    runs = doc["runs"]
     lim = doc["limits"]
-    for key, label, style in (("memcpy_Bps", "memcpy", "-"), ("disk_write_fsync_Bps", "disk write+fsync", "--"),
-                              ("disk_read_cold_Bps", "disk cold read", ":"), ("tmpfs_write_Bps", "tmpfs write", "-.")):
-        ax2.axhline(lim[key] / MIB, linestyle=style, color="k", linewidth=1)
-        ax2.text(len(devs) - 0.5, lim[key] / MIB, f" {label}", va="bottom", ha="right", fontsize=8)
-    ax2.set_xticks(range(len(devs)), [f"D={human(d)}" for d in devs])
-    ax2.set_ylabel("MiB/s (host + device bytes / wall time)")
-    ax2.set_title("throughput vs physical limits")
-    ax2.legend(fontsize=8)
+    fig = plt.figure(figsize=(15, 11))
+    grid = fig.add_gridspec(2, 2)
+    limit_lines = {"checkpoint": (("disk_write_fsync_Bps", "disk write + fsync", "--"), ("memcpy_Bps", "memcpy", "-")),
+                   "restore": (("disk_read_cold_Bps", "disk cold read", ":"), ("memcpy_Bps", "memcpy", "-"))}
+    series = [  # (label, kind, tool, storage, marker)
+        ("npusnap, device workload -> disk", "device", "npusnap", "disk", "o-"),
+        ("npusnap, device workload -> tmpfs", "device", "npusnap", "tmpfs", "s-"),
+        ("npusnap, CPU-only -> disk", "cpu-only", "npusnap", "disk", "^-"),
+        ("bare CRIU, CPU-only -> disk", "cpu-only", "criu", "disk", "v--"),
+        ("bare CRIU + fsync, CPU-only -> disk", "cpu-only", "criu+fsync", "disk", "x--"),
+    ]
+    for col, op in enumerate(("checkpoint", "restore")):
+        ax = fig.add_subplot(grid[0, col])
+        for label, kind, tool, storage, style in series:
+            pts = sorted((r["state_bytes"], r["throughput_Bps"]) for r in runs
+                         if r["kind"] == kind and r["tool"] == tool and r["op"] == op and r["storage"] == storage
+                         and r["state_bytes"] >= MIB * 8)  # the tiny process measures fixed cost, not rate
+            if pts:
+                ax.plot([x / MIB for x, _ in pts], [y / MIB for _, y in pts], style, label=label)
+        for key, label, style in limit_lines[op]:
+            ax.axhline(lim[key] / MIB, linestyle=style, color="k", linewidth=1, label=f"limit: {label}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("state size, MiB (host RSS + device memory)")
+        ax.set_ylabel("MiB/s (state bytes / wall time of the command)")
+        ax.set_title(f"{op}: throughput against size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+
+    # Bottom: stacked per-phase seconds, one bar per device run.
+    ax = fig.add_subplot(grid[1, :])
+    dev = sorted((r for r in runs if r["kind"] == "device"),
+                 key=lambda r: (r["device_bytes"], r["storage"], r["op"]))
+    phase_names = list(dict.fromkeys(n for r in dev for n in r["phases"]))
+    x = list(range(len(dev)))
+    bottoms = [0.0] * len(dev)
+    cmap = plt.get_cmap("tab20")
+    for i, n in enumerate(phase_names):
+        vals = [r["phases"].get(n, 0.0) for r in dev]
+        ax.bar(x, vals, bottom=bottoms, label=n, color=cmap(i % 20))
+        bottoms = [a + b for a, b in zip(bottoms, vals)]
+    ax.set_xticks(x, [f"D={human(r['device_bytes'])}\n{'ckpt' if r['op'] == 'checkpoint' else 'rest'}/"
+                      f"{r['storage']}" for r in dev], fontsize=7)
+    ax.set_ylabel("seconds (median)")
+    ax.set_title("device workload: time per phase")
+    ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return None

@@ -241,14 +241,18 @@ def run_timed(argv: list[str], env: Optional[dict[str, str]] = None, timeout: fl
 
 
 def npusnap(args: Sequence[object], env: Optional[dict[str, str]] = None, timeout: float = 900,
-            workdir: Optional[Path] = None) -> CliRun:
+            workdir: Optional[Path] = None, workload: Sequence[int] = ()) -> CliRun:
     """Run `npusnap ARGS --json` in a child that reports its peak memory (bench/_cli.py,
-    run as a script: it imports the installed npusnap like the console script does)."""
+    run as a script: it imports the installed npusnap like the console script does).
+    workload: pids that may become npusnap's children (a restored root) without being its cost."""
     fd, rusage_path = tempfile.mkstemp(prefix="rusage-", suffix=".json", dir=workdir)
     os.close(fd)
     try:
         argv = [sys.executable, str(BENCH_DIR / "_cli.py"), rusage_path, *map(str, args), "--json"]
-        seconds, cp = run_timed(argv, env=env or child_env(), timeout=timeout, cwd=workdir or Path("/"))
+        env = dict(env or child_env())
+        if workload:
+            env["NPUSNAP_BENCH_WORKLOAD"] = ",".join(map(str, workload))
+        seconds, cp = run_timed(argv, env=env, timeout=timeout, cwd=workdir or Path("/"))
         try:
             ru = json.loads(Path(rusage_path).read_text() or "{}")
         except ValueError:
@@ -430,3 +434,38 @@ class Budget:
             return True
         self.cut[section] = done
         return False
+
+
+# -- will it fit ------------------------------------------------------------------
+
+def mem_available() -> int:
+    """MemAvailable in bytes (what can be allocated without swapping out others)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def free_space(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+MARGIN = 1 << 30  # left to the rest of the machine (other users, the page cache, the interpreter)
+
+
+def unfit(memory: int, disk: int = 0, disk_dir: Optional[Path] = None, tmpfs: int = 0,
+          tmpfs_dir: Optional[Path] = None) -> Optional[str]:
+    """Why a measurement needing this much memory (and disk, tmpfs space) cannot run here
+    now, or None if it fits with MARGIN to spare. tmpfs space is memory too."""
+    from .config import human
+
+    avail = mem_available()
+    if memory + tmpfs + MARGIN > avail:
+        return (f"needs {human(memory + tmpfs)} of memory (+{human(MARGIN)} margin), "
+                f"{human(avail)} available")
+    if disk and disk_dir is not None and disk + MARGIN > free_space(disk_dir):
+        return f"needs {human(disk)} on {disk_dir} (+{human(MARGIN)}), {human(free_space(disk_dir))} free"
+    if tmpfs and tmpfs_dir is not None and tmpfs + MARGIN > free_space(tmpfs_dir):
+        return f"needs {human(tmpfs)} on {tmpfs_dir} (+{human(MARGIN)}), {human(free_space(tmpfs_dir))} free"
+    return None

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..errors import NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
+from ..image.prefetch import Prefetch
 from ..platform.agent import AgentProblem, agent_error
 from ..platform.simimages import TransferResult, export_device, import_device
 from .agent import AgentBackend
@@ -20,8 +21,12 @@ def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[I
                    socket: Optional[str] = None) -> TransferResult:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
     device memory back (the undo of `backup external`, and the restore's device phase)."""
+    expected = None if expected is None else list(expected)
+    names = [Path(f.path).name for f in expected or ()]
     try:
-        client.restore(external=True)
+        # The disk would idle while the runtime re-creates its allocations: read ahead meanwhile.
+        with Prefetch(device_dir, names):
+            client.restore(external=True)
     except AgentProblem as e:
         raise agent_error(e, f"device restore (external) of process {pid}") from e
     return import_device(pid, device_dir, expected, socket)
