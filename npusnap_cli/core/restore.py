@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import netlock
-from ..backends import BackendName, DataPath, State
+from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
-from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
+from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
 from ..image import signing
+from ..image.chain import ancestors, device_dirs, verify_chain
 from ..image.checksums import BulkVerifier, page_entries
 from ..image.format import (
     CRIU_DIR,
@@ -126,6 +127,7 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         direct = manifest.device.method == DataPath.DIRECT
         pages = page_entries(manifest) if _can_wait_stopped(root, manifest) else []
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later={e.path for e in pages})
+        verify_chain(root, manifest, deep=False)  # an incremental's ancestors; the daemon checks each chunk it takes
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
 
 
@@ -199,12 +201,22 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
         with phase("device-restore") as t:
             communicators.hand(backend, meet)
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
+            if manifest.parent is not None:
+                _use_chain(backend, root, manifest)
             backend.restore(root / DEVICE_DIR, images)
             t.bytes = manifest.device.bytes
         with signals.commit_point(), phase("unlock"):
             backend.unlock()
     finally:
         backend.release()
+
+
+def _use_chain(backend: Backend, root: Path, manifest: Manifest) -> None:
+    from ..backends.direct import DirectBackend
+
+    if not isinstance(backend, DirectBackend):
+        raise WrongState(f"{root} is incremental: its device images need the direct data path to restore")
+    backend.use_chain(device_dirs(ancestors(root, manifest)))
 
 
 def wait_exit_code(pid: int) -> int:
