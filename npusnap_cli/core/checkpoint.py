@@ -219,8 +219,8 @@ class CheckpointRun:
             self.backend.lock(self.opts.lock_timeout, lease=self.opts.lease)
 
     def after_lock(self) -> None:
-        if self.direct:
-            self.guardian.recover_from(self.device_dir)  # if we die, it brings the device data back
+        if self.direct:  # if we die, it brings the device data back
+            self.guardian.recover_from(self.device_dir, getattr(self.backend, "chain", []))
 
     def backup(self) -> None:
         self.backend.fence()  # a CLI stopped past its lease stops here, before each step

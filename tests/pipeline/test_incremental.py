@@ -188,3 +188,22 @@ def test_rolled_back_checkpoint_keeps_the_changes_for_the_next(chain, reference,
     assert r.returncode == 0, r.stderr
     chain.w.wait_exit(timeout=60)
     assert strip_ready(chain.w.lines()) == ref
+
+
+@pytest.mark.parametrize("point", ["after:backup", "after:dump"])
+def test_cli_killed_mid_incremental_checkpoint_brings_the_device_back_through_the_chain(
+        chain, reference, point) -> None:  # type: ignore[no-untyped-def]
+    """Killed once its device data lives only in the staged incremental images: the guardian's
+    recover imports them with their parent chain, and the workload runs on bit-exact."""
+    from tests.faults.support import PausedCli, wait_recovers
+
+    ref = reference(_argv("-"))
+    chain.checkpoint()
+    chain.step(0)
+    cli = PausedCli(["checkpoint", chain.w.pid, "-D", chain.tmp / "killed", "--leave-running",
+                     "--parent", chain.links[0]], point, chain.env)
+    cli.kill()
+    wait_recovers(chain.w, bound=30, env=chain.env)
+    assert not (chain.tmp / "killed").exists()
+    chain.finish()
+    assert strip_ready(chain.w.lines()) == ref
