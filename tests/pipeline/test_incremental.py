@@ -63,6 +63,7 @@ class Chain:
         for k in range(STEPS):
             (self.gate / f"go-{k}").touch()
         self.w.wait_exit(timeout=60)
+        self.w.proc.wait(timeout=10)  # reaped: a zombie would hold the pid a restore needs
 
     def restore(self, ck: Path) -> "subprocess.CompletedProcess[str]":  # noqa: F821
         rewind_to_checkpoint(ck, self.w.out)
