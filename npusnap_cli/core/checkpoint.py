@@ -349,6 +349,7 @@ class CheckpointRun:
             staged = False
         if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
             return False  # put back, nothing staged, or nobody left to need it
+        chain = "".join(f" --parent-images {p}" for p in getattr(self.backend, "chain", []))
         warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
-                            f"`npusnap recover {self.pid} --device-images {self.device_dir}` puts it back")
+                            f"`npusnap recover {self.pid} --device-images {self.device_dir}{chain}` puts it back")
         return True
