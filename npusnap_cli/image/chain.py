@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..errors import ImageInvalid
-from .format import DEVICE_DIR, MANIFEST, MANIFEST_CHECKSUM_KEY, Manifest, ParentRef, load_manifest, verify
+from .format import CRIU_DIR, DEVICE_DIR, MANIFEST, MANIFEST_CHECKSUM_KEY, Manifest, ParentRef, load_manifest, verify
 
 MAX_CHAIN = 32  # the daemon's kMaxDepth: a chunk is never referenced further up than this
 
@@ -72,12 +72,12 @@ def ancestors(root: Path, m: Manifest) -> list[tuple[Path, Manifest]]:
 
 def verify_chain(root: Path, m: Manifest, deep: bool = True) -> list[tuple[Path, Manifest]]:
     """Every link above root checked like a checkpoint of its own: manifest, tree, every file's
-    size, and (deep) every checksum. A restore reads device files shallowly: the daemon checks
-    each chunk it takes from them."""
+    size, and (deep) every checksum. Otherwise (restore, checkpoint --parent) sizes suffice: only
+    the links' device chunks are used, and the daemon checks each one it takes."""
     chain = ancestors(root, m)
     for p, pm in chain:
         try:
-            verify(p, pm, shallow=() if deep else (DEVICE_DIR,))
+            verify(p, pm, shallow=() if deep else (CRIU_DIR, DEVICE_DIR))
         except ImageInvalid as e:
             raise ImageInvalid(f"{p} (link of the chain of {root}): {e.message}", e.hint) from e
     return chain
@@ -100,7 +100,8 @@ def check_parent(parent: Path, pid: int) -> tuple[Manifest, list[tuple[Path, Man
     if pm.device.method != "direct":
         raise ImageInvalid(f"{parent} holds no direct device images (data path {pm.device.method}): "
                            "it cannot be a parent", "take a full checkpoint with the direct data path first")
-    verify(parent, pm, shallow=(DEVICE_DIR,))  # the daemon checks the parent's index; each chunk keeps its hash
+    # Sizes only: the daemon checks the parent's index, and each chunk keeps its hash.
+    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR))
     return pm, verify_chain(parent, pm, deep=False)
 
 
