@@ -30,7 +30,6 @@ config file exists, so `npusnap --help` stays instant.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +222,8 @@ def _apply_section(cfg: Config, ctx: "click.Context", cmd: "click.Command", pref
         param = options.get(norm)
         if param is None:
             known = sorted(set(options) | set(subcommands) | (set(GLOBAL_KEYS) if top else set()))
+            import difflib  # an error's hint only
+
             close = difflib.get_close_matches(norm, known, n=1)
             where = "at the top level" if top else f"for `npusnap {' '.join(prefix)}`"
             hint = f"did you mean {'.'.join((*prefix, close[0]))!r}?" if close else (

@@ -85,6 +85,12 @@ class PeersOutsideSet(WrongState):
                     "or pass --force (the ranks left out then hang or fail in their next collective)")
 
 
+class JobBusy(WrongState):
+    """Another job checkpoint of the same job is under way."""
+
+    default_hint = "wait for it to end; `npusnap job status DIR` tells whether it committed"
+
+
 class StorageProblem(NpusnapError):
     exit_code = 12
 
@@ -122,7 +128,8 @@ EXIT_CODES = {
     ImageInvalid.exit_code: "checkpoint directory invalid or corrupt",
     DeviceFailed.exit_code: "device runtime or agent failure",
     LockTimeout.exit_code: "device lock timed out",
-    WrongState.exit_code: "wrong phase order or process state; or an HCCL communicator with ranks outside the set",
+    WrongState.exit_code: "wrong phase order or process state; or an HCCL communicator with ranks outside the set; "
+                            "or another job checkpoint of the same job runs",
     StorageProblem.exit_code: "storage problem (no space, read-only, already exists, -D not written by npusnap)",
     UnsupportedTarget.exit_code: "the target cannot be checkpointed (pid 1, a kernel thread)",
     ConfigProblem.exit_code: "configuration file problem (unknown key, bad value, not YAML)",

@@ -47,6 +47,10 @@ class Terminal:
             self._err = Console(stderr=True, highlight=False, soft_wrap=True)
         return self._err
 
+    def closing_modules(self) -> tuple[str, ...]:
+        """What the human view's closing lines import (none with --json), for warmup.later()."""
+        return () if self.json_mode else ("rich.console", "rich.markup")
+
     # messages (stderr), each one line whatever bytes the paths in it hold
     def info(self, message: str) -> None:
         if not self.json_mode:

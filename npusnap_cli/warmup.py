@@ -1,20 +1,43 @@
-"""Imports a command will need later, done now on a thread of their own.
+"""Imports a command will need later, done while it waits, on a thread of their own.
 
-A command spends much of its life waiting: on the agent (lock, backup), on CRIU (its dump or
-restore runs in another process). The modules it needs after such a wait (the manifest's YAML,
-CRIU's RPC messages) are imported meanwhile by a daemon thread, instead of on the critical path.
-Import is thread-safe; a module still being imported when the main thread needs it is simply
-waited for. A failure here is ignored: the main thread's own import then reports it."""
+A command spends much of its life waiting on CRIU (its dump or restore runs in another process).
+The modules it needs after that wait (the manifest's YAML, rich for the closing line) are named
+up front with later(), and imported by a daemon thread only once the main thread blocks on CRIU
+(idle(), called where the request is sent): started earlier, the thread would take the GIL from
+the main thread's own imports and delay CRIU's start by as much. Import is thread-safe; a module
+still being imported when the main thread needs it is simply waited for. A failure here is
+ignored: the main thread's own import then reports it."""
 
 from __future__ import annotations
 
 import importlib
 import threading
-from typing import Callable, Union
+from typing import Callable, Optional, Union
+
+Need = Union[str, Callable[[], object]]
+
+_pending: list[Need] = []
+_lock = threading.Lock()
 
 
-def start(*needs: Union[str, Callable[[], object]]) -> threading.Thread:
-    """Import each module name (or call each loader) in order, on a daemon thread."""
+def later(*needs: Need) -> None:
+    """Import each module name (or call each loader), in order, the next time the command waits."""
+    with _lock:
+        _pending.extend(needs)
+
+
+def idle() -> Optional[threading.Thread]:
+    """The main thread is about to block: run what later() named, on a daemon thread."""
+    with _lock:
+        needs = _pending[:]
+        _pending.clear()
+    if not needs:
+        return None
+    return start(*needs)
+
+
+def start(*needs: Need) -> threading.Thread:
+    """Import each module name (or call each loader) in order, on a daemon thread, now."""
     def run() -> None:
         for need in needs:
             try:

@@ -42,7 +42,9 @@
 #   * Each node has its own npusim daemon (`npusnap device start`, in the node's namespace) on
 #     DIR/nodes/nodeK/npusim/daemon.sock with its own devices. TaskProlog exports NPUSIM_SOCKET
 #     for every task, the batch script included, so `npusnap` in a job step finds its node's
-#     daemon with no setup of its own (the submitter's NPUSIM_SOCKET is overridden).
+#     daemon with no setup of its own (the submitter's NPUSIM_SOCKET is overridden). The daemon
+#     takes HCCL traffic on the node's address (--hccl-listen), so ranks on different nodes talk
+#     over the cluster network, and a communicator re-formed on other nodes moves to their addresses.
 #   * slurm.conf: select/cons_tres with CR_CPU_Memory; each node claims CPUs=2 RealMemory=1024
 #     (what this 2-core machine has; every node shares the same cores), DefMemPerCPU=128 so a
 #     job without --mem fits. proctrack/linuxproc and task/none: no cgroups, no systemd.
@@ -51,6 +53,7 @@
 #     22.05. sched/builtin starts a job the moment it fits; KillWait=2 so scancel is quick;
 #     AuthInfo cred_expire=5 because a requeued job waits that long before it may start again
 #     (Slurm's default 120 s would make every requeue test wait two minutes).
+#     FirstJobId=B*10000+1 (NET 10.A.B): two clusters on this machine never hand out the same job id.
 #     Accounting off (no slurmdbd). Everything runs as root (SlurmUser=root).
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin  # munged, slurmctld, slurmd, ip live there
@@ -77,6 +80,9 @@ ctl_ns=$name-ctl
 host_addr=$net.1
 ctl_addr=$net.2
 node_addr() { echo "$net.$((10 + ${1#node}))"; }
+# Job ids of their own per cluster (by the /24's last octet): two clusters on one machine share
+# /proc and /run/npusnap/jobs, and a job 1 on node1 of each would look like one job to npusnap.
+first_job_id=$(( ${net##*.} * 10000 + 1 ))
 node_ns() { echo "$name-$1"; }
 conf=$dir/etc/slurm.conf
 munge_sock=$dir/munge/munge.socket
@@ -196,6 +202,7 @@ write_config() {
         echo "SchedulerType=sched/builtin"
         echo "SchedulerParameters=sched_interval=1"
         echo "JobRequeue=1"
+        echo "FirstJobId=$first_job_id"
         echo "ReturnToService=2"
         echo "KillWait=2"
         echo "InactiveLimit=0"
@@ -258,7 +265,7 @@ start_node() {
     own_dir "$dir/nodes/$node/spool"
     own_dir "$dir/nodes/$node/npusim"
     in_node "$ns" "$node" "$npusnap" device start --socket "$dir/nodes/$node/npusim/daemon.sock" \
-        --devices 2 --memory 256M >>"$dir/logs/npusim-$node.log" 2>&1 ||
+        --devices 2 --memory 256M --hccl-listen "$(node_addr "$node")" >>"$dir/logs/npusim-$node.log" 2>&1 ||
         die 1 "the npusim daemon of $node did not start: see $dir/logs/npusim-$node.log and $dir/nodes/$node/npusim/daemon.log"
     pid_alive "$dir/nodes/$node/slurmd.pid" slurmd && return 0
     in_node "$ns" "$node" env SLURM_CONF="$conf" slurmd -f "$conf" -N "$node" ||

@@ -253,6 +253,8 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
   c.reported[j.rank] = std::max(c.reported[j.rank], issued);
   c.locking[j.rank] = j.reserved == kLockReport;
   LockReply rep{HCCL_SUCCESS, 1, c.seen};
+  for (uint32_t i = 0; i < c.nranks && i < c.ranks.size(); ++i)
+    if (c.ranks[i] == kLeft && !c.locking[i]) return {HCCL_E_REMOTE, 0, 0};  // gone, not checkpointed
   for (uint32_t i = 0; i < c.nranks; ++i) {
     rep.pass = std::max(rep.pass, c.reported[i]);
     if (!c.locking[i]) rep.settled = 0;

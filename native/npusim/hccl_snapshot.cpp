@@ -12,7 +12,9 @@
 // its peers, and keeps the pass of the lock's first report: peers that run on would otherwise pull
 // the rank along forever), no call is in flight and the queued work drained. A rank that cannot get there (a
 // peer stopped before the collective, an application that waits for something outside the device
-// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn.
+// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn. A
+// communicator that lost a peer which was not locking (a rank's process or daemon died) cannot be
+// checkpointed at all: the lock fails at once (LOCK_FAILED, with the reason), back to RUNNING.
 //
 // Backup: the table (hccl_comms.h) is process memory and travels with the process; the daemon's
 // Release closes the members, so nothing inter-rank stays open.
@@ -240,7 +242,7 @@ NPUSIM_RESOURCE_KIND(kCommunicators);
 
 namespace npusim::rt {
 
-void hccl_lock_poll(bool *ready, std::string *waiting) {
+void hccl_lock_poll(bool *ready, std::string *waiting, std::string *broken) {
   auto table = snapshot_table();
   bool alone, all = true;
   {
@@ -255,6 +257,13 @@ void hccl_lock_poll(bool *ready, std::string *waiting) {
     auto it = hccl_comms().find(handle);
     if (it == hccl_comms().end()) continue;  // destroyed meanwhile
     CommEntry &cur = it->second;
+    if (rc == HCCL_E_REMOTE) {  // the root (or this rank's member) lost a peer that was not locking
+      all = false;
+      *broken = comm_name(cur) + " is broken: a peer rank is gone (its process or daemon died, or it left "
+                "the communicator), so no checkpoint can hold the communicator (HcclResult " +
+                std::to_string(rc) + ", HCCL_E_REMOTE)";
+      continue;
+    }
     if (rc != HCCL_SUCCESS) {
       all = false;
       *waiting = comm_name(cur) + ": its root daemon does not answer (HcclResult " + std::to_string(rc) + ")";
@@ -313,6 +322,7 @@ extern "C" {
 // acl/npusim.h; the agent passes npusnap's settings on (`hccl KEY VALUE`).
 int npusimHcclSnapshotOption(const char *key, const char *value) {
   if (key == nullptr || value == nullptr) return ACL_ERROR_INVALID_PARAM;
+  if (std::strcmp(key, "socket") == 0) return npusimSnapShotUseDaemon(value);  // snapshot.cpp
   std::lock_guard<std::mutex> g(runtime().mu);
   if (std::strcmp(key, "rendezvous") == 0 && value[0] == '/') options().rendezvous = value;
   else if (std::strcmp(key, "alone") == 0 && (std::strcmp(value, "0") == 0 || std::strcmp(value, "1") == 0))

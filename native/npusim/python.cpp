@@ -15,6 +15,7 @@
 
 #include "acl/acl.h"
 #include "acl/npusim.h"
+#include "hccl/hccl.h"
 
 namespace py = pybind11;
 
@@ -200,6 +201,37 @@ class AclError(RuntimeError):
   m.def("launch_matmul", [](size_t mm, size_t n, size_t k, uint64_t a, uint64_t b, uint64_t c, uint64_t s) {
     call("npusimLaunchMatmul", [&] { return npusimLaunchMatmul(mm, n, k, ptr(a), ptr(b), ptr(c), stream_of(s)); });
   }, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("stream") = 0);
+
+  // HCCL (libhccl.so), for data-parallel Python workloads: a communicator is an int handle, the
+  // root info is opaque bytes that rank 0 hands the others (a file, an env var, a store).
+  m.attr("HCCL_DATA_TYPE_FP32") = static_cast<int>(HCCL_DATA_TYPE_FP32);
+  m.attr("HCCL_REDUCE_SUM") = static_cast<int>(HCCL_REDUCE_SUM);
+  m.def("hccl_get_root_info", [] {
+    HcclRootInfo info{};
+    call("HcclGetRootInfo", [&] { return static_cast<int>(HcclGetRootInfo(&info)); });
+    return py::bytes(info.internal, sizeof info.internal);
+  });
+  m.def("hccl_comm_init_root_info", [](uint32_t nranks, const py::bytes &root, uint32_t rank) {
+    std::string raw = root;
+    HcclRootInfo info{};
+    if (raw.size() != sizeof info.internal) throw py::value_error("root info must be HCCL_ROOT_INFO_BYTES long");
+    raw.copy(info.internal, sizeof info.internal);
+    HcclComm comm = nullptr;
+    call("HcclCommInitRootInfo", [&] { return static_cast<int>(HcclCommInitRootInfo(nranks, &info, rank, &comm)); });
+    return reinterpret_cast<uint64_t>(comm);
+  }, py::arg("nranks"), py::arg("root_info"), py::arg("rank"));
+  m.def("hccl_comm_destroy", [](uint64_t comm) {
+    call("HcclCommDestroy", [&] { return static_cast<int>(HcclCommDestroy(reinterpret_cast<HcclComm>(comm))); });
+  });
+  m.def("hccl_all_reduce", [](uint64_t send, uint64_t recv, uint64_t count, int dtype, int op, uint64_t comm,
+                              uint64_t s) {
+    call("HcclAllReduce", [&] {
+      return static_cast<int>(HcclAllReduce(ptr(send), ptr(recv), count, static_cast<HcclDataType>(dtype),
+                                            static_cast<HcclReduceOp>(op), reinterpret_cast<HcclComm>(comm),
+                                            stream_of(s)));
+    });
+  }, py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("comm"),
+     py::arg("stream"));
 
   // pid defaults to this process; reserve is passed through as a raw pointer value, so tests can
   // exercise CANN's argument checks.

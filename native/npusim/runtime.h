@@ -177,9 +177,10 @@ void forget_tasks(StreamObj *stream);
 void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // HCCL at Lock (hccl_snapshot.cpp): reports each communicator's issued count to its root and
 // learns the free pass; *ready once no communicator is behind it and (unless alone) every rank is
-// locking (else *waiting says what it waits for). Unlock or a failed lock ends it (withdraw:
-// tell the roots).
-void hccl_lock_poll(bool *ready, std::string *waiting);
+// locking (else *waiting says what it waits for); *broken says why the lock must fail at once (a
+// communicator lost a peer that was not locking: no checkpoint can hold it). Unlock or a failed
+// lock ends it (withdraw: tell the roots).
+void hccl_lock_poll(bool *ready, std::string *waiting, std::string *broken);
 void hccl_lock_end(bool withdraw);
 // True if a collective on comm may pass the gate of a locked process (runtime().mu held).
 bool hccl_admits(const void *comm);

@@ -17,6 +17,7 @@
 #include "npusnap/states.h"
 #include "resources.h"
 #include "runtime.h"
+#include "trust.h"
 #include "wire.h"
 
 using namespace npusim;
@@ -161,6 +162,22 @@ aclError npusimSnapShotProcessLockTimeout(int pid, int32_t timeoutMs) {
   return npusim::rt::snapshot_lock(timeoutMs);
 }
 
+// A process restored on another host reconnects to that host's daemon (the restoring npusnap
+// knows it), never to the stale NPUSIM_SOCKET of its environment. Only while BACKED_UP: no
+// connection is open then, and device_restore() opens the new one.
+int npusimSnapShotUseDaemon(const char *socket) {
+  if (socket == nullptr || socket[0] != '/') return ACL_ERROR_INVALID_PARAM;
+  std::string why;
+  if (!trust::dir_trusted(trust::dir_of(socket), ::geteuid(), &why))
+    return note_error(ACL_ERROR_RT_NO_PERMISSION,
+                      "snapshot: refusing the daemon socket " + std::string(socket) + ": " + why);
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> g(r.mu);
+  if (r.state != State::BackedUp) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  r.socket_path = socket;
+  return ACL_SUCCESS;
+}
+
 }  // extern "C"
 
 // The Lock itself, with the caller's timeout (the by-pid control listener passes its own).
@@ -181,10 +198,21 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
     // holds HCCL communicators first runs on to its peers' collectives (the free pass).
     bool ready = false;
     std::string waiting;  // what the free pass still waits for, for the timeout's message
+    std::string broken;   // a communicator no checkpoint can hold: the lock fails at once
     for (;;) {
       l.unlock();
-      hccl_lock_poll(&ready, &waiting);
+      hccl_lock_poll(&ready, &waiting, &broken);
       l.lock();
+      if (!broken.empty()) {
+        l.unlock();
+        hccl_lock_end(true);
+        note_error("snapshot: lock refused: " + broken);
+        l.lock();
+        r.state = State::Running;
+        r.locker = std::thread::id();
+        r.gate_cv.notify_all();
+        return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+      }
       if (ready && r.inflight == 0) break;
       const auto next = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
       r.gate_cv.wait_until(l, next);

@@ -29,24 +29,27 @@ def select(pid: int, requested: BackendName = BackendName.AUTO, maps: str = "",
            data_path: DataPathChoice = DataPathChoice.AUTO) -> Backend:
     """The backend for a process: as requested, or found from the process itself.
     data_path: auto (direct when the runtime offers it) | direct | in-process."""
-    from ..platform.agent import AgentClient, AgentNotFound, AgentProblem, agent_error
-    from ..platform.simimages import offers_direct
-    from ..testhooks import shim_cuda_process
-    from .agent import AgentBackend
-    from .cuda import CudaBackend
-    from .direct import DirectBackend
+    # Each implementation is imported on the branch that picks it: a checkpoint of a CPU-only
+    # process loads no device backend's modules (the CUDA driver's ctypes bindings among them).
     from .none import NoDevice
 
     requested, data_path = BackendName(requested), DataPathChoice(data_path)
     if requested == BackendName.NONE:
         return NoDevice()
     if requested == BackendName.CUDA or (requested == BackendName.AUTO and "/dev/nvidia" in maps):
+        from .cuda import CudaBackend
+
         return CudaBackend.for_checkpoint(pid)
+    from ..platform.agent import AgentClient, AgentNotFound, AgentProblem, agent_error
+    from ..testhooks import shim_cuda_process
+
     wants_npu = requested in (BackendName.SIM, BackendName.ASCEND) or "libascendcl" in maps
     try:
         reply = AgentClient(pid).status()
     except AgentNotFound:
         if requested == BackendName.AUTO and shim_cuda_process(pid, maps):
+            from .cuda import CudaBackend
+
             return CudaBackend.for_checkpoint(pid)
         if wants_npu:
             raise WrongState(
@@ -61,6 +64,10 @@ def select(pid: int, requested: BackendName = BackendName.AUTO, maps: str = "",
             raise WrongState(f"process {pid} has the agent but it finds no device runtime in the process",
                              "use --device none, or check that the workload uses the device")
         return NoDevice()
+    from ..platform.simimages import offers_direct
+    from .agent import AgentBackend
+    from .direct import DirectBackend
+
     if requested == BackendName.AUTO:
         requested = BackendName.SIM if reply.device is not None else BackendName.ASCEND
     direct = offers_direct(reply.device)

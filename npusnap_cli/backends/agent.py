@@ -68,6 +68,7 @@ class AgentBackend:
         self.client = AgentClient(pid)
         self.last_reply: Optional[AgentReply] = None  # the agent's answer to the latest command
         self._keeper: Optional[LeaseKeeper] = None
+        self.daemon: Optional[str] = None  # use_daemon(): the npusim daemon the restore goes to
 
     def _call(self, what: str, *args: Any, **kwargs: Any) -> AgentReply:
         try:
@@ -103,6 +104,12 @@ class AgentBackend:
     def hccl_option(self, key: str, value: str) -> None:
         """An HCCL setting for the next lock or restore (agent.h's `hccl KEY VALUE`)."""
         self._call("hccl", key, value)
+
+    def use_daemon(self, socket: str) -> None:
+        """npusim: the next restore reconnects the runtime to the daemon on socket (this host's),
+        not to the one its environment named (agent `hccl socket PATH`, npusimSnapShotUseDaemon)."""
+        self._call("hccl", "socket", socket)
+        self.daemon = socket
 
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
         self._call("lock", *((timeout, lease) if lease else (timeout,)))

@@ -63,7 +63,8 @@ class DirectBackend(AgentBackend):
             raise WrongState(f"no device images to restore process {self.pid} from",
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
-        restore_direct(self.client, self.pid, device_dir, list(files) if files else None, chain=self.chain)
+        restore_direct(self.client, self.pid, device_dir, list(files) if files else None, self.daemon,
+                       chain=self.chain)
 
     def back_to_running(self) -> None:
         state = self.state()

@@ -7,6 +7,7 @@ import click
 
 from ..backends import BACKENDS, DATA_PATHS
 from ..criuopts import CriuOptions
+from ..image.codecs import COMPRESS
 from ..numbers import Seconds
 from ..output import Terminal, human_bytes
 from . import criu_option, json_option
@@ -42,6 +43,12 @@ if TYPE_CHECKING:
 @click.option("--force", is_flag=True,
               help="Checkpoint HCCL ranks whose communicators have ranks outside the set (those ranks "
                    "will hang or fail; without --force this is refused, exit 11).")
+@click.option("--dedup", is_flag=True,
+              help="Keep host pages as chunks in a store beside DIRECTORY (PARENT/.npusnap-store), each chunk "
+                   "stored once: what did not change since an earlier checkpoint there costs nothing again.")
+@click.option("--compress", type=click.Choice(COMPRESS), default="none", show_default=True,
+              help="Compress host pages in the chunk store (implies --dedup); auto compresses only while "
+                   "compressing keeps up with the disk.")
 @dump_flags
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None, metavar="KEYFILE",
               help="Sign the manifest with this Ed25519 private key (PEM); restore/verify check it.")
@@ -51,8 +58,8 @@ if TYPE_CHECKING:
 def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
-               replace: bool, parent: Optional[Path], force: bool, sign_key: Optional[Path],
-               criu_path: Optional[str], criu_opts: CriuOptions) -> None:
+               replace: bool, parent: Optional[Path], force: bool, dedup: bool, compress: str,
+               sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
@@ -65,7 +72,7 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     """
     from .. import warmup
 
-    warmup.start("yaml")  # YAML for the manifest: loaded while we wait on the agent and CRIU
+    warmup.later("yaml", *term.closing_modules())  # the manifest's YAML, the closing line: while CRIU dumps
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint
@@ -76,11 +83,16 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
                              data_path=DataPathChoice(data_path),
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
-                             criu=criu_opts, force=force, parent=parent)
-    from ..image.signing import Signer
+                             criu=criu_opts, force=force, dedup=dedup, compress=compress,
+                             parent=parent)
+    signer = None
+    if sign_key:
+        from ..image.signing import Signer
 
-    signer = Signer(sign_key) if sign_key else None  # a bad key fails before anything starts
+        signer = Signer(sign_key)  # a bad key fails before anything starts
     targets = [parse_pid(p) for p in pids]
+    if len(targets) > 1 and (dedup or compress != "none"):
+        raise click.UsageError("--dedup and --compress apply to one process for now, not to a set")
     if parent is not None and len(targets) > 1:
         raise click.UsageError("--parent is for one process, not a set")
     with term.reporter(live=not shell_job) as report:
@@ -93,6 +105,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     if signer:
         signer.sign(directory.absolute())
     size = sum(f.size for f in m.files)
+    pages = m.options.get("host_pages")
+    if pages:  # what reached the disk: the page images only as far as they were new to the store
+        size += pages["new_bytes"] - pages["raw_bytes"]
     if m.is_set:
         _report_set(term, m, directory, leave_running, size)
         return

@@ -25,9 +25,13 @@ def device() -> None:
 @click.option("--memory", type=Size(), default="4G", show_default=True, help="Memory per device (e.g. 4G, 512M).")
 @click.option("--group", metavar="NAME", default=None,
               help="Also serve the members of this group (like CANN's HwHiAiUser); default: only you and root.")
+@click.option("--hccl-listen", metavar="ADDR[:PORT]", default=None,
+              help="Where the daemon takes other daemons' HCCL traffic (IPv4; default 127.0.0.1, any free port): "
+                   "the node's address when ranks span hosts.")
 @json_option
 @click.pass_obj
-def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group: Optional[str]) -> None:
+def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group: Optional[str],
+          hccl_listen: Optional[str]) -> None:
     """Start the daemon (does nothing if one already runs on the socket)."""
     from ..platform import simdaemon
 
@@ -43,7 +47,12 @@ def start(term: Terminal, sock: Optional[str], devices: int, memory: str, group:
             grp.getgrnam(group)
         except KeyError:
             raise click.BadParameter(f"no such group: {group}", param_hint="--group") from None
-    pid, started = simdaemon.start(path, devices, size, group=group)
+    if hccl_listen is not None:
+        try:
+            simdaemon.check_hccl_listen(hccl_listen)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--hccl-listen") from None
+    pid, started = simdaemon.start(path, devices, size, group=group, hccl_listen=hccl_listen)
     if term.json_mode:
         term.data("device-start", {"socket": path, "pid": pid, "started": started})
     elif started:

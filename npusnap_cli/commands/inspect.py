@@ -86,6 +86,12 @@ def render_tree(ins: Inspection) -> Tree:
                          f"{len(ins.images.files)} files"
                          + "".join(f", {_clean(d)}/ {human_bytes(n)}"
                                    for d, n in sorted(ins.images.by_directory.items()))))
+    hp = ins.host_pages
+    if hp:
+        images.add(_t(f"host pages in the chunk store {_clean(str(hp.get('store')))}: "
+                      f"{human_bytes(_num(hp.get('new_bytes')))} new (codec {_clean(str(hp.get('codec')))}), "
+                      f"{human_bytes(_num(hp.get('referenced_bytes')))} referenced (stored before), "
+                      f"of {human_bytes(_num(hp.get('raw_bytes')))}"))
     largest = sorted(ins.images.files, key=lambda f: (-f.size, f.path))
     for f in largest[:LARGEST_IMAGES]:
         images.add(_t(f"{_clean(f.path)}  {human_bytes(f.size)}"))
@@ -96,6 +102,10 @@ def render_tree(ins: Inspection) -> Tree:
     for note in ins.notes:
         root.add(_t(f"[yellow]note:[/yellow] {_clean(note)}"))
     return root
+
+
+def _num(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def _process(parent: Tree, p: ProcessInfo) -> Tree:

@@ -9,6 +9,8 @@ direct children (never DIR itself):
 Invalid checkpoints are kept and reported: one may be from a newer npusnap, or
 worth a look before it goes. A chain is never broken: a checkpoint that a kept
 incremental one references (its parent, theirs, ...) is kept too (image/chain.py).
+Then the chunk store (DIR/.npusnap-store, --dedup) loses the chunks no checkpoint
+left in DIR references.
 
 A deletion renames the directory to `.NAME.deleting-*` first (atomic: it stops
 being a checkpoint at once) and then removes it.
@@ -118,10 +120,17 @@ def prune(term: Terminal, directory: Path, keep: int, dry_run: bool, verify: boo
             continue
         deleted.append(doc)
     freed = sum(d["disk_bytes"] for d in deleted)
+    # Then the chunk store's chunks no checkpoint left here references (after the deletions, and
+    # under the store's lock: a checkpoint being written holds it until its manifest is in place).
+    from ..image.store import collect
+
+    chunks, chunk_bytes = collect(directory, dry_run)
+    freed += chunk_bytes
     if term.json_mode:
         term.data("prune", {"directory": str(directory.absolute()), "keep": keep, "dry_run": dry_run,
                             "deleted": deleted, "kept": [{**_brief(e), "reason": r} for e, r in kept],
-                            "failed": failed, "freed_bytes": 0 if dry_run else freed})
+                            "failed": failed, "freed_bytes": 0 if dry_run else freed,
+                            "chunks_deleted": chunks, "chunk_bytes": chunk_bytes})
     else:
         verb = "would delete" if dry_run else "deleted"
         for d in deleted:
@@ -130,7 +139,9 @@ def prune(term: Terminal, directory: Path, keep: int, dry_run: bool, verify: boo
             if e.state != "valid":
                 term.warn(f"kept {e.path}: {r}")
         summary = f"{verb} {len(deleted)} of {len(delete) + len(kept)} ({human_bytes(freed)})"
-        term.info(summary if deleted or failed else f"nothing to prune in {directory}")
+        if chunks:
+            summary += f"; {chunks} unreferenced chunks ({human_bytes(chunk_bytes)})"
+        term.info(summary if deleted or failed or chunks else f"nothing to prune in {directory}")
     if failed:
         raise StorageProblem(f"could not delete {len(failed)} of {len(delete)} directories in {directory}",
                              "check their permissions and rerun prune")

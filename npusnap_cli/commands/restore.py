@@ -27,6 +27,9 @@ from .criu_flags import restore_flags
               metavar="DIR", help="HCCL ranks restored by separate restores (other hosts) meet here to re-form "
                                   "their communicators: one private directory, fresh for this restore, given "
                                   "to every rank's restore (default: a private one of this restore's own).")
+@click.option("--device-socket", "device_socket", metavar="PATH", default=None,
+              help="npusim: the device daemon the restored processes reconnect to (a restore on another host: "
+                   "that host's daemon), whatever NPUSIM_SOCKET they started with (default: the one each used).")
 @click.option("--device-map", "device_map", multiple=True, metavar="OLD=NEW",
               help="cuda: restore GPU OLD (UUID) onto GPU NEW; repeat to cover every checkpointed GPU.")
 @restore_flags
@@ -35,7 +38,8 @@ from .criu_flags import restore_flags
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, rendezvous: Optional[Path], device_map: tuple[str, ...], criu_path: Optional[str],
+            criu_only: bool, rendezvous: Optional[Path], device_socket: Optional[str], device_map: tuple[str, ...],
+            criu_path: Optional[str],
             criu_opts: CriuOptions,
             require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
     """Restore the process checkpointed in DIRECTORY.
@@ -47,14 +51,17 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
     """
+    from .. import warmup
     from ..core.restore import RestoreOptions, wait_exit_code
     from ..core.restore import restore as run_restore
 
     term: Terminal = ctx.obj
+    warmup.later(*term.closing_modules())  # the closing line's rich: imported while CRIU restores
     mapping = _device_map(directory, device_map) if device_map else None  # checked before anything starts
     opts = RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, device_map=mapping,
                           criu=criu_opts, require_signature=require_signature, trusted_keys=list(trusted_keys),
-                          rendezvous=rendezvous.absolute() if rendezvous else None)
+                          rendezvous=rendezvous.absolute() if rendezvous else None,
+                          daemon_socket=os.path.abspath(device_socket) if device_socket else None)
     is_set, shell_job = _peek(directory)
     if is_set:
         _restore_set(ctx, term, opts, detach, pidfile, shell_job)
@@ -125,12 +132,10 @@ def _peek(directory: Path) -> tuple[bool, bool]:
 def _write_pidfile(pidfile: Path, *pids: int) -> None:
     """A random temporary name made with O_EXCL|O_NOFOLLOW, then renamed: a link planted
     in a shared directory is never written through."""
-    import secrets
-
     from ..errors import StorageProblem
 
-    for _ in range(8):
-        tmp = pidfile.with_name(f".{pidfile.name}.{secrets.token_hex(8)}.tmp")
+    for _ in range(8):  # os.urandom is what secrets.token_hex reads, without hmac's import
+        tmp = pidfile.with_name(f".{pidfile.name}.{os.urandom(8).hex()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except FileExistsError:

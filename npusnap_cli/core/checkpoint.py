@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import __version__, netlock, testhooks
+from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
@@ -35,7 +35,8 @@ from ..image.format import (
     in_member,
 )
 from ..image.staging import Staging
-from ..platform.criu import DumpOptions
+from ..image.store import Packer
+from ..platform.criu import DumpOptions, page_runs
 from ..platform.procfs import process_exists
 from . import communicators, processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn
@@ -60,6 +61,11 @@ class CheckpointOptions:
     criu: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
     parent: Optional[Path] = None  # incremental: write only the device chunks changed since this checkpoint
+    dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
+    compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
+    # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
+    # the same time (their locks meet in the free pass; a peer that is not times the lock out)
+    peers_elsewhere: bool = False
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -126,6 +132,8 @@ class CheckpointRun:
         self.criu = services.criu(opts.criu_path)
         self.extra = opts.criu
         if opts.tcp_established or self.extra.network_lock:  # the lock matters only to dumped connections
+            from .. import netlock
+
             lock = netlock.choose(self.extra.network_lock, self.criu.binary.path)
             self.extra = replace(self.extra, network_lock=lock)
         self.backend: Backend = services.select_backend(pid, opts.device, self.target.maps(), data_path)
@@ -143,6 +151,7 @@ class CheckpointRun:
         self.device_back = not self.direct  # the direct path's staged device data is the only copy until this
         self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
         self.parent: Optional[tuple[Path, Manifest]] = None  # incremental: the parent checkpoint
+        self.packer: Optional[Packer] = None  # holds the chunk store's lock until the commit is done
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
         """A set member: the set's staging directory, guardian, undo stack and signals."""
@@ -201,6 +210,8 @@ class CheckpointRun:
         finally:
             self.backend.release()
             self.guardian.release()
+            if self.packer is not None:
+                self.packer.close()
 
     # -- the steps, in order
     def lock(self) -> None:
@@ -258,7 +269,8 @@ class CheckpointRun:
         if self.sub:
             criu_dir.mkdir(0o700, exist_ok=True)
         log_dir = self.log_dir or self.staging.log_dir
-        with self.phase("dump") as self.dump_timing, self.signals.critical(), self.staging.follow(criu_dir):
+        with self.phase("dump") as self.dump_timing, self.signals.critical(), \
+                self.staging.follow(criu_dir, packing=self.packs):
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
             self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
@@ -273,8 +285,19 @@ class CheckpointRun:
 
     def seal(self) -> None:
         with self.phase("seal") as t:
-            self.files = self.staging.seal(known=self.device_files)
+            if self.packs and self.packer is None:
+                self.packer = Packer(self.staging.final, self.opts.compress)
+                try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
+                    self.packer.runs = page_runs(self.criu_dir)
+                except (OSError, ValueError):
+                    pass
+            self.files = self.staging.seal(known=self.device_files, packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
+
+    @property
+    def packs(self) -> bool:
+        """Whether CRIU's page images go to the chunk store (--dedup, --compress)."""
+        return self.opts.dedup or self.opts.compress != "none"
 
     def _commit(self) -> Manifest:
         return commit(self.staging, self.signals, self._manifest())
@@ -284,8 +307,16 @@ class CheckpointRun:
         if not self.opts.leave_running:
             processes.kill(self.frozen)
             return
+        self.run_on_after_commit()
+        self.device_after_commit()
+
+    def run_on_after_commit(self) -> None:
+        """--leave-running: the tree runs on (a set resumes every member's before any device restore)."""
         self._run_on(self._in(self.staging.final / CRIU_DIR))
-        # From the committed directory: the staging path has moved.
+
+    def device_after_commit(self) -> None:
+        """--leave-running: the device restored and unlocked, from the committed directory (the
+        staging path has moved)."""
         self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
@@ -315,7 +346,8 @@ class CheckpointRun:
             criu_version=self.criu.binary.version_str,
             command=self.target.command,
             options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
-                     "leave_running": opts.leave_running, **self.extra.recorded()},
+                     "leave_running": opts.leave_running, **self.extra.recorded(),
+                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,

@@ -7,7 +7,9 @@ exit 11) unless forced, and then tells the members' runtimes to lock alone. Afte
 set, its ranks re-form their communicators through one rendezvous directory (`rendezvous`), private
 to the restore, that every member's runtime is handed before its device restore: rank 0 publishes
 its new root there and the others wait for it. A job coordinator hands the same kind of directory
-(on storage every node sees) to the ranks of all nodes.
+(on storage every node sees) to the ranks of all nodes. A set checkpoint makes one too, before
+the lock, for the restores it does in place (rollback, --leave-running, lease expiry, guardian):
+core/processset.py.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def admit(backends: Mapping[int, Any], force: bool, progress: Progress) -> None:
 
 @contextlib.contextmanager
 def rendezvous(needed: bool, owner: Optional[int] = None) -> Iterator[Optional[Path]]:
-    """A private directory for one restore's ranks to meet in (None when no member holds a
-    communicator of more than one rank); removed afterwards. owner: the restored processes' uid,
+    """A private directory for one restore's (or one set checkpoint's) ranks to meet in (None when
+    no member holds a communicator of more than one rank); removed afterwards. owner: the restored processes' uid,
     which must be able to write there when we run as root."""
     if not needed:
         yield None

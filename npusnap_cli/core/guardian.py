@@ -71,12 +71,26 @@ if words[-1:] != ["done"]:
     recovers = [(str(pids[0]), os.path.join(staging, "device"))] if "recover" in words and pids else []
     recovers += [(w[8:], os.path.join(staging, "device", w[8:])) for w in words
                  if w.startswith("recover:") and w[8:].isdigit()]
+    # HCCL ranks: every one recovered (their lease would do it later), all at once, for each
+    # rank's restore waits for its peers' in the set's rendezvous directory, removed after
+    recovers += [(w[5:], None) for w in words if w.startswith("hccl:") and w[5:].isdigit()
+                 and w[5:] not in [r[0] for r in recovers]]
     # an incremental's chain, parent first: the staged images reference it
     chain = [a for w in words if w.startswith("chain:") for a in ("--parent-images", bytes.fromhex(w[6:]).decode())]
-    for pid, device_dir in recovers:
-        subprocess.run([python, "-m", "npusnap_cli", "recover", pid, "--device-images", device_dir, *chain],
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=3600)
+    procs = [subprocess.Popen([python, "-m", "npusnap_cli", "recover", pid]
+                              + (["--device-images", device_dir, *chain] if device_dir else []),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for pid, device_dir in recovers]
+    deadline = time.monotonic() + 3600
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for w in words:
+        if w.startswith("meet:"):
+            shutil.rmtree(bytes.fromhex(w[5:]).decode(), ignore_errors=True)
     if staging != "-":
         shutil.rmtree(staging, ignore_errors=True)
 """
@@ -121,6 +135,11 @@ class Guardian:
             return
         assert self.staging is not None and device_dir.parent.parent == self.staging  # a set member's
         self._say(f"recover:{device_dir.name}")
+
+    def meet(self, directory: Path, pids: list[int]) -> None:
+        """HCCL ranks (pids) that meet in directory: if we die, recover them all at once (their
+        restores wait for each other there), then remove the directory."""
+        self._say(" ".join([f"meet:{str(directory).encode().hex()}", *(f"hccl:{p}" for p in pids)]))
 
     def _say(self, words: str) -> None:
         assert self.proc.stdin is not None

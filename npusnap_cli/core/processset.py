@@ -11,8 +11,11 @@ of a multi-node job runs this; `npusnap checkpoint PID PID ...` is its command.
 Each member is a core.checkpoint.CheckpointRun whose steps the set drives; they share one staging
 directory, one undo stack, one guardian and one set of signal handlers, so any failure, timeout or
 Ctrl-C before the commit undoes every member (device restored and unlocked, tree resumed) and
-leaves no checkpoint. A restore that fails kills every member restored so far; the checkpoint
-stays intact for a retry.
+leaves no checkpoint. Members holding HCCL communicators are handed one rendezvous directory of
+the set's before their lock, and every in-place device restore of theirs (the rollback, running on
+after the commit, an agent whose lease ran out, the guardian's recovery) runs at once through it:
+a rank's restore re-forms its communicators, which waits for its peers'. A restore that fails
+kills every member restored so far; the checkpoint stays intact for a retry.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Protocol, Sequence
+from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 from ..backends import Backend, BackendName, DataPath, State
 from ..errors import NpusnapError, UnsupportedTarget, WrongState
@@ -49,6 +52,8 @@ from .restore import (
     _restore_options,
     _unlock_closed_connections,
     _verified,
+    hand_daemon,
+    on_daemon,
 )
 from .services import REAL, CriuDriver, GuardianLike, ImagesViewLike, Services
 from .signals import Signals
@@ -120,7 +125,8 @@ class SetCheckpoint:
             with self._member(m):
                 m.expect(State.RUNNING)
         # Every rank of each member's HCCL communicators must be in the set (or --force).
-        communicators.admit({m.pid: m.backend for m in self.members}, opts.force, self.progress)
+        if not opts.peers_elsewhere:  # a job's node: its workers checkpoint the other ranks meanwhile
+            communicators.admit({m.pid: m.backend for m in self.members}, opts.force, self.progress)
         self.phase = Phases(self.progress)
         self.undos = UndoStack(lambda text: warn(self.progress, text))
         self.signals = Signals()
@@ -149,13 +155,53 @@ class SetCheckpoint:
         for m in self.members:
             m.share(self.staging, self.guardian, self.undos, self.signals)
         try:
-            return transaction(self.signals, self.undos, self.progress, self._discard, self._steps, self._finish)
+            # Removed once every member is back or gone (by the guardian if we die).
+            with communicators.rendezvous(self._hccl, _owner(first.pid)) as self.meet:
+                return transaction(self.signals, self.undos, self.progress, self._discard, self._steps,
+                                   self._finish)
         finally:
             for m in self.members:
                 m.backend.release()
             self.guardian.release()
 
+    @property
+    def _hccl(self) -> bool:
+        """Whether some member holds a communicator of more than one rank."""
+        return any(c.ranks > 1 for m in self.members for c in communicators.held_by(m.backend))
+
+    def _at_once(self, work: Callable[[CheckpointRun], None]) -> dict[int, BaseException]:
+        """work(member) for every member at once, one thread each (all bounded by their own
+        deadlines); the failures by member pid."""
+        failed: dict[int, BaseException] = {}
+
+        def one(m: CheckpointRun) -> None:
+            try:
+                with self._member(m):
+                    work(m)
+            except BaseException as e:  # reported by the caller, in member order
+                failed[m.pid] = e
+
+        threads = [threading.Thread(target=one, args=(m,), name=f"member-{m.pid}") for m in self.members]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return failed
+
+    def _devices_back(self) -> None:
+        """The set's device rollback: every member's at once (an HCCL rank's restore waits for its
+        peers' in the set's rendezvous directory); each failure reported, none stops the others."""
+        failed = self._at_once(lambda m: m._device_rollback())
+        for m in self.members:
+            if m.pid in failed:
+                warn(self.progress, f"rollback: device rollback failed: {failed[m.pid]}")
+
     def _steps(self) -> Manifest:
+        if self.meet is not None:  # before the lock: an agent whose lease runs out restores through it
+            self.guardian.meet(self.meet, [m.pid for m in self.members])
+            for m in self.members:
+                with self._member(m):
+                    communicators.hand(m.backend, self.meet)
         self._lock_all()
         with self.phase("backup") as t:
             for m in self.members:
@@ -174,22 +220,9 @@ class SetCheckpoint:
     def _lock_all(self) -> None:
         """Every member's lock at once. Signals wait until every lock has returned (each is
         bounded by --lock-timeout): an undo must never race a lock still in flight."""
-        for m in self.members:
-            m.push_device_rollback()
-        failed: dict[int, BaseException] = {}
-
-        def lock(m: CheckpointRun) -> None:
-            try:
-                m.lock_device()
-            except BaseException as e:  # reported by the main thread, in member order
-                failed[m.pid] = e
-
+        self.undos.push("device rollback", self._devices_back)
         with self.phase("lock"), self.signals.critical():
-            threads = [threading.Thread(target=lock, args=(m,), name=f"lock-{m.pid}") for m in self.members]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
+            failed = self._at_once(lambda m: m.lock_device())
             for m in self.members:
                 if m.pid in failed:
                     with self._member(m):
@@ -236,14 +269,29 @@ class SetCheckpoint:
         member's failure to run on does not keep the others from it; the first is reported."""
         if self.gate is not None:
             self.gate.committed(manifest)
+        failed: dict[int, BaseException] = {}
+
+        def each(step: Callable[[CheckpointRun], None]) -> None:
+            for m in self.members:
+                try:
+                    with self._member(m):
+                        step(m)
+                except Exception as e:
+                    failed.setdefault(m.pid, e)
+
+        if not self.opts.leave_running:
+            each(lambda m: m.finish_checkpoint(manifest))
+        else:
+            # Every tree runs before any device restore: an HCCL rank's waits for its peers'.
+            each(lambda m: m.run_on_after_commit())
+            stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
+            for pid, e in self._at_once(lambda m: None if m.pid in stuck else m.device_after_commit()).items():
+                failed.setdefault(pid, e)
         first: Optional[BaseException] = None
         for m in self.members:
-            try:
-                with self._member(m):
-                    m.finish_checkpoint(manifest)
-            except Exception as e:
-                warn(self.progress, str(e))
-                first = first or e
+            if m.pid in failed:
+                warn(self.progress, str(failed[m.pid]))
+                first = first or failed[m.pid]
         if first is not None:
             raise first
 
@@ -251,6 +299,14 @@ class SetCheckpoint:
         kept = [m.pid for m in self.members if m.keeps_device_data()]  # every member warns for itself
         if not kept:
             self.staging.discard()
+
+
+def _owner(pid: int) -> Optional[int]:
+    """The uid of a member's process (None if it is gone: its lock then fails by itself)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def _member_log(name: str, pid: int) -> str:
@@ -290,7 +346,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
         raise WrongState("--criu-only is a runbook step for one process; a set is restored whole",
                          "restore the set without --criu-only")
     for entry in manifest.members:
-        services.device_fits(entry.device)
+        services.device_fits(on_daemon(entry.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
     services.become_subreaper()
@@ -415,6 +471,7 @@ def _device_restore(pid: int, entry: MemberEntry, manifest: Manifest, root: Path
         backend.release()
         return None
     with phase("device-restore") as t:
+        hand_daemon(backend, entry.device, opts)
         communicators.hand(backend, meet)
         files: list[FileEntry] = [f for f in entry.files(manifest) if f.path.startswith(f"{DEVICE_DIR}/")]
         backend.restore(root / DEVICE_DIR / entry.subdir, files)

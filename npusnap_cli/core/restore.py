@@ -6,6 +6,7 @@ unlock is the commit point: after it, the restore stands."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import tempfile
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import netlock
 from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
@@ -24,13 +24,14 @@ from ..image.format import (
     CRIU_DIR,
     DEVICE_DIR,
     LOG_DIR,
+    DeviceState,
     Manifest,
     PhaseTiming,
     check_entry,
     load_manifest,
     restore_log_dir,
-    verify,
 )
+from ..image.store import assembled, packed_entries, verify
 from ..platform.criu import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
@@ -52,6 +53,9 @@ class RestoreOptions:
     require_signature: bool = False  # refuse a checkpoint not signed by one of trusted_keys
     trusted_keys: list[Path] = field(default_factory=list)  # Ed25519 public keys (PEM files)
     rendezvous: Optional[Path] = None  # where HCCL ranks restored separately meet (communicators.py)
+    # sim: the npusim daemon the restored runtimes reconnect to (a job worker's own node's), whatever
+    # socket they started with; None: each its old one (the manifest's endpoint)
+    daemon_socket: Optional[str] = None
 
 
 @dataclass
@@ -66,7 +70,7 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     root = opts.directory.absolute()
     phase = Phases(progress)
     manifest, pages = _verified(root, opts, phase)
-    services.device_fits(manifest.device)
+    services.device_fits(on_daemon(manifest.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
     try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
@@ -79,12 +83,12 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     restored = [manifest.pid]  # the root to kill on failure: CRIU's answer once it has one
     guardian = services.guardian(None, manifest.pid)
     try:
-        with Signals() as signals, services.images_view() as view:
+        with Signals() as signals, services.images_view() as view, assembled(root, manifest) as images:
             try:
                 guardian.kill_if_dead(pids)
                 with phase("criu-restore"), signals.critical():
                     try:
-                        restored[0] = criu.restore(view.enter(root / CRIU_DIR, lambda m: warn(progress, m)),
+                        restored[0] = criu.restore(view.enter(images, lambda m: warn(progress, m)),
                                                    log_dir, shell_job=bool(manifest.options.get("shell_job")),
                                                    tcp_established=bool(manifest.options.get("tcp_established")),
                                                    extra=_restore_options(manifest, opts),
@@ -125,8 +129,10 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
             return manifest, None
         # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
         direct = manifest.device.method == DataPath.DIRECT
-        pages = page_entries(manifest) if _can_wait_stopped(root, manifest) else []
-        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later={e.path for e in pages})
+        pages = [e for e in page_entries(manifest) if not e.chunks] if _can_wait_stopped(root, manifest) else []
+        # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
+        later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
+        verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
         verify_chain(root, manifest, deep=False)  # an incremental's ancestors; the daemon checks each chunk it takes
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
 
@@ -169,6 +175,8 @@ def _unlock_closed_connections(images_dir: Path, manifest: Manifest, opts: Resto
     extra = _restore_options(manifest, opts)
     if not (extra.tcp_close and manifest.options.get("tcp_established")):
         return
+    from .. import netlock
+
     try:
         netlock.drop_lock(images_dir, extra.network_lock, warn=lambda m: warn(progress, m))
     except Exception as e:  # the restore stands; the rules are the machine's to clean then
@@ -199,6 +207,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             signals.settled = True
             return
         with phase("device-restore") as t:
+            hand_daemon(backend, manifest.device, opts)
             communicators.hand(backend, meet)
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
             if manifest.parent is not None:
@@ -217,6 +226,21 @@ def _use_chain(backend: Backend, root: Path, manifest: Manifest) -> None:
     if not isinstance(backend, DirectBackend):
         raise WrongState(f"{root} is incremental: its device images need the direct data path to restore")
     backend.use_chain(device_dirs(ancestors(root, manifest)))
+
+
+def on_daemon(device: DeviceState, opts: RestoreOptions) -> DeviceState:
+    """The checkpoint's device as it will be restored: on opts.daemon_socket when one is given."""
+    if opts.daemon_socket and device.backend == BackendName.SIM:
+        return dataclasses.replace(device, endpoint=opts.daemon_socket)
+    return device
+
+
+def hand_daemon(backend: Any, device: DeviceState, opts: RestoreOptions) -> None:
+    """Before its device restore, tell a runtime which daemon to reconnect to (agent `hccl socket
+    PATH`, npusimSnapShotUseDaemon): a process restored on another node must use that node's
+    daemon, not the one its stale NPUSIM_SOCKET names."""
+    if opts.daemon_socket and device.backend == BackendName.SIM and hasattr(backend, "use_daemon"):
+        backend.use_daemon(opts.daemon_socket)
 
 
 def wait_exit_code(pid: int) -> int:

@@ -55,8 +55,10 @@ class Follower:
     followed (a big process tree writes thousands of images; descriptors are bounded); the
     seal hashes the others itself."""
 
-    def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256) -> None:
+    def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256,
+                 keep_cached: Optional[re.Pattern[str]] = None) -> None:
         self.max_files = max_files
+        self.keep_cached = keep_cached  # names not written back: they move to the chunk store (store.py)
         self.directory = directory
         self.interval = interval
         self.tails: dict[str, _Tail] = {}
@@ -117,7 +119,8 @@ class Follower:
         end = os.fstat(tail.fd).st_size
         if end > tail.offset:
             done = hash_fd(tail.fd, tail.hasher, tail.offset, end)
-            start_writeback(tail.fd, tail.offset, done)
+            if self.keep_cached is None or not self.keep_cached.fullmatch(name):
+                start_writeback(tail.fd, tail.offset, done)
             tail.offset += done
 
     def _drop(self, name: str) -> None:
@@ -175,3 +178,37 @@ class BulkVerifier:
             raise self.error
         if self.error is not None:
             raise ImageInvalid(f"cannot verify the checkpoint's images: {self.error}") from self.error
+
+
+def fsync_all(paths: list[Path], threads: int = 8) -> None:
+    """fsync every path, on a few threads at once; the first error is raised once all are done."""
+    todo = list(reversed(paths))
+    errors: list[OSError] = []
+
+    def work() -> None:
+        while True:
+            try:
+                p = todo.pop()
+            except IndexError:
+                return
+            try:
+                fsync_path(p)
+            except OSError as e:
+                errors.append(e)
+
+    pool = [threading.Thread(target=work, name="fsync", daemon=True) for _ in range(min(threads, len(paths)) - 1)]
+    for t in pool:
+        t.start()
+    work()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

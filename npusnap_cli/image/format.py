@@ -57,6 +57,7 @@ class FileEntry:
     path: str
     size: int
     checksum: str
+    chunks: list[str] = field(default_factory=list)  # packed into the chunk store (store.py): not in DIR
 
 
 @dataclass
@@ -117,6 +118,9 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        for f in d["files"]:
+            if not f["chunks"]:
+                del f["chunks"]  # files in DIR itself are listed exactly as they always were
         if not self.members:
             del d["members"]  # a single process's manifest stays exactly what it always was
         if self.parent is None:
@@ -165,6 +169,8 @@ class Manifest:
                 raise bad("a file's path or checksum", f.path)
             if not isinstance(f.size, int) or f.size < 0:
                 raise bad(f"{f.path}'s size", f.size)
+            if not isinstance(f.chunks, list) or (f.chunks and not re.fullmatch(r"criu/pages-[0-9]+\.img", f.path)):
+                raise bad(f"{f.path}'s chunks", f.chunks)
         for p in self.processes:
             if not all(isinstance(v, int) for v in (p.pid, p.ppid, p.threads)):
                 raise bad("a process entry", p)
@@ -412,13 +418,19 @@ def _text_digest(text: str) -> str:
 
 
 def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = (),
-           later: Collection[str] = ()) -> Manifest:
+           later: Collection[str] = (), chunks_checked: bool = False) -> Manifest:
     """Check every listed file's size and checksum, and that nothing unlisted was added.
     Files under the `shallow` subdirectories, and the files named in `later`, get their size
-    checked only (their reader verifies their checksums while it reads them: check_entry)."""
+    checked only (their reader verifies their checksums while it reads them: check_entry).
+    Files packed into the chunk store are store.verify's (which calls this, chunks_checked)."""
     m = manifest or load_manifest(root)
     listed = set()
+    if not chunks_checked and any(e.chunks for e in m.files):
+        raise ImageInvalid(f"{root}'s host pages are in the chunk store: verify it with image.store.verify")
     for entry in m.files:
+        if entry.chunks:
+            listed.add(entry.path)
+            continue
         path = safe_member(root, entry.path)
         listed.add(entry.path)
         if Path(entry.path).parts[0] in shallow or entry.path in later:

@@ -169,6 +169,7 @@ class Inspection:
     notes: list[str] = field(default_factory=list)
     members: list[dict[str, Any]] = field(default_factory=list)  # a process set's: format.member_summary
     chain: ChainInfo = field(default_factory=lambda: ChainInfo(None, 0, 0))
+    host_pages: Optional[dict[str, Any]] = None  # --dedup: page images in the chunk store, bytes new vs referenced
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -230,7 +231,8 @@ def _from_manifest(root: Path, m: Manifest) -> Inspection:
             criu_version=str(m.criu_version),
             pid=int(m.pid),
             command=[str(a) for a in m.command],
-            options=dict(m.options),
+            options={k: v for k, v in m.options.items() if k != "host_pages"},
+            host_pages=m.options.get("host_pages") if isinstance(m.options.get("host_pages"), dict) else None,
             processes=[],
             memory_dumped=0,
             device=device,
@@ -263,7 +265,7 @@ class _ImageReader:
     def __init__(self, root: Path, manifest: Manifest, criu_dir: str = CRIU_DIR) -> None:
         self.root = root
         self.criu_dir = criu_dir  # criu/, or a set member's criu/PID/
-        self.listed = {str(f.path) for f in manifest.files}
+        self.listed = {str(f.path) for f in manifest.files if not f.chunks}  # packed pages: in the store
         for rel in sorted(self.listed):
             safe_member(root, rel)   # inside DIR, present, and no symlink on the way
         self._cache: dict[str, Optional[list[dict[str, Any]]]] = {}

@@ -9,12 +9,11 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import ImageInvalid, StorageProblem
-from .checksums import Follower, start_writeback
+from .checksums import Follower, fsync_all, fsync_path, start_writeback
 from .format import (
     CHECKSUMMED_DIRS,
     CRIU_DIR,
@@ -29,6 +28,10 @@ from .format import (
     load_manifest,
     manifest_text,
 )
+from .store import PAGE_IMAGE, packable
+
+if TYPE_CHECKING:
+    from .store import Packer
 
 
 class Staging:
@@ -68,18 +71,19 @@ class Staging:
         return self.path / DEVICE_DIR
 
 
-    def follow(self, directory: Path) -> Follower:
+    def follow(self, directory: Path, packing: bool = False) -> Follower:
         """Around the writing of directory (CRIU's dump): its files are hashed and their write-back
         started while they are written; seal() takes those checksums instead of reading again."""
-        follower = Follower(directory)
+        follower = Follower(directory, keep_cached=PAGE_IMAGE if packing else None)
         self.followers.append(follower)
         return follower
 
-    def seal(self, known: Sequence[FileEntry] = ()) -> list[FileEntry]:
+    def seal(self, known: Sequence[FileEntry] = (), packer: Optional["Packer"] = None) -> list[FileEntry]:
         """Make images 0600, fsync them, and return their manifest entries. Files in
         `known` were checksummed and fsync'd by whoever wrote them (the device export,
         while streaming): they are only checked for size, never read again. Files the
-        follower hashed while they were written are not read again either."""
+        follower hashed while they were written are not read again either. With a packer, CRIU's
+        page images move into the chunk store (store.py) instead of being fsync'd here."""
         written = {f.path: f for f in known}
         hashed: dict[str, tuple[int, str]] = {}
         for follower in self.followers:
@@ -106,14 +110,19 @@ class Staging:
                 size, digest = hashed.get(str(rel), (-1, ""))
                 if size != os.lstat(p).st_size:
                     size, digest = checksum_file(p)
-                to_sync.append(p)
                 entry = FileEntry(str(rel), size, digest)
+                if packer is not None and packable(entry):
+                    entry = packer.pack(p, entry)
+                else:
+                    to_sync.append(p)
             entries.append(entry)
         if written:
             raise ImageInvalid(f"{sorted(written)[0]} is missing from the checkpoint")
         # Their write-back started long ago: these mostly wait for the last pages and the disk's
         # cache flush, which concurrent fsyncs share instead of paying one each.
-        _fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
+        if packer is not None:
+            to_sync += packer.store.to_sync()
+        fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         return entries
 
     def commit(self, manifest: Manifest) -> Path:
@@ -130,9 +139,9 @@ class Staging:
                 os.chmod(p, 0o600)
                 shutil.move(str(p), self.path / LOG_DIR / p.name)
             os.rmdir(self.log_dir)
-            _fsync_path(self.path)
+            fsync_path(self.path)
             self._put_in_place()
-            _fsync_path(self.final.parent)
+            fsync_path(self.final.parent)
         except OSError as e:
             if not self.committed:
                 raise StorageProblem(f"cannot write the checkpoint: {e.strerror}") from e
@@ -266,39 +275,5 @@ def _start_writeback(p: Path) -> None:
     fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         start_writeback(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_all(paths: list[Path], threads: int = 8) -> None:
-    """fsync every path, on a few threads at once; the first error is raised once all are done."""
-    todo = list(reversed(paths))
-    errors: list[OSError] = []
-
-    def work() -> None:
-        while True:
-            try:
-                p = todo.pop()
-            except IndexError:
-                return
-            try:
-                _fsync_path(p)
-            except OSError as e:
-                errors.append(e)
-
-    pool = [threading.Thread(target=work, name="fsync", daemon=True) for _ in range(min(threads, len(paths)) - 1)]
-    for t in pool:
-        t.start()
-    work()
-    for t in pool:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def _fsync_path(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from .. import warmup
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
 from . import criurpc
@@ -163,6 +164,7 @@ class Swrk:
                 ours.send(req.SerializeToString())
             except OSError:
                 pass  # it died at once; reported below as "exited without answering"
+            warmup.idle()  # CRIU works: the imports for afterwards run meanwhile
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -491,9 +493,31 @@ def stopped_at_dump(images_dir: Path, pids: list[int]) -> bool:
     return False
 
 
+def page_runs(images_dir: Path) -> dict[str, list[tuple[int, int]]]:
+    """Where each page image's bytes belong: pages-N.img -> [(vaddr, bytes)] of the runs of
+    pages it holds, in file order, from the pagemap images (a head naming pages_id, then one
+    entry per run; only runs flagged PE_PRESENT are in the file). Raises ValueError on an image
+    it cannot read."""
+    runs: dict[str, list[tuple[int, int]]] = {}
+    for name in sorted(os.listdir(images_dir)):
+        if not (name.startswith("pagemap") and name.endswith(".img")):
+            continue
+        head, *entries = _image_entries(_read_image(images_dir / name), PAGEMAP_MAGIC)
+        mine = runs.setdefault(f"pages-{_int(_fields(head), 1)}.img", [])
+        for raw in entries:
+            e = _fields(raw)
+            flags = _int(e, 4, -1)
+            present = not _int(e, 3, 0) if flags < 0 else bool(flags & PE_PRESENT)
+            if present:
+                mine.append((_int(e, 1), _int(e, 5, _int(e, 2)) * PAGE_SIZE))
+    return runs
+
+
 # CRIU's image format, read here without pycriu.images (its import alone costs more than the
 # whole dump of a small process): criu/include/magic.h, images/pstree.proto, images/core.proto.
-PSTREE_MAGIC, CORE_MAGIC = 0x50273030, 0x55053847
+PSTREE_MAGIC, CORE_MAGIC, PAGEMAP_MAGIC = 0x50273030, 0x55053847, 0x56084025
+PE_PRESENT = 1 << 2  # criu/include/pagemap.h: the run's pages are in the pages image
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _LEADING_MAGICS = (0x54564319, 0x55105940)  # IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC: the image's own magic follows
 TASK_STOPPED = 3  # compel/include/uapi/task-state.h
 

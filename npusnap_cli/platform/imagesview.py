@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import quopri
 import re
-import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -96,7 +95,8 @@ class ImagesView:
             if not agent_name:
                 raise CriuFailed(f"the checkpoint's socket @{shown} is bound by another process on this host",
                                  "stop the process that holds that name (see /proc/net/unix), then restore")
-            suffix = secrets.token_hex(AGENT_SOCKET_SUFFIX_HEX // 2).encode()
+            # os.urandom is what secrets.token_hex reads, without hmac's import
+            suffix = os.urandom(AGENT_SOCKET_SUFFIX_HEX // 2).hex().encode()
             fresh = _AGENT_PREFIX + agent_name.group(1) + b"-" + suffix
             usk["name"] = quopri.encodestring(fresh).decode()
             changed = True

@@ -131,7 +131,29 @@ def wait_gone(pids: list[int], timeout: float, zombies_count: bool) -> list[int]
                 os.waitpid(p, os.WNOHANG)
         if not left or time.monotonic() >= deadline:
             return left
-        time.sleep(0.01)
+        pause = min(0.01, max(0.0, deadline - time.monotonic()))
+        if zombies_count:
+            time.sleep(pause)  # a zombie's pidfd is readable already: no wake-up to wait for
+        else:
+            _until_exit(left[0], pause)
+
+
+def _until_exit(pid: int, timeout: float) -> None:
+    """Sleep up to timeout, woken the instant pid exits (its pidfd turns readable): a killed
+    tree is seen dead at once, not at the next 10 ms poll."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # gone already
+    except (AttributeError, OSError):  # no pidfd on this kernel
+        time.sleep(timeout)
+        return
+    try:
+        import select
+
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def process_exists(pid: int, zombies_count: bool) -> bool:

@@ -114,10 +114,24 @@ def _open_log(directory: str, name: str) -> int:
         os.close(dfd)
 
 
+def check_hccl_listen(spec: str) -> None:
+    """ValueError unless spec is npusimd's --hccl-listen IPv4[:PORT]."""
+    import ipaddress
+
+    addr, colon, port = spec.partition(":")
+    try:
+        ipaddress.IPv4Address(addr)
+    except ValueError:
+        raise ValueError(f"want IPv4[:PORT], not {spec!r}") from None
+    if colon and not (port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"the port of {spec!r} is not 1-65535")
+
+
 def start(sock: str, devices: int = 2, memory: int = 4 << 30, timeout: float = 10,
-          group: Optional[str] = None) -> tuple[int, bool]:
+          group: Optional[str] = None, hccl_listen: Optional[str] = None) -> tuple[int, bool]:
     """Start a daemon on sock unless one answers there; returns (pid, started_now). With group, the
-    daemon serves that group's members too (socket 0660 owner:group)."""
+    daemon serves that group's members too (socket 0660 owner:group). hccl_listen: IPv4[:PORT]
+    where it takes other daemons' HCCL traffic (the node's address when ranks span hosts)."""
     directory = os.path.dirname(os.path.abspath(sock))
     if os.path.lexists(directory):
         check_dir(directory, os.geteuid())  # before anything talks to or writes in it
@@ -136,6 +150,8 @@ def start(sock: str, devices: int = 2, memory: int = 4 << 30, timeout: float = 1
     cmd = [str(native.NPUSIMD), "--socket", sock, "--devices", str(devices), "--memory", str(memory)]
     if group:
         cmd += ["--group", group]
+    if hccl_listen:
+        cmd += ["--hccl-listen", hccl_listen]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -1,27 +1,33 @@
 """A job checkpoint that fails anywhere before its commit is aborted on every node: every rank
 runs on, unlocked, and no job checkpoint (nor its staging directory) exists. One worker failing
 at each stage, the coordinator failing just before its commit, a worker SIGKILLed mid-checkpoint,
-and a message from another user without the job's secret. Real Slurm, CRIU and daemons."""
+the coordinator SIGKILLed at each stage, the shared directory full, a second job checkpoint of the
+same job refused while one runs, a message from another user without the job's secret, and (last:
+it costs that node's ranks their device) a node's npusim daemon dying. Real Slurm, CRIU and daemons."""
 
 from __future__ import annotations
 
 import encodings.idna  # noqa: F401 - loaded before the fork: the other user cannot read the stdlib under /root
 import json
 import re
+import shutil
 import socket
 import subprocess
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from tests.cluster.fixtures import ensure_up
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, poll
 from tests.users import as_user, other_user
 
 from .support import RankJob, no_checkpoint_left, npusnap, sigkill, workers
 
 ABORTED = 15
+BUSY = 11  # WrongState: another job checkpoint of the job runs
+STORAGE = 12
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +156,144 @@ def test_a_message_without_the_job_secret_is_refused(ranks: RankJob) -> None:
     assert coordinator.returncode == 0, err  # the job's own workers were not disturbed
     assert (target / "job.json").is_file()
     ranks.assert_all_run_on()
+
+
+def coordinator(c: Cluster, target: Path, job: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job, *args],
+                            env={**c.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=c.shared, stdin=subprocess.DEVNULL)
+
+
+def no_workers_left(c: Cluster, timeout: float = 90) -> None:
+    """Every job worker has ended (it holds its node's job checkpoint lock while it runs)."""
+    assert poll(lambda: not any(workers(n) for n in c.nodes), timeout), {n: workers(n) for n in c.nodes}
+
+
+# (stage, the test hook that holds the checkpoint there, the line that says it is there); the
+# coordinator is SIGKILLed there: the workers notice it gone at their next word with it.
+COORDINATOR_KILLS = [
+    ("connect", {}, r"job worker \S+: ranks "),  # a worker found its ranks, its hello on the way
+    ("lock", {"NPUSNAP_TEST_JOB_PAUSE": "lock@{node}"}, r"test pause lock@"),
+    ("backup", {"NPUSNAP_TEST_PAUSE": "before:backup"}, r"test pause before:backup"),
+    ("dump", {"NPUSNAP_TEST_PAUSE": "before:dump"}, r"test pause before:dump"),
+    ("vote", {"NPUSNAP_TEST_JOB_PAUSE": "vote@{node}"}, r"test pause vote@"),
+    ("commit", {"NPUSNAP_TEST_JOB_PAUSE": "committed@{node}"}, r"test pause committed@"),
+    ("job-commit", {"NPUSNAP_TEST_PAUSE": "job-commit"}, r"test pause job-commit"),
+]
+
+
+@pytest.mark.parametrize("stage,hook,line", COORDINATOR_KILLS, ids=[k[0] for k in COORDINATOR_KILLS])
+def test_the_coordinator_killed_at_each_stage_every_rank_runs_on(ranks: RankJob, stage: str,
+                                                                  hook: dict[str, str], line: str) -> None:
+    c = ranks.c
+    node = node_of(ranks, 3)
+    target = c.shared / f"ck-ckill-{stage}-{uuid.uuid4().hex[:8]}"
+    env = {k: v.format(node=node) for k, v in hook.items()}
+    proc = coordinator(c, target, ranks.id, {**env, "NPUSNAP_TEST_PAUSE_S": "3"})
+    try:
+        read_until(proc, line)
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    try:
+        no_workers_left(c)  # each undid its ranks and ended: none waits for a lease forever
+        ranks.assert_all_run_on(timeout=90)
+        assert not target.exists(), f"{stage}: {target} exists without a commit"
+        status = json.loads(npusnap(c, "job", "status", str(target), "--json").stdout)
+        assert status["state"] == "absent", status  # the truth: nothing committed,
+        assert status["partial"] and all(n.startswith(f".{target.name}.partial-") for n in status["partial"]), status
+        # ... and the dead coordinator's staging directory left over (prune's to remove)
+        verify = npusnap(c, "job", "verify", str(target))
+        assert verify.returncode != 0 and "Traceback" not in verify.stderr, verify.stderr
+    finally:
+        for left in target.parent.glob(f".{target.name}.*"):  # the dead coordinator's staging
+            shutil.rmtree(left, ignore_errors=True)
+
+
+def test_a_second_job_checkpoint_is_refused_while_one_runs(ranks: RankJob) -> None:
+    c = ranks.c
+    node = node_of(ranks, 3)
+    first_dir = c.shared / f"ck-first-{uuid.uuid4().hex[:8]}"
+    second_dir = c.shared / f"ck-second-{uuid.uuid4().hex[:8]}"
+    first = coordinator(c, first_dir, ranks.id, {"NPUSNAP_TEST_JOB_PAUSE": f"vote@{node}", "NPUSNAP_TEST_PAUSE_S": "25"},
+                        "--leave-running")
+    try:
+        lines = read_until(first, f"test pause vote@{node}")  # every node's worker holds the job's lock
+        r = npusnap(c, "job", "checkpoint", "-D", str(second_dir), "--job", ranks.id)
+        _, err = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert r.returncode == BUSY, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("npusnap: error: ") and f"another `npusnap job checkpoint` of job {ranks.id}" in last, last
+    assert "Traceback" not in r.stderr, r.stderr
+    no_checkpoint_left(second_dir)
+    assert first.returncode == 0, "".join(lines) + err  # the first one was not disturbed
+    doc = json.loads((first_dir / "job.json").read_text())
+    for x in doc["ranks"]:  # each rank's own stage timings, as --json reports them (docs/json.md)
+        assert [p["name"] for p in x["phases"]][-2:] == ["vote", "commit"], x
+        assert {"lock", "backup", "dump"} <= {p["name"] for p in x["phases"]}, x
+        assert all(p["seconds"] >= 0 for p in x["phases"]), x
+    paused = [x for x in doc["ranks"] if x["node"] != node]  # their node's vote waited for the paused one
+    assert paused and all(x["phases"][-2]["seconds"] > 0 for x in paused), doc["ranks"]
+    ranks.assert_all_run_on()
+
+
+def test_the_shared_directory_full_aborts_with_a_storage_problem(ranks: RankJob) -> None:
+    c = ranks.c
+    small = c.shared / f"full-{uuid.uuid4().hex[:8]}"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        small.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        target = small / "ck"
+        r = npusnap(c, "job", "checkpoint", "-D", str(target), "--job", ranks.id)
+        assert r.returncode == STORAGE, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("npusnap: error: prepare: the worker on ") and "no space left" in last.lower(), last
+        assert "Traceback" not in r.stderr, r.stderr
+        no_checkpoint_left(target)
+        assert not any(small.iterdir()), list(small.iterdir())  # no partial checkpoint, valid-looking or not
+        ranks.assert_all_run_on()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+        small.rmdir()
+
+
+def test_a_node_daemon_dying_aborts_the_other_nodes_ranks_run_on(ranks: RankJob) -> None:
+    """Last in this file: the ranks of the node whose npusim daemon dies lose their device (as on
+    real hardware whose driver died); the job checkpoint aborts and the other node's ranks run on.
+    The daemon is started again for the tests after this one (ensure_up)."""
+    c = ranks.c
+    node = node_of(ranks, 3)
+    target = c.shared / f"ck-daemon-{uuid.uuid4().hex[:8]}"
+    st = npusnap(c, "device", "status", "--socket", c.npusim_socket(node), "--json")
+    daemon = int(json.loads(st.stdout)["pid"])
+    proc = coordinator(c, target, ranks.id, {"NPUSNAP_TEST_PAUSE": "before:backup", "NPUSNAP_TEST_PAUSE_S": "5"})
+    try:
+        read_until(proc, r"test pause before:backup")  # every rank is locked
+        sigkill([daemon])
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    try:
+        assert proc.returncode == ABORTED, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("npusnap: error: ") and node in last, err
+        assert "Traceback" not in err, err
+        no_checkpoint_left(target)
+        others = [t for t in range(ranks.count) if node_of(ranks, t) != node]
+        before = {t: ranks.last_step(t) for t in others}
+        assert poll(lambda: all(ranks.last_step(t) > before[t] + 1 for t in others), 60), \
+            f"the ranks of the other node stuck: {before}"
+    finally:
+        ensure_up(c)  # a fresh daemon on the node for the tests that come after

@@ -25,8 +25,9 @@ def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_clus
     assert [s["name"] for s in r["stages"]] == ["connect", "prepare", "commit", "finish"], r
     assert sorted({x["node"] for x in r["ranks"]}) == sorted(c.nodes), r
     assert [x["rank"] for x in r["ranks"]] == [0, 1, 2, 3], r
-    for x in r["ranks"]:  # each rank's own stage timings
+    for x in r["ranks"]:  # each rank's own stage timings, then its node's vote and commit
         assert {"lock", "backup", "dump"} <= {p["name"] for p in x["phases"]}, x
+        assert [p["name"] for p in x["phases"]][-2:] == ["vote", "commit"], x
     wait_finished(c, job.id)  # its ranks were killed: the job ends
     stopped_at = [job.last_step(t) for t in range(4)]
     assert all(s < STEPS - 1 for s in stopped_at), stopped_at

@@ -193,6 +193,9 @@ class FakeGuardian:
     def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
         self.said.append("recover")
 
+    def meet(self, directory: Path, pids: list[int]) -> None:
+        self.said.append(f"meet {pids}")
+
     def release(self) -> None:
         self.released = True
 

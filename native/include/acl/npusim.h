@@ -62,6 +62,14 @@ ACL_FUNC_VISIBILITY int npusimSnapshotGetDataPath(void);
  * locking (a rank checkpointed without its peers). 0, or ACL_ERROR_INVALID_PARAM. */
 ACL_FUNC_VISIBILITY int npusimHcclSnapshotOption(const char *key, const char *value);
 
+/* Between Backup and Restore (BACKED_UP: no connection to any daemon open), the daemon the next
+ * Restore reconnects to: a process restored on another host must use *that* host's daemon, not the
+ * NPUSIM_SOCKET it started with. socket: absolute, in a directory owned by root or this user and
+ * writable by nobody else (as at aclInit). npusimHcclSnapshotOption("socket", PATH) calls it (the
+ * agent's `hccl socket PATH`). 0, ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_NO_PERMISSION (an untrusted
+ * directory) or ACL_ERROR_SNAPSHOT_RESTORE_FAILED (not backed up). */
+ACL_FUNC_VISIBILITY int npusimSnapShotUseDaemon(const char *socket);
+
 /* For tools: export / import the device memory of client pid (which must be locked and idle) into /
  * from the absolute directory dir, one file per device (dev<N>.img). expected (may be NULL):
  * "NAME SIZE XXH3_128_HEX" lines; the import then reads exactly those files and refuses any whose

@@ -20,7 +20,8 @@
 #define NPUSNAP_AGENT_CMD_UNLOCK "unlock"
 /* hccl <key> <value>: a setting for the runtime's next lock or restore (npusimHcclSnapshotOption):
  * `hccl rendezvous <dir>` where the ranks of a restored set meet, `hccl alone 1` the next lock
- * does not wait for the communicators' other ranks to lock (checkpoint --force). */
+ * does not wait for the communicators' other ranks to lock (checkpoint --force), `hccl socket <path>`
+ * the daemon the next restore reconnects to (npusimSnapShotUseDaemon; a restore on another host). */
 #define NPUSNAP_AGENT_CMD_HCCL "hccl"
 #define NPUSNAP_AGENT_HCCL_VALUE_MAX 512 /* bytes of <value>, with its NUL */
 /* The modifier of backup/restore that takes npusim's direct data path. */

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ... import __version__
-from ...errors import JobAborted, StorageProblem, WrongState
+from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem, WrongState
+from ...image.checksums import fsync_path  # the same durability step as a single checkpoint's commit
 from ...image.format import hidden_sibling
-from ...image.staging import _fsync_path  # the same durability step as a single checkpoint's commit
 from . import manifest as jm
 from . import slurm
 from .protocol import Channel, ProtocolError, new_secret
@@ -83,6 +83,17 @@ class Event:
     node: Optional[str]
     msg: Optional[dict[str, Any]]  # None: the worker's connection was lost
     why: str = ""
+
+
+# A worker's failure of these kinds stays that kind (every rank is undone all the same): a refusal
+# because another job checkpoint runs, a full or broken shared directory. Any other is JobAborted.
+_KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProblem": StorageProblem}
+
+
+def _worker_failure(stage: str, node: str, msg: dict[str, Any]) -> NpusnapError:
+    kind = _KEPT_KINDS.get(str(msg.get("error_kind")), JobAborted)
+    return kind(f"{stage}: the worker on {node} failed: {msg.get('error')}",
+                kind.default_hint if kind is JobBusy else JobAborted.default_hint)
 
 
 def _worker_command() -> list[str]:
@@ -187,7 +198,7 @@ class Session:
             elif ev.msg is None:
                 self.lost[ev.node] = ev.why
             elif ev.msg["type"] == "failed":
-                raise JobAborted(f"{stage}: the worker on {ev.node} failed: {ev.msg.get('error')}")
+                raise _worker_failure(stage, ev.node, ev.msg)
             elif ev.msg["type"] == wanted and ev.node in waiting:
                 waiting.discard(ev.node)
                 got[ev.node] = ev.msg
@@ -287,7 +298,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
             raise StorageProblem(f"{final} appeared while the job was checkpointed")
         os.rename(staging, final)  # THE commit point
         committed = True
-        _fsync_path(final.parent)
+        fsync_path(final.parent)
         stage("commit", t)
         session.broadcast("done")
         t = time.monotonic()
@@ -332,11 +343,12 @@ def _job_manifest(job: str, nodes: list[str], staging: Path, hellos: dict[str, d
         entries.append(jm.NodeEntry(name=node, address=slurm.node_address(node), dir=rel, manifest_sha256=sha,
                                     phases=votes[node].get("phases", [])))
         members = {m["pid"]: m for m in votes[node].get("members", [])}
+        voted = acks[node].get("phases", [])  # the node's vote and commit: every rank of it took part in both
         for r in hellos[node]["ranks"]:
             member = members.get(r["pid"], {})
             ranks.append(jm.RankEntry(rank=-1, step=r["step"], procid=r["procid"], node=node, pid=r["pid"],
                                       images=f"{rel}/criu/{r['pid']}", device=member.get("device", {}),
-                                      phases=member.get("phases", [])))
+                                      phases=[*member.get("phases", []), *voted]))
     ranks.sort(key=lambda r: (r.step, r.procid))
     for i, r in enumerate(ranks):
         r.rank = i
@@ -385,12 +397,14 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
     private = Path(tempfile.mkdtemp(prefix=f".{root.name}.restore-", dir=root.parent))
     stages: list[dict[str, Any]] = []
     session: Optional[Session] = None
+    meet: Optional[Path] = None
     try:
         key = new_secret(private / jm.SECRET)
         session = Session(job, list(place.values()), opts.listen, key, say)
         t = time.monotonic()
+        meet = _rendezvous(root / m.rendezvous, session.run)
         session.start_workers(["restore", "--directory", str(root), "--secret-file", str(private / jm.SECRET),
-                               "--lease", str(d.lease), "--rendezvous", str(root / m.rendezvous)])
+                               "--lease", str(d.lease), "--rendezvous", str(meet)])
         session.gather("hello", "connect", d.connect)
         stages.append({"name": "connect", "seconds": round(time.monotonic() - t, 6)})
         t = time.monotonic()
@@ -398,6 +412,7 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
             ranks = [{"pid": r.pid, "step": r.step, "procid": r.procid} for r in m.ranks_of(old)]
             session.channels[new].send("restore", dir=m.node(old).dir, from_node=old, ranks=ranks)
         restored = session.gather("restored", "restore", d.prepare)
+        shutil.rmtree(meet, ignore_errors=True)  # every communicator re-formed: nobody meets there again
         session.broadcast("go")
         stages.append({"name": "restore", "seconds": round(time.monotonic() - t, 6)})
         pids = {new: list(restored[new]["pids"]) for new in place.values()}
@@ -414,3 +429,21 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
         if session is not None:
             session.close(wait=d.commit + 30)
         shutil.rmtree(private, ignore_errors=True)
+        if meet is not None:
+            shutil.rmtree(meet, ignore_errors=True)
+
+
+def _rendezvous(parent: Path, run: str) -> Path:
+    """A fresh directory of this restore's own under the job checkpoint's rendezvous/ (storage
+    every node sees): the HCCL ranks of all nodes re-form their communicators there (rank 0
+    publishes its new root, the others wait for it). One per restore, so a retry never meets a
+    root left by an earlier one; removed once every node has restored."""
+    try:
+        if parent.is_symlink() or not parent.is_dir():
+            raise StorageProblem(f"{parent} is not a directory", "the job checkpoint is damaged: verify it")
+        meet = parent / run
+        meet.mkdir(0o700)
+    except OSError as e:
+        raise StorageProblem(f"cannot create the ranks' rendezvous directory in {parent}: {e.strerror}",
+                             "the job checkpoint's directory must be writable by whoever restores it") from e
+    return meet

@@ -5,7 +5,7 @@
     DIR/nodes/NODE/         one process-set checkpoint per node (core/processset.py): its own
                             manifest.yaml with every file's checksum, criu/PID/ and device/PID/
                             per rank (the rank's image directory)
-    DIR/rendezvous/         empty: where restored ranks' communicators meet again (hccl-snapshot)
+    DIR/rendezvous/         where restored ranks re-form their communicators: one fresh RUN/ per restore
 
 The directory is built under a hidden sibling name (.NAME.partial-XXXXXXXX, which `prune` knows)
 and renamed into place by the coordinator once every worker committed: DIR exists only whole."""
@@ -117,7 +117,7 @@ def verify(root: Path, deep: bool = True) -> JobManifest:
     """The job manifest, every node's manifest against its recorded sha256, and (deep) every
     node's files against their checksums. ImageInvalid names the first thing that is wrong."""
     from ...image.format import MANIFEST
-    from ...image.format import verify as verify_node
+    from ...image.store import verify as verify_node
 
     m = load(root)
     for n in m.nodes:

@@ -15,20 +15,25 @@ aborts by itself: ranks that were not committed run on, unlocked."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ... import testhooks
-from ...errors import JobAborted, NpusnapError
+from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem
 from ...image.format import MANIFEST, Manifest
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
-from .ranks import Rank, find_ranks, register_restored, unregister_restored
+from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored
+
+if TYPE_CHECKING:
+    from ..restore import RestoreOptions
 
 
 @dataclass
@@ -44,7 +49,7 @@ class WorkerOptions:
     shell_job: bool = False
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
-    rendezvous: Optional[Path] = None  # restore: where communicators meet again (not used yet)
+    rendezvous: Optional[Path] = None  # restore: where the ranks of every node re-form their communicators
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,13 +71,53 @@ def _connect(opts: WorkerOptions) -> Channel:
     return Channel(sock, read_secret(opts.secret_file), opts.run)
 
 
+def _checkpoint_lock(job: str, node: str) -> int:
+    """One job checkpoint per job and node at a time: an exclusive flock held for the worker's
+    life (the kernel lets go of it when the worker dies, however). JobBusy when another holds it.
+    Named by the cluster too: clusters that share a host (test clusters) reuse job ids and nodes."""
+    cluster = os.environ.get("SLURM_CLUSTER_NAME", "").replace("/", "_")
+    path = REGISTRY / f"{cluster}.{job}.{node}.checkpoint.lock"
+    try:
+        REGISTRY.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StorageProblem(f"cannot open the job's lock {path}: {e.strerror}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JobBusy(f"another `npusnap job checkpoint` of job {job} is running on {node}") from None
+    return fd
+
+
+def _failed(ch: Channel, node: str, e: NpusnapError) -> None:
+    """The `failed` message, naming the error's kind (the coordinator keeps a refusal or a storage
+    problem as what it is)."""
+    with contextlib.suppress(OSError):
+        ch.send("failed", node=node, error=e.one_line(), error_kind=type(e).__name__)
+
+
 class _Gate:
-    """The set's two-phase commit hooks, answered by the coordinator."""
+    """The set's two-phase commit hooks, answered by the coordinator. It also times this node's
+    vote (from its vote to the coordinator's commit) and commit (from the commit to its ack)."""
 
     def __init__(self, ch: Channel, opts: WorkerOptions, node: str, ranks: list[Rank]) -> None:
         self.ch, self.opts, self.node, self.ranks = ch, opts, node, ranks
         self.voted = False
         self.set_committed = False
+        self.phases: list[dict[str, Any]] = []
+        self._since = 0.0
+
+    def _send(self, kind: str, **fields: Any) -> None:
+        try:
+            self.ch.send(kind, **fields)
+        except OSError as e:  # a coordinator that died: undone like an abort
+            raise JobAborted(f"lost the coordinator while sending {kind!r} ({e.strerror or e})") from e
+
+    def _timed(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases.append({"name": name, "seconds": round(now - self._since, 6)})
+        self._since = now
 
     def _await(self, stage: str, wanted: str) -> None:
         try:
@@ -88,17 +133,19 @@ class _Gate:
         testhooks.job_point("vote", self.node)
         members = [{"pid": m.pid, "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases]}
                    for m in manifest.members]
-        self.ch.send("prepared", node=self.node, members=members,
-                     phases=[p.__dict__ for p in manifest.phases])
+        self._since = time.monotonic()
+        self._send("prepared", node=self.node, members=members, phases=[p.__dict__ for p in manifest.phases])
         self.voted = True
         self._await("commit", "commit")
+        self._timed("vote")
 
     def committed(self, manifest: Manifest) -> None:
         self.set_committed = True
         assert self.opts.staging is not None
         testhooks.job_point("committed", self.node)
-        self.ch.send("committed", node=self.node,
-                     manifest_sha256=sha256_of(self.opts.staging / "nodes" / self.node / MANIFEST))
+        self._timed("commit")
+        self._send("committed", node=self.node, phases=self.phases,
+                   manifest_sha256=sha256_of(self.opts.staging / "nodes" / self.node / MANIFEST))
         self._await("final", "done")
 
 
@@ -110,10 +157,23 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
     assert opts.staging is not None
     node = node_name()
     ch = _connect(opts)
+    lock = -1
     try:
+        try:
+            lock = _checkpoint_lock(opts.job, node)
+        except NpusnapError as e:
+            say(f"refused: {e.message}")
+            with contextlib.suppress(OSError):
+                ch.send("hello", node=node, ranks=[])
+            _failed(ch, node, e)
+            return e.exit_code
         ranks = find_ranks(opts.job, node, own_step=os.environ.get("SLURM_STEP_ID"))
         say("ranks " + (", ".join(f"{r.pid} (step {r.step} task {r.procid})" for r in ranks) or "none"))
-        ch.send("hello", node=node, ranks=[r.__dict__ for r in ranks])
+        try:
+            ch.send("hello", node=node, ranks=[r.__dict__ for r in ranks])
+        except OSError as e:
+            say(f"lost the coordinator before the checkpoint ({e.strerror or e}); no rank was touched")
+            return JobAborted.exit_code
         if not ranks:
             ch.send("failed", node=node, error=f"no rank of job {opts.job} runs on {node}")
             return JobAborted.exit_code
@@ -122,7 +182,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.IN_PROCESS)
+                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True)
         gate = _Gate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
@@ -136,8 +196,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             say(f"failed: {e.one_line()}")
             if gate.set_committed:  # the job cannot commit without this node: undone like an abort
                 _recover_after_commit(ranks, directory)
-            with contextlib.suppress(OSError):
-                ch.send("failed", node=node, error=e.one_line())
+            _failed(ch, node, e)
             return e.exit_code
         with contextlib.suppress(OSError):
             ch.send("finished", node=node)
@@ -145,6 +204,8 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         return 0
     finally:
         ch.close()
+        if lock >= 0:
+            os.close(lock)
 
 
 def _sid(pid: int) -> int:
@@ -173,7 +234,6 @@ def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
 def restore_worker(opts: WorkerOptions) -> int:
     from ..processes import kill_tree
     from ..processset import restore_set
-    from ..restore import RestoreOptions
 
     assert opts.directory is not None
     node = node_name()
@@ -191,7 +251,7 @@ def restore_worker(opts: WorkerOptions) -> int:
         say(f"restoring node {msg['from_node']}'s ranks from {node_dir}")
         try:
             testhooks.job_point("restore", node)
-            result = restore_set(RestoreOptions(directory=node_dir))
+            result = restore_set(_restore_options(opts, node_dir))
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
             ch.send("failed", node=node, error=e.one_line())
@@ -223,6 +283,16 @@ def restore_worker(opts: WorkerOptions) -> int:
         return next((c for c in codes.values() if c != 0), 0)
     finally:
         ch.close()
+
+
+def _restore_options(opts: WorkerOptions, node_dir: Path) -> "RestoreOptions":
+    """This node's set restored with the job's rendezvous directory (communicators re-form across
+    nodes there) and this node's npusim daemon (a rank from another node must not reconnect to
+    the daemon of the node it was checkpointed on)."""
+    from ...platform.simdaemon import socket_path
+    from ..restore import RestoreOptions
+
+    return RestoreOptions(directory=node_dir, rendezvous=opts.rendezvous, daemon_socket=socket_path())
 
 
 def _wait_children(pids: list[int]) -> dict[str, int]:

@@ -1,0 +1,3 @@
+"""The --compress choices, light enough for the CLI to import at start (store.py is not)."""
+
+COMPRESS = ("auto", "zstd", "lz4", "none")
