@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import copies, cpuonly, device, latency, limits, report
+from . import copies, cpuonly, device, incremental, latency, limits, report
 from .config import PRESETS, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
@@ -84,6 +84,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                    repeat, sizes.zero_fraction, lim, budget, progress)
             skipped.update(dev_skipped)
 
+            incr_bytes = min(sizes.limit_bytes, 256 << 20)
+            progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
+            incr = incremental.measure(res, workdir, incr_bytes)
+
             progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
             copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
 
@@ -101,6 +105,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "cpu_only_tiny": tiny,
                 "latency": {"agent_ping": ping, "help": helps},
                 "npusim_copies": copy,
+                "incremental": incr,
                 "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),
                 "budget": {"seconds": budget_s, "cut": budget.cut},
                 "duration_s": round(time.monotonic() - started, 1),

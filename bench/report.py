@@ -188,6 +188,11 @@ def print_tables(doc: dict[str, Any]) -> None:
     if cut:
         console.print("budget of {:.0f} s: fewer samples than planned in {}".format(
             doc["budget"]["seconds"], ", ".join(f"{k} ({v})" for k, v in cut.items())))
+    inc = doc.get("incremental")
+    if inc:  # bench/incremental.py
+        console.print(f"incremental (D={human(inc['device_bytes'])}, {inc['changed_fraction']:.0%} changed): "
+                      f"second/first device bytes {inc['bytes_ratio']}, time {inc['time_ratio']} "
+                      f"(checkpoint phases {inc['phases_time_ratio']}, backup {inc['backup_time_ratio']})")
     met = sum(tg["met"] for tg in doc["targets"])
     console.print(f"{met}/{len(doc['targets'])} targets met; results in {doc.get('output', 'results.json')}")
 

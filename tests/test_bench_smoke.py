@@ -91,6 +91,9 @@ def test_bench_tiny_writes_well_formed_results(tmp_path: Path, shm_dir: Path) ->
             ("device", "checkpoint", "tmpfs"), ("device", "restore", "tmpfs")} <= kinds
     for r in doc["runs"]:
         assert r["seconds"] > 0 and r["state_bytes"] > 0, r
+    inc = doc["incremental"]  # a tenth of the device memory changed: bytes, never times, are checked
+    assert inc["incremental"]["device_on_disk"] <= 0.15 * inc["full"]["device_on_disk"], inc
+    assert inc["incremental"]["referenced"] >= 0.85 * inc["device_bytes"], inc
     bad = [(w, v) for w, v in _numbers(doc) if not math.isfinite(v)]
     assert not bad, bad
 

@@ -5,7 +5,11 @@
 #                       [--lock-timeout SECONDS]
 #
 # Checkpoints the job's process (and its children) with --leave-running into
-# ROOT/NAME/<UTC time>, then `npusnap prune ROOT/NAME --keep N`. The job keeps going;
+# ROOT/NAME/<UTC time>, then `npusnap prune ROOT/NAME --keep N`. The checkpoint is
+# incremental (--parent: only the device memory changed since the newest valid
+# checkpoint of the same pid) unless that chain already holds FULL_EVERY checkpoints or
+# the parent cannot serve (exit 8 or 11: then a full one is taken). prune keeps every
+# checkpoint a kept one references, so KEEP counts chain heads' links too. The job keeps going;
 # a checkpoint pauses it for the lock + backup + dump (see `npusnap inspect` for each
 # phase's time). npusnap commits a checkpoint atomically (.TIME.partial-* renamed into
 # place), and prune runs only after a commit, so the last good checkpoint is never
@@ -14,7 +18,7 @@
 # Run by npusnap-checkpoint@NAME.service (its timer) or cron; see README.md here.
 # Defaults (also settable in the environment, e.g. systemd's EnvironmentFile):
 #   PIDFILE=/run/npusnap/NAME.pid  CKPT_ROOT=/var/lib/npusnap/checkpoints  KEEP=3
-#   LOCK_TIMEOUT=60  NPUSNAP=npusnap
+#   LOCK_TIMEOUT=60  NPUSNAP=npusnap  FULL_EVERY=10 (1: every checkpoint full)
 #
 # stdout: the checkpoint's JSON document (docs/json.md, kind "checkpoint"); messages,
 # and prune's report, go to stderr.
@@ -33,6 +37,7 @@ root=${CKPT_ROOT:-/var/lib/npusnap/checkpoints}
 keep=${KEEP:-3}
 lock_timeout=${LOCK_TIMEOUT:-60}
 npusnap=${NPUSNAP:-npusnap}
+full_every=${FULL_EVERY:-10}
 
 say() { printf 'npusnap-periodic[%s]: %s\n' "${name:-?}" "$*" >&2; }
 usage() { sed -n '4,5p' "$0" | sed 's/^# *//' >&2; exit 2; }
@@ -52,6 +57,7 @@ done
 [ -n "$name" ] || { say "--name is required"; usage; }
 case $name in */*|.*) say "--name must be a plain name"; exit 2 ;; esac
 case $keep in ''|*[!0-9]*|0) say "--keep must be a number >= 1 (the checkpoint just made counts)"; exit 2 ;; esac
+case $full_every in ''|*[!0-9]*|0) say "FULL_EVERY must be a number >= 1"; exit 2 ;; esac
 
 if [ -z "$pid" ]; then
     pidfile=${pidfile:-/run/npusnap/$name.pid}
@@ -73,9 +79,35 @@ if ! flock -n 9; then
     exit 75
 fi
 
+# The parent: the newest valid checkpoint of this pid, if its chain is shorter than FULL_EVERY.
+parent=$("$npusnap" list "$dir" --json 2>/dev/null | python3 -c '
+import json, sys
+pid, full_every = int(sys.argv[1]), int(sys.argv[2])
+entries = json.load(sys.stdin)["checkpoints"]  # newest first
+by_path = {e["path"]: e for e in entries}
+mine = [e for e in entries if e["state"] == "valid" and e["pid"] == pid]
+if mine:
+    links, e = 1, mine[0]
+    while e is not None and e.get("parent"):
+        e, links = by_path.get(e["parent"]), links + 1
+    if e is not None and links < full_every:
+        print(mine[0]["path"])
+' "$pid" "$full_every" 2>/dev/null)
+
 stamp=$(date -u +%Y%m%dT%H%M%S.%NZ)
-"$npusnap" checkpoint "$pid" -D "$dir/$stamp" --leave-running --lock-timeout "$lock_timeout" --json
-rc=$?
+checkpoint() { "$npusnap" checkpoint "$pid" -D "$dir/$stamp" --leave-running --lock-timeout "$lock_timeout" --json "$@"; }
+if [ -n "$parent" ]; then
+    checkpoint --parent "$parent"
+    rc=$?
+    if [ "$rc" -eq 8 ] || [ "$rc" -eq 11 ]; then
+        say "$parent cannot be the parent (npusnap exit $rc): taking a full checkpoint"
+        checkpoint
+        rc=$?
+    fi
+else
+    checkpoint
+    rc=$?
+fi
 case $rc in
     0)  say "checkpoint $dir/$stamp committed; pid $pid runs on" ;;
     4)  say "pid $pid is not running (nothing to checkpoint)"; exit 4 ;;

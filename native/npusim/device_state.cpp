@@ -25,7 +25,9 @@ std::atomic<uint64_t> g_serial{1};
 }
 
 Buffer::Buffer(uint64_t va_, uint64_t size_, uint32_t device_, char *base_, size_t mapped_, int fd_)
-    : va(va_), size(size_), device(device_), base(base_), mapped(mapped_), fd(fd_), serial(g_serial++) {}
+    : va(va_), size(size_), device(device_), base(base_), mapped(mapped_), fd(fd_), serial(g_serial++) {
+  if (mapped_ != 0) dirty::init(*this);
+}
 
 Buffer::~Buffer() {
   if (mapped != 0) ::munmap(base, mapped);
@@ -331,6 +333,8 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
   if (dst_dev) {
     if (int32_t rc = lookup(s, t.dst, dst_len, &b, &p); rc != ACL_SUCCESS) return rc;
     w.dst = p;
+    w.out = b.get();
+    w.out_len = dst_len;
     w.hold.push_back(b);
   }
   if (src_dev) {

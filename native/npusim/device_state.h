@@ -44,6 +44,9 @@ struct Buffer {
   // Host memory a client lent (host_mem.cpp): the process's own pages, which CRIU carries, so the
   // direct path neither exports nor imports it (an import would undo host writes made since Lock).
   bool lent = false;
+  // Per chunk of dirty::kChunk bytes, the epoch of its last write (dirty.cpp); null for an alias,
+  // whose writes land in its backing buffer's chunks.
+  std::unique_ptr<std::atomic<uint64_t>[]> gens;
 };
 
 // A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the
@@ -61,6 +64,11 @@ struct Work {
   const char *src = nullptr;
   const char *src2 = nullptr;
   std::vector<std::shared_ptr<Buffer>> hold;
+  // What the task writes, stamped dirty when it ends (dirty::stamp_work): [dst, dst+out_len) of
+  // out, or every held buffer (a kernel may write any memory it can reach).
+  const Buffer *out = nullptr;
+  uint64_t out_len = 0;
+  bool writes_all = false;
   std::string body;                                   // a kernel's argument bytes
   std::shared_ptr<kernels::SessionKernels> kernels;  // a kernel's runner
   uint64_t ordinal = 0;  // its place on its stream (1, 2, ...): the task id the client reports
@@ -131,6 +139,11 @@ struct Session {
   bool locked = false;
   bool awaiting_import = false;  // restored externally: Unlock is refused until an import
   bool transferring = false;     // an export or import runs
+  // Incremental exports (dirty.cpp): the export whose image the session's memory was last
+  // imported from, and the epoch closed right after that import (chunks stamped no later still
+  // hold that image's data).
+  uint64_t base_id = 0;
+  uint64_t base_epoch = 0;
 };
 
 class DeviceState {
@@ -197,6 +210,20 @@ class DeviceState {
   std::vector<std::vector<pid_t>> window_owner_;  // [device][window]
   std::map<pid_t, std::shared_ptr<Session>> sessions_;
 };
+
+// Dirty tracking for incremental exports (dirty.cpp). Every write to device memory stamps the
+// chunks it touched with the current epoch, after the write; an export closes the epoch it reads
+// in, so a chunk stamped no later than a parent export's epoch is unchanged since that export.
+// Nothing is ever cleared: a backup that is rolled back simply never becomes a parent.
+namespace dirty {
+constexpr uint64_t kChunk = 1ULL << 20;
+uint64_t epoch();        // the epoch writes are stamped with now
+uint64_t close_epoch();  // ends the current epoch and returns it
+uint64_t boot_id();      // random per daemon run: epochs of another run mean nothing here
+void init(Buffer &b);    // every chunk of a new allocation: written now
+void stamp(const Buffer &b, const char *p, uint64_t len);  // b may be an alias
+void stamp_work(const Work &w);
+}  // namespace dirty
 
 // Executes one resolved task; returns an aclError.
 int32_t run_work(Work &w);

@@ -124,7 +124,9 @@ int open_dir(const char *dir) {
 
 // Export: ask which devices the client uses, create one fresh file per device (O_EXCL, no links
 // followed: we never write into a file someone planted), and let the daemon fill them.
-aclError do_export(const char *socketPath, int pid, const char *dir, std::string *json) {
+// With a parent directory, its devN.img files go along (read only, no links followed) for the
+// devices that have one: the daemon writes only what changed since that export.
+aclError do_export(const char *socketPath, int pid, const char *dir, const char *parent, std::string *json) {
   Tool tool(socketPath, pid);
   std::string devices;
   if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices); rc != ACL_SUCCESS) {
@@ -152,13 +154,33 @@ aclError do_export(const char *socketPath, int pid, const char *dir, std::string
     names.push_back(name);
     files.fds.push_back(fd);
   }
-  if (files.fds.size() > wire::kMaxFds) {
+  if (files.fds.size() * 2 > wire::kMaxFds) {  // room for a parent's files too
     undo();
     throw Failed{ACL_ERROR_SNAPSHOT_BACKUP_FAILED, error_json("the client uses more devices than one export carries")};
   }
+  std::string request = devices;
+  if (parent != nullptr) {
+    Opened p;
+    p.fds.push_back(open_dir(parent));
+    std::istringstream again(devices);
+    request += "\nparent";
+    while (again >> device) {
+      const std::string name = "dev" + std::to_string(device) + ".img";
+      int fd = ::openat(p.fds[0], name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+      if (fd < 0 && errno == ENOENT) continue;  // no memory on that device then: written in full
+      if (fd < 0) {
+        const int err = errno;
+        undo();
+        throw Failed{ACL_ERROR_SNAPSHOT_BACKUP_FAILED,
+                     error_json("cannot open " + std::string(parent) + "/" + name + ": " + std::strerror(err), err)};
+      }
+      files.fds.push_back(fd);
+      request += " " + std::to_string(device);
+    }
+  }
   aclError rc;
   try {
-    rc = tool.call(proto::Op::Export, devices, files.fds, json);
+    rc = tool.call(proto::Op::Export, request, files.fds, json);
   } catch (...) {
     undo();
     throw;
@@ -178,7 +200,8 @@ aclError do_export(const char *socketPath, int pid, const char *dir, std::string
 
 // Import: open the expected files (or every devN.img) ourselves, without following links, and send
 // them: the daemon reads only what we could read.
-aclError do_import(const char *socketPath, int pid, const char *dir, const char *expected, std::string *json) {
+aclError do_import(const char *socketPath, int pid, const char *dir, const char *expected, const char *ancestors,
+                   std::string *json) {
   Tool tool(socketPath, pid);
   Opened d;
   d.fds.push_back(open_dir(dir));
@@ -199,6 +222,14 @@ aclError do_import(const char *socketPath, int pid, const char *dir, const char 
   }
   if (lines.size() > wire::kMaxFds)
     throw Failed{ACL_ERROR_SNAPSHOT_RESTORE_FAILED, error_json("more device images than one import carries")};
+  std::vector<std::string> chain;
+  if (ancestors != nullptr) {
+    std::istringstream in(ancestors);
+    for (std::string a; std::getline(in, a);)
+      if (!a.empty()) chain.push_back(a);
+  }
+  Opened chain_dirs;
+  for (auto &a : chain) chain_dirs.fds.push_back(open_dir(a.c_str()));
   Opened files;
   std::string body;
   for (auto &line : lines) {
@@ -213,7 +244,22 @@ aclError do_import(const char *socketPath, int pid, const char *dir, const char 
     }
     files.fds.push_back(fd);
     body += line + "\n";
+    // Its ancestors' files, parent first, up to the first that lacks this device (nothing older
+    // can be referenced through it).
+    for (size_t k = 0; k < chain.size(); ++k) {
+      int afd = ::openat(chain_dirs.fds[k], name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+      if (afd < 0 && errno == ENOENT) break;
+      if (afd < 0) {
+        const int err = errno;
+        throw Failed{ACL_ERROR_SNAPSHOT_RESTORE_FAILED,
+                     error_json("cannot open " + chain[k] + "/" + name + ": " + std::strerror(err), err)};
+      }
+      files.fds.push_back(afd);
+      body += "^ " + chain[k] + "/" + name + "\n";
+    }
   }
+  if (files.fds.size() > wire::kMaxFds)
+    throw Failed{ACL_ERROR_SNAPSHOT_RESTORE_FAILED, error_json("the chain of device images is longer than one import carries")};
   return tool.call(proto::Op::Import, body, files.fds, json);
 }
 
@@ -256,13 +302,28 @@ int npusimSnapshotGetDataPath(void) {
 aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, json); });
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, nullptr, json); });
+}
+
+aclError npusimDaemonExportIncremental(const char *socketPath, int pid, const char *dir, const char *parentDir,
+                                       char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, json); });
 }
 
 aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(resultJson, [&](std::string *json) { return do_import(socketPath, pid, dir, expected, json); });
+  return transfer(resultJson, [&](std::string *json) { return do_import(socketPath, pid, dir, expected, nullptr, json); });
+}
+
+aclError npusimDaemonImportChain(const char *socketPath, int pid, const char *dir, const char *expected,
+                                 const char *ancestors, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson,
+                  [&](std::string *json) { return do_import(socketPath, pid, dir, expected, ancestors, json); });
 }
 
 }  // extern "C"

@@ -84,8 +84,9 @@ int32_t client_memset(pid_t pid, uint64_t remote, uint64_t size, int32_t value) 
 
 }  // namespace
 
-int32_t run_work(Work &w) {
-  std::shared_lock<std::shared_mutex> use(memory_swap());  // DeviceState::share_memory waits for us
+namespace {
+
+int32_t execute(Work &w) {
   const proto::Task &t = w.task;
   using proto::TaskKind;
   switch (t.kind) {
@@ -109,6 +110,15 @@ int32_t run_work(Work &w) {
     case TaskKind::HcclCollective: return hccl::run(w);
     default: return ACL_SUCCESS;  // events and value waits are handled by the stream worker
   }
+}
+
+}  // namespace
+
+int32_t run_work(Work &w) {
+  std::shared_lock<std::shared_mutex> use(memory_swap());  // DeviceState::share_memory waits for us
+  const int32_t rc = execute(w);
+  dirty::stamp_work(w);  // after the write, and even after a failed one (it may have written part)
+  return rc;
 }
 
 }  // namespace npusim

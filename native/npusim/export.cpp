@@ -37,6 +37,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -301,6 +303,70 @@ class Transfer {
 
 struct Totals {
   uint64_t allocations = 0, bytes = 0, nonzero = 0, file_bytes = 0;
+  uint64_t referenced = 0;  // bytes of chunks an incremental export referenced in its chain
+};
+
+// A device image's header, footer and index, checked for consistency (not its data).
+struct Image {
+  FileHeader hdr{};
+  Footer ft{};
+  std::string index;
+  std::vector<AllocRec> recs;
+  std::vector<ChunkRec> chunks;
+  uint64_t size = 0;
+};
+
+Image read_image(int fd, const std::string &path) {
+  const int32_t bad = ACL_ERROR_INVALID_FILE;
+  Image im;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(bad, 0, path + " is not a regular file");
+  im.size = static_cast<uint64_t>(st.st_size);
+  if (im.size < sizeof(FileHeader) + sizeof(Footer)) fail(bad, 0, path + " is too short to be a device image");
+  FileHeader &hdr = im.hdr;
+  Footer &ft = im.ft;
+  pread_all(fd, reinterpret_cast<char *>(&hdr), sizeof(hdr), 0, path);
+  pread_all(fd, reinterpret_cast<char *>(&ft), sizeof(ft), im.size - sizeof(ft), path);
+  if (std::memcmp(hdr.magic, kHeaderMagic, 8) != 0 || std::memcmp(ft.magic, kFooterMagic, 8) != 0)
+    fail(bad, 0, path + " is not an npusim device image (bad magic)");
+  if (hdr.version < 1 || hdr.version > kFormatVersion || ft.version != hdr.version)
+    fail(bad, 0, path + ": unsupported device image version " + std::to_string(hdr.version));
+  if (hdr.chunk_size != kChunk || ft.chunk_size != kChunk || ft.device != hdr.device || ft.file_size != im.size ||
+      ft.index_offset != sizeof(hdr) + ft.data_bytes || ft.index_len > kMaxIndex ||
+      ft.index_offset + ft.index_len + sizeof(ft) != im.size ||
+      ft.index_len != ft.n_allocs * sizeof(AllocRec) + ft.n_chunks * sizeof(ChunkRec))
+    fail(bad, 0, path + ": inconsistent footer (truncated or altered)");
+  im.index.assign(ft.index_len, '\0');
+  pread_all(fd, im.index.data(), im.index.size(), ft.index_offset, path);
+  if (XXH3_64bits(im.index.data(), im.index.size()) != ft.index_hash) fail(bad, 0, path + ": checksum mismatch in the index");
+  im.recs.resize(ft.n_allocs);
+  im.chunks.resize(ft.n_chunks);
+  std::memcpy(im.recs.data(), im.index.data(), im.recs.size() * sizeof(AllocRec));
+  std::memcpy(im.chunks.data(), im.index.data() + im.recs.size() * sizeof(AllocRec), im.chunks.size() * sizeof(ChunkRec));
+  uint64_t expect_chunk = 0;
+  for (auto &a : im.recs) {
+    if (a.first_chunk != expect_chunk || a.nchunks != (a.size + kChunk - 1) / kChunk || a.first_chunk + a.nchunks > im.chunks.size())
+      fail(bad, 0, path + ": inconsistent index");
+    for (uint64_t c = 0; c < a.nchunks; ++c) {
+      const ChunkRec &r = im.chunks[a.first_chunk + c];
+      if (r.length != std::min(kChunk, a.size - c * kChunk)) fail(bad, 0, path + ": inconsistent index");
+      const bool ref = (r.flags & kChunkRef) != 0;
+      if (ref && (hdr.version < 2 || (r.flags & kChunkZero) || ref_depth(r.flags) < 1 || ref_depth(r.flags) > kMaxDepth))
+        fail(bad, 0, path + ": inconsistent index");
+    }
+    expect_chunk += a.nchunks;
+  }
+  if (expect_chunk != im.chunks.size()) fail(bad, 0, path + ": inconsistent index");
+  return im;
+}
+
+// What an incremental export may take from its parent's image: the parent's index, and the
+// epoch up to which a chunk's stamp means "as in the parent".
+struct Parent {
+  Image image;
+  uint64_t threshold = 0;
+  bool usable = false;  // false: another daemon run or lineage; every chunk is written
+  std::map<uint64_t, const AllocRec *> by_va;
 };
 
 struct FileResult {
@@ -327,14 +393,16 @@ std::string transfer_json(const std::vector<FileResult> &files, const Totals &to
     o << (i ? ", " : "") << "{\"path\": " << json_string(files[i].name) << ", \"size\": " << files[i].size
       << ", \"checksum\": " << json_string(files[i].checksum) << "}";
   o << "], \"allocations\": " << tot.allocations << ", \"bytes\": " << tot.bytes << ", \"nonzero_bytes\": " << tot.nonzero
-    << ", \"" << bytes_key << "\": " << tot.file_bytes << ", \"seconds\": " << secs << "}";
+    << ", \"referenced_bytes\": " << tot.referenced << ", \"" << bytes_key << "\": " << tot.file_bytes
+    << ", \"seconds\": " << secs << "}";
   return o.str();
 }
 
 // ------------------------------------------------------------------------------------ export
 
 // Writes into fd, a fresh empty file the tool created (O_EXCL) and sent.
-FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_ptr<Buffer>> &bufs, Totals &tot) {
+FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_ptr<Buffer>> &bufs, const FileHeader &meta,
+                         const Parent *parent, Totals &tot) {
   const std::string name = "dev" + std::to_string(device) + ".img";
   const std::string &path = name;
   struct stat st{};
@@ -354,6 +422,10 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
     hdr.version = kFormatVersion;
     hdr.device = device;
     hdr.chunk_size = kChunk;
+    hdr.boot = meta.boot;
+    hdr.epoch = meta.epoch;
+    hdr.pid = meta.pid;
+    hdr.export_id = meta.export_id;
     pwrite_all(fd, reinterpret_cast<const char *>(&hdr), sizeof(hdr), 0, path);
     h.update(&hdr, sizeof(hdr));
 
@@ -365,11 +437,32 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
         const Buffer &b = *bufs[a];
         tot.allocations++;
         tot.bytes += b.size;
+        const AllocRec *was = nullptr;  // the same allocation in the parent's image
+        if (parent != nullptr && parent->usable && b.gens) {
+          auto it = parent->by_va.find(b.va);
+          if (it != parent->by_va.end() && it->second->size == b.size) was = it->second;
+        }
         for (uint64_t c = 0; c < allocs[a].nchunks && !pool.failed(); ++c) {
           const char *p = b.base + c * kChunk;
           const uint32_t len = static_cast<uint32_t>(std::min(kChunk, b.size - c * kChunk));
           ChunkRec &rec = chunks[allocs[a].first_chunk + c];
           rec.length = len;
+          if (was != nullptr && b.gens[c].load(std::memory_order_acquire) <= parent->threshold) {
+            // Unchanged since the parent's export: as there (zero), or a reference one link further.
+            const ChunkRec &pr = parent->image.chunks[was->first_chunk + c];
+            const uint32_t depth = (pr.flags & kChunkRef) ? ref_depth(pr.flags) + 1 : 1;
+            if (pr.flags & kChunkZero) {
+              rec.flags = kChunkZero;
+              continue;
+            }
+            if (depth <= kMaxDepth) {
+              rec.offset = pr.offset;
+              rec.flags = kChunkRef | (depth << 8);
+              rec.hash = pr.hash;
+              tot.referenced += len;
+              continue;
+            }
+          }
           if (all_zero(p, len)) {
             rec.flags = kChunkZero;
             continue;
@@ -451,17 +544,74 @@ std::string do_export_devices(DeviceState &state, pid_t pid) {
   return device_list(by_device(state, tr.session()));
 }
 
+// body: the client's devices ("N N ..."), then for an incremental export "\nparent N N ...": the
+// devices whose parent image follows the new files among the descriptors.
 std::string do_export(DeviceState &state, pid_t pid, const std::string &body, const std::vector<int> &fds) {
   const auto t0 = std::chrono::steady_clock::now();
   Transfer tr(state, pid, false);
-  auto devs = by_device(state, tr.session());
-  if (body != device_list(devs) || fds.size() != devs.size())
+  Session &s = tr.session();
+  auto devs = by_device(state, s);
+  const size_t nl = body.find('\n');
+  const std::string devices = body.substr(0, nl);
+  std::vector<uint32_t> parent_devs;
+  if (nl != std::string::npos) {
+    std::istringstream in(body.substr(nl + 1));
+    std::string word;
+    in >> word;
+    if (word != "parent") fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed export request");
+    for (uint32_t d; in >> d;) parent_devs.push_back(d);
+  }
+  if (devices != device_list(devs) || fds.size() != devs.size() + parent_devs.size())
     fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL,
          "the files sent do not match the client's devices (" + device_list(devs) + "): ask again (ExportDevices)");
+  FileHeader meta{};
+  meta.boot = dirty::boot_id();
+  meta.epoch = dirty::close_epoch();  // writes from now on count for the next export
+  meta.pid = static_cast<uint64_t>(pid);
+  {
+    std::random_device rd;
+    meta.export_id = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;  // never 0: "none"
+  }
+  uint64_t base_id, base_epoch;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    base_id = s.base_id;
+    base_epoch = s.base_epoch;
+  }
+  std::map<uint32_t, Parent> parents;
+  for (size_t k = 0; k < parent_devs.size(); ++k) {
+    const uint32_t d = parent_devs[k];
+    const std::string name = "parent dev" + std::to_string(d) + ".img";
+    if (!devs.count(d) || parents.count(d))
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL, "the parent image sent for device " + std::to_string(d) +
+                                                        " matches none of the client's devices");
+    Parent &p = parents[d];
+    p.image = read_image(fds[devs.size() + k], name);
+    const FileHeader &ph = p.image.hdr;
+    if (ph.device != d) fail(ACL_ERROR_INVALID_FILE, 0, name + " holds device " + std::to_string(ph.device));
+    if (ph.version >= 2 && ph.pid != meta.pid)
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL, "the parent image is of process " + std::to_string(ph.pid) +
+                                                        ", not " + std::to_string(pid) + ": it cannot be a parent");
+    // Stamps compare with the parent's epoch only within this daemon run, and only if the memory
+    // was not re-imported since (then only an image of that import's export is a known base).
+    if (ph.version >= 2 && ph.boot == meta.boot && ph.export_id != 0) {
+      if (ph.export_id == base_id) {
+        p.usable = true;
+        p.threshold = base_epoch;
+      } else if (ph.epoch >= base_epoch) {
+        p.usable = true;
+        p.threshold = ph.epoch;
+      }
+    }
+    for (auto &a : p.image.recs) p.by_va[a.va] = &a;
+  }
   Totals tot;
   std::vector<FileResult> files;
   size_t i = 0;
-  for (auto &[device, bufs] : devs) files.push_back(export_device(fds[i++], device, bufs, tot));
+  for (auto &[device, bufs] : devs) {
+    auto pit = parents.find(device);
+    files.push_back(export_device(fds[i++], device, bufs, meta, pit == parents.end() ? nullptr : &pit->second, tot));
+  }
   return transfer_json(files, tot, "written_bytes", t0);
 }
 
@@ -487,6 +637,8 @@ struct ImportJob {
   uint64_t va, at;   // the allocation, and the chunk's offset in it (for messages)
   uint64_t seq;      // number of data chunks before this one
   bool zero;
+  int ref_fd = -1;                      // a reference: read from this ancestor's file
+  const std::string *ref_name = nullptr;
 };
 
 class Importer {
@@ -502,7 +654,7 @@ class Importer {
            uint64_t data_begin, uint64_t data_end)
       : fd_(fd), path_(path), jobs_(jobs), done_(data_chunks, 0), data_end_(data_end), ra_next_(data_begin) {
     for (const auto &j : jobs_)
-      if (!j.zero) order_.push_back(&j);
+      if (!j.zero && j.ref_fd < 0) order_.push_back(&j);
   }
 
   // Reads everything, feeding h with the data chunks in file order. Throws the first failure
@@ -568,7 +720,7 @@ class Importer {
         if (error_ || next_ >= jobs_.size()) return;
         k = next_++;
         const ImportJob &j = jobs_[k];
-        if (!j.zero) {
+        if (!j.zero && j.ref_fd < 0) {
           reader_cv_.wait(l, [&] { return error_.has_value() || j.seq < hashed_ + kLag; });
           if (error_) return;
         }
@@ -577,6 +729,14 @@ class Importer {
       try {
         if (j.zero) {
           std::memset(j.dst, 0, j.rec->length);
+          continue;
+        }
+        if (j.ref_fd >= 0) {  // off the file's order: read where it lies in the ancestor, checked the same
+          pread_all(j.ref_fd, j.dst, j.rec->length, j.rec->offset, *j.ref_name);
+          if (XXH3_64bits(j.dst, j.rec->length) != j.rec->hash)
+            fail(ACL_ERROR_INVALID_FILE, 0,
+                 *j.ref_name + ": checksum mismatch in a chunk " + path_ + " references (allocation " + hex(j.va) +
+                     ", offset " + std::to_string(j.at) + "): the chain is corrupted; refusing it");
           continue;
         }
         if (j.rec->offset + kAhead > ra_next_.load(std::memory_order_relaxed) + kRaStep) readahead(j.rec->offset);
@@ -630,10 +790,17 @@ class Importer {
   std::atomic<uint64_t> ra_next_;  // readahead requested up to here
 };
 
-// Reads fd, a file the tool opened with its own rights and sent, under the name it gave.
-FileResult import_file(int fd, const std::string &name, const Expected *want,
+// An ancestor of an incremental image (its parent, grandparent, ...), sent after it.
+struct Ancestor {
+  int fd;
+  std::string name;
+};
+
+// Reads fd, a file the tool opened with its own rights and sent, under the name it gave; its
+// references are read from the ancestors' files (chain[0] the parent).
+FileResult import_file(int fd, const std::string &name, const Expected *want, const std::vector<Ancestor> &chain,
                        const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
-                       std::map<uint64_t, bool> &covered, Totals &tot) {
+                       std::map<uint64_t, bool> &covered, Totals &tot, uint64_t *export_id) {
   const std::string &path = name;
   const int32_t bad = ACL_ERROR_INVALID_FILE;
   struct stat st{};
@@ -642,53 +809,49 @@ FileResult import_file(int fd, const std::string &name, const Expected *want,
   if (want != nullptr && want->size != size)
     fail(bad, 0, path + ": size " + std::to_string(size) + " differs from the expected " + std::to_string(want->size) +
                      " (truncated or altered)");
-  if (size < sizeof(FileHeader) + sizeof(Footer)) fail(bad, 0, path + " is too short to be a device image");
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  FileHeader hdr{};
-  Footer ft{};
-  pread_all(fd, reinterpret_cast<char *>(&hdr), sizeof(hdr), 0, path);
-  pread_all(fd, reinterpret_cast<char *>(&ft), sizeof(ft), size - sizeof(ft), path);
-  if (std::memcmp(hdr.magic, kHeaderMagic, 8) != 0 || std::memcmp(ft.magic, kFooterMagic, 8) != 0)
-    fail(bad, 0, path + " is not an npusim device image (bad magic)");
-  if (hdr.version != kFormatVersion || ft.version != kFormatVersion)
-    fail(bad, 0, path + ": unsupported device image version " + std::to_string(hdr.version));
-  if (hdr.chunk_size != kChunk || ft.chunk_size != kChunk || ft.device != hdr.device || ft.file_size != size ||
-      ft.index_offset != sizeof(hdr) + ft.data_bytes || ft.index_len > kMaxIndex ||
-      ft.index_offset + ft.index_len + sizeof(ft) != size ||
-      ft.index_len != ft.n_allocs * sizeof(AllocRec) + ft.n_chunks * sizeof(ChunkRec))
-    fail(bad, 0, path + ": inconsistent footer (truncated or altered)");
-  std::string index(ft.index_len, '\0');
-  pread_all(fd, index.data(), index.size(), ft.index_offset, path);
-  if (XXH3_64bits(index.data(), index.size()) != ft.index_hash) fail(bad, 0, path + ": checksum mismatch in the index");
-  std::vector<AllocRec> recs(ft.n_allocs);
-  std::vector<ChunkRec> chunks(ft.n_chunks);
-  std::memcpy(recs.data(), index.data(), recs.size() * sizeof(AllocRec));
-  std::memcpy(chunks.data(), index.data() + recs.size() * sizeof(AllocRec), chunks.size() * sizeof(ChunkRec));
+  Image img = read_image(fd, path);
+  const FileHeader &hdr = img.hdr;
+  const Footer &ft = img.ft;
+  const std::string &index = img.index;
+  const std::vector<AllocRec> &recs = img.recs;
+  const std::vector<ChunkRec> &chunks = img.chunks;
+  *export_id = hdr.version >= 2 ? hdr.export_id : 0;
+  std::vector<uint64_t> data_end;  // per ancestor: where its data ends
+  for (const auto &a : chain) {
+    Image ai = read_image(a.fd, a.name);
+    if (ai.hdr.device != hdr.device) fail(bad, 0, a.name + " holds another device than " + path);
+    data_end.push_back(ai.ft.index_offset);
+  }
 
   // Structure, and every allocation present in the client at the same address and size.
   std::vector<Buffer *> targets;
-  uint64_t expect_chunk = 0, expect_off = sizeof(hdr);
+  uint64_t expect_off = sizeof(hdr);
   for (auto &a : recs) {
     auto it = allocs.find(a.va);
     if (it == allocs.end() || it->second->size != a.size || it->second->device != hdr.device)
       fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0,
            "the client has no allocation at " + hex(a.va) + " of " + std::to_string(a.size) + " bytes on device " +
                std::to_string(hdr.device) + " (" + name + " holds one): re-create the allocations first (restore external)");
-    if (a.first_chunk != expect_chunk || a.nchunks != (a.size + kChunk - 1) / kChunk || a.first_chunk + a.nchunks > chunks.size())
-      fail(bad, 0, path + ": inconsistent index");
     for (uint64_t c = 0; c < a.nchunks; ++c) {
       const ChunkRec &r = chunks[a.first_chunk + c];
-      if (r.length != std::min(kChunk, a.size - c * kChunk)) fail(bad, 0, path + ": inconsistent index");
-      if (!(r.flags & kChunkZero)) {
+      if (r.flags & kChunkRef) {
+        const uint32_t d = ref_depth(r.flags);
+        if (d > chain.size())
+          fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0, path + " references link " + std::to_string(d) +
+                                                         " of its chain, but only " + std::to_string(chain.size()) +
+                                                         " parent images were sent");
+        if (r.offset < sizeof(FileHeader) || r.offset + r.length > data_end[d - 1])
+          fail(bad, 0, path + ": a reference lies outside " + chain[d - 1].name);
+      } else if (!(r.flags & kChunkZero)) {
         if (r.offset != expect_off) fail(bad, 0, path + ": inconsistent index");
         expect_off += r.length;
       }
     }
-    expect_chunk += a.nchunks;
     targets.push_back(it->second.get());
     covered[a.va] = true;
   }
-  if (expect_chunk != chunks.size() || expect_off != ft.index_offset) fail(bad, 0, path + ": inconsistent index");
+  if (expect_off != ft.index_offset) fail(bad, 0, path + ": inconsistent index");
 
   // The work, in allocation and chunk order: data chunks are in file order (the index check
   // above), zero chunks interleaved where they fall.
@@ -704,7 +867,13 @@ FileResult import_file(int fd, const std::string &name, const Expected *want,
       const ChunkRec &r = chunks[idx];
       const bool zero = (r.flags & kChunkZero) != 0;
       jobs.push_back({b.base + c * kChunk, &r, idx, b.va, c * kChunk, data_chunks, zero});
-      if (!zero) {
+      if (r.flags & kChunkRef) {
+        const Ancestor &a = chain[ref_depth(r.flags) - 1];
+        jobs.back().ref_fd = a.fd;
+        jobs.back().ref_name = &a.name;
+        tot.nonzero += r.length;
+        tot.referenced += r.length;
+      } else if (!zero) {
         tot.nonzero += r.length;
         ++data_chunks;
       }
@@ -727,12 +896,21 @@ FileResult import_file(int fd, const std::string &name, const Expected *want,
 
 std::string do_import(DeviceState &state, pid_t pid, const std::string &request, const std::vector<int> &fds) {
   const auto t0 = std::chrono::steady_clock::now();
-  // "NAME [SIZE CHECKSUM]" lines, one per file sent: exactly these files, with these checksums.
+  // "NAME [SIZE CHECKSUM]" lines, one per file sent: exactly these files, with these checksums;
+  // after one, "^ LABEL" lines for its ancestors' files (parent first), named LABEL in messages.
   std::istringstream in(request);
   std::string line;
   std::vector<std::pair<std::string, std::optional<Expected>>> names;
+  std::vector<std::vector<Ancestor>> chains;
+  size_t nfds = 0;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
+    if (line.rfind("^ ", 0) == 0) {
+      if (names.empty() || nfds >= fds.size() || chains.back().size() >= kMaxDepth)
+        fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed ancestor line");
+      chains.back().push_back({fds[nfds++], line.substr(2)});
+      continue;
+    }
     std::istringstream ls(line);
     std::string name;
     Expected e{};
@@ -741,9 +919,11 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
     if (name.empty() || name.find('/') != std::string::npos)
       fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed expected-file line");
     names.emplace_back(name, sized ? std::optional<Expected>(e) : std::nullopt);
+    chains.emplace_back();
+    ++nfds;
   }
-  if (names.size() != fds.size())
-    fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the request names " + std::to_string(names.size()) + " files but sent " +
+  if (nfds != fds.size())
+    fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the request names " + std::to_string(nfds) + " files but sent " +
                                               std::to_string(fds.size()));
   Transfer tr(state, pid, true);
   std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
@@ -752,15 +932,26 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
   std::map<uint64_t, bool> covered;
   Totals tot;
   std::vector<FileResult> files;
-  for (size_t i = 0; i < names.size(); ++i) {
+  std::set<uint64_t> ids;
+  for (size_t i = 0, k = 0; i < names.size(); ++i) {
     const auto &[n, want] = names[i];
-    files.push_back(import_file(fds[i], n, want ? &*want : nullptr, allocs, covered, tot));
+    uint64_t id = 0;
+    files.push_back(import_file(fds[k], n, want ? &*want : nullptr, chains[i], allocs, covered, tot, &id));
+    ids.insert(id);
+    k += 1 + chains[i].size();
   }
   for (auto &[va, b] : allocs)
     if (!covered.count(va))
       fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, 0,
            "no device image sent holds the client's allocation at " + hex(va) + " (device " +
                std::to_string(b->device) + "): the images do not belong to this process");
+  {
+    // The memory now holds exactly that export's image: an incremental export may take it as its base.
+    Session &s = tr.session();
+    std::lock_guard<std::mutex> g(s.mu);
+    s.base_id = ids.size() == 1 ? *ids.begin() : 0;
+    s.base_epoch = dirty::close_epoch();
+  }
   tr.imported();
   return transfer_json(files, tot, "read_bytes", t0);
 }

@@ -6,7 +6,13 @@
 //   FileHeader (64 B) | non-zero chunks, in allocation and address order | index | Footer (80 B)
 //
 // index = AllocRec[n_allocs] then ChunkRec[n_chunks]. Every allocation is cut into kChunk (1 MiB)
-// chunks; an all-zero chunk is recorded in the index (kChunkZero) and not written. Each written
+// chunks; an all-zero chunk is recorded in the index (kChunkZero) and not written.
+//
+// Incremental (version 2): an export given its parent's image writes only the chunks written
+// since the parent's export (dirty tracking, device_state.h); an unchanged chunk is recorded as
+// kChunkRef with the depth of the image up the chain that holds its bytes (1: the parent), their
+// offset there and their XXH3-64, so an image never needs more than its own index and its
+// ancestors' data. An import is sent the ancestors' files after each file. Each written
 // chunk carries its XXH3-64, so an import refuses a damaged chunk before going further; the
 // whole file's XXH3-128 (what npusnap's manifest records) is computed while streaming, in both
 // directions. Integers are little-endian (the host's; npusim runs on x86-64 and arm64 only).
@@ -23,16 +29,24 @@ namespace npusim::xfer {
 
 constexpr char kHeaderMagic[8] = {'N', 'P', 'S', 'I', 'M', 'D', 'V', '1'};
 constexpr char kFooterMagic[8] = {'N', 'P', 'S', 'I', 'M', 'I', 'X', '1'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;  // 1 had no references (read still)
 constexpr uint64_t kChunk = 1ULL << 20;
+static_assert(kChunk == dirty::kChunk);
 constexpr uint32_t kChunkZero = 1;
+constexpr uint32_t kChunkRef = 2;   // flags bits 8-15: the depth up the chain
+constexpr uint32_t kMaxDepth = 32;  // a longer chain gets its data written again
+inline uint32_t ref_depth(uint32_t flags) { return (flags >> 8) & 0xffu; }
 
 struct FileHeader {
   char magic[8];
   uint32_t version;
   uint32_t device;
   uint64_t chunk_size;
-  uint64_t reserved[5];
+  uint64_t boot;       // the daemon run that wrote it (dirty::boot_id), 0 in version 1
+  uint64_t epoch;      // the epoch its export read in (dirty::close_epoch)
+  uint64_t pid;        // the client it holds
+  uint64_t export_id;  // shared by the files of one export
+  uint64_t reserved;
 };
 static_assert(sizeof(FileHeader) == 64);
 
@@ -46,7 +60,7 @@ struct AllocRec {
 struct ChunkRec {
   uint64_t offset;  // in the file; 0 for a zero chunk
   uint32_t length;
-  uint32_t flags;   // kChunkZero
+  uint32_t flags;   // kChunkZero, or kChunkRef | depth << 8 (offset is then in that ancestor)
   uint64_t hash;    // XXH3-64 of the chunk's bytes (0 for a zero chunk)
 };
 static_assert(sizeof(ChunkRec) == 24);

@@ -258,6 +258,8 @@ int32_t enqueue(DeviceState &state, Session &s, const proto::Request &rq) {
     auto b = state.containing(s, t.dst, out, &off);
     if (!b) return HCCL_E_PARA;
     w.dst = b->base + off;
+    w.out = b.get();
+    w.out_len = out;
     w.hold.push_back(std::move(b));
   }
   if (streams::enqueue(s, rq.stream, std::move(w)) != ACL_SUCCESS) return HCCL_E_PARA;

@@ -229,6 +229,7 @@ bool serve(DeviceState &state, Session &s, int fd, uid_t peer_uid, const proto::
       }
       // A kernel may touch any allocation of its process: all of them stay alive while it runs.
       w.hold = state.buffers(s, true);
+      w.writes_all = true;
       rp.code = streams::enqueue(s, rq.stream, std::move(w), &rp.value[0]);
       return true;
     }

@@ -303,32 +303,39 @@ class AclError(RuntimeError):
     py::module_ os = py::module_::import("os");
     return os.attr("path").attr("abspath")(os.attr("fspath")(p)).cast<std::string>();
   };
-  m.def("export_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir) {
+  m.def("export_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
+                                             const py::object &parent) {
     const std::string d = abspath(dir);
+    const std::string pd = parent.is_none() ? std::string() : abspath(parent);
     char *json = nullptr;
     int rc;
     {
       py::gil_scoped_release nogil;
-      rc = npusimDaemonExport(socket.c_str(), pid, d.c_str(), &json);
+      rc = npusimDaemonExportIncremental(socket.c_str(), pid, d.c_str(), pd.empty() ? nullptr : pd.c_str(), &json);
     }
     return transfer("npusim.export_client", py::none(), rc, json);
-  }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"),
-     "write the device memory of locked client pid into directory (dev<N>.img per device); returns "
-     "{files: [{path, size, checksum}], allocations, bytes, nonzero_bytes, written_bytes, seconds}");
+  }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"), py::arg("parent") = py::none(),
+     "write the device memory of locked client pid into directory (dev<N>.img per device); with parent (a "
+     "directory of an earlier export's images) only what changed since; returns "
+     "{files: [{path, size, checksum}], allocations, bytes, nonzero_bytes, referenced_bytes, written_bytes, seconds}");
   m.def("import_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
-                                             std::optional<std::vector<std::tuple<std::string, uint64_t, std::string>>> expected) {
+                                             std::optional<std::vector<std::tuple<std::string, uint64_t, std::string>>> expected,
+                                             const py::object &ancestors) {
     const std::string d = abspath(dir);
-    std::string lines;
+    std::string lines, chain;
     if (expected)
       for (auto &[name, size, sum] : *expected) lines += name + " " + std::to_string(size) + " " + sum + "\n";
+    if (!ancestors.is_none())
+      for (auto &a : ancestors) chain += abspath(py::reinterpret_borrow<py::object>(a)) + "\n";
     char *json = nullptr;
     int rc;
     {
       py::gil_scoped_release nogil;
-      rc = npusimDaemonImport(socket.c_str(), pid, d.c_str(), expected ? lines.c_str() : nullptr, &json);
+      rc = npusimDaemonImportChain(socket.c_str(), pid, d.c_str(), expected ? lines.c_str() : nullptr, chain.c_str(), &json);
     }
     return transfer("npusim.import_client", py::none(), rc, json);
   }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"), py::arg("expected") = py::none(),
+     py::arg("ancestors") = py::none(),
      "read device images from directory into the (re-created, locked) allocations of client pid; "
      "expected: [(name, size, xxh3_128 hex)] to read exactly those files and refuse any mismatch");
   m.def("snapshot_set_data_path", [](bool external) {

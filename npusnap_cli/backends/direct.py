@@ -18,7 +18,7 @@ from .base import BackendName, DataPath, State
 
 
 def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                   socket: Optional[str] = None) -> TransferResult:
+                   socket: Optional[str] = None, chain: Sequence[Path] = ()) -> TransferResult:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
     device memory back (the undo of `backup external`, and the restore's device phase)."""
     expected = None if expected is None else list(expected)
@@ -29,7 +29,7 @@ def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[I
             client.restore(external=True)
     except AgentProblem as e:
         raise agent_error(e, f"device restore (external) of process {pid}") from e
-    return import_device(pid, device_dir, expected, socket)
+    return import_device(pid, device_dir, expected, socket, chain)
 
 
 class DirectBackend(AgentBackend):
@@ -38,16 +38,25 @@ class DirectBackend(AgentBackend):
     def __init__(self, pid: int, name: BackendName) -> None:
         super().__init__(pid, name)
         self._images: Optional[tuple[Path, list[FileEntry]]] = None
+        self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
+        self._referenced = 0
+
+    def use_chain(self, device_dirs: Sequence[Path]) -> None:
+        """Back up against the first (only what changed since its export is written) and restore
+        through all of them."""
+        self.chain = list(device_dirs)
 
     def describe(self) -> DeviceState:
         state = super().describe()
         state.method = self.method.value
+        state.referenced = self._referenced
         return state
 
     def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
-        exported = export_device(self.pid, device_dir)
+        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None)
+        self._referenced = exported.referenced_bytes
         self._images = (device_dir, exported.files)
         self._call("backup", external=True)
         return exported.files
@@ -59,7 +68,8 @@ class DirectBackend(AgentBackend):
             raise WrongState(f"no device images to restore process {self.pid} from",
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
-        restore_direct(self.client, self.pid, device_dir, list(files) if files else None, self.daemon)
+        restore_direct(self.client, self.pid, device_dir, list(files) if files else None, self.daemon,
+                       chain=self.chain)
 
     def back_to_running(self) -> None:
         state = self.state()
@@ -72,6 +82,6 @@ class DirectBackend(AgentBackend):
                 # LOCKED after a failed import: the daemon refuses Unlock until the data is in.
                 if state != State.LOCKED or self._images is None:
                     raise
-                import_device(self.pid, self._images[0], self._images[1])
+                import_device(self.pid, self._images[0], self._images[1], chain=self.chain)
                 self.unlock()
         self.release()

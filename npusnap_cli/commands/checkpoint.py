@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 @click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
               help="Bound on CRIU's own dump (default: CRIU's).")
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
+@click.option("--parent", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Incremental: write only the device memory changed since checkpoint DIR of the same process "
+                   "and reference the rest (direct data path; restore needs DIR's whole chain; exit 8 if DIR "
+                   "cannot be its parent).")
 @click.option("--force", is_flag=True,
               help="Checkpoint HCCL ranks whose communicators have ranks outside the set (those ranks "
                    "will hang or fail; without --force this is refused, exit 11).")
@@ -54,9 +58,8 @@ if TYPE_CHECKING:
 def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
-               replace: bool, force: bool, dedup: bool, compress: str, sign_key: Optional[Path],
-               criu_path: Optional[str],
-               criu_opts: CriuOptions) -> None:
+               replace: bool, parent: Optional[Path], force: bool, dedup: bool, compress: str,
+               sign_key: Optional[Path], criu_path: Optional[str], criu_opts: CriuOptions) -> None:
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
@@ -80,7 +83,8 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
                              data_path=DataPathChoice(data_path),
                              lock_timeout=lock_timeout,
                              lease=lease, criu_timeout=criu_timeout, replace=replace, criu_path=criu_path,
-                             criu=criu_opts, force=force, dedup=dedup, compress=compress)
+                             criu=criu_opts, force=force, dedup=dedup, compress=compress,
+                             parent=parent)
     signer = None
     if sign_key:
         from ..image.signing import Signer
@@ -89,6 +93,8 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     targets = [parse_pid(p) for p in pids]
     if len(targets) > 1 and (dedup or compress != "none"):
         raise click.UsageError("--dedup and --compress apply to one process for now, not to a set")
+    if parent is not None and len(targets) > 1:
+        raise click.UsageError("--parent is for one process, not a set")
     with term.reporter(live=not shell_job) as report:
         if len(targets) == 1:
             m = run_checkpoint(targets[0], opts, progress=report)
@@ -109,10 +115,13 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
         term.data("checkpoint", {"directory": str(directory.absolute()), "pid": m.pid,
                                  "left_running": leave_running, "bytes": size,
                                  "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases],
+                                 "parent": None if parent is None else str(parent.absolute()),
                                  "warnings": term.warnings})
         return
     phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
     term.success(f"checkpointed {m.pid} into {directory} ({human_bytes(size)}; {phases})")
+    if m.parent is not None:
+        term.info(f"incremental: {human_bytes(m.device.referenced)} of device memory referenced in {parent}")
     if not leave_running:
         term.info(f"process {m.pid} was stopped; `npusnap restore {directory}` brings it back")
 

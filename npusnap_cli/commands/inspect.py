@@ -183,6 +183,10 @@ def _device(root: Tree, ins: Inspection) -> None:
     if d.resources:  # each resource kind the snapshot carried, with its count
         node.add(_t("resources: " + ", ".join(f"{_clean(k)} {n}" for k, n in d.resources.items())))
     node.add(_t(f"method: {_clean(str(d.method))}"))
+    c = ins.chain
+    if c.parent is not None:
+        node.add(_t(f"incremental: {human_bytes(c.device_new)} new, {human_bytes(c.device_referenced)} "
+                    f"referenced in the parent chain (parent {_clean(c.parent)})"))
 
 
 # ---------------------------------------------------------------- helpers

@@ -43,6 +43,7 @@ class Entry:
     device: Optional[str] = None  # backend: none | sim | ascend | cuda
     problem: Optional[str] = None # why it is invalid
     members: list[dict[str, Any]] = field(default_factory=list)  # a process set's: pid, files, bytes each
+    parent: Optional[str] = None  # an incremental checkpoint's parent directory (image/chain.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +109,8 @@ def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
     entry.bytes = sum(f.size for f in m.files)
     entry.files = len(m.files)
     entry.device = m.device.backend
+    if m.parent is not None:
+        entry.parent = os.path.normpath(os.path.join(os.path.abspath(path), m.parent.path))
     entry.members = [{"pid": e.pid, "files": n["files"], "bytes": n["bytes"]}
                      for e in m.members for n in [member_summary(m, e)]]
     try:

@@ -135,15 +135,18 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 @pid_argument
 @click.option("--device-images", type=click.Path(file_okay=False, path_type=Path),
               help="Where a direct backup wrote the device memory (DIR/device of the checkpoint).")
+@click.option("--parent-images", "parent_images", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="An incremental backup's parent's device images (PARENT/device), repeated up the chain, "
+                   "parent first.")
 @json_option
 @click.pass_obj
-def recover(term: Terminal, pid: str, device_images: Optional[Path]) -> None:
+def recover(term: Terminal, pid: str, device_images: Optional[Path], parent_images: tuple[Path, ...]) -> None:
     """Bring PID back to running from any intermediate phase (stopped, locked, backed up)."""
     from ..backends import State
     from ..core.recover import recover as run_recover
     from ..platform.procfs import parse_pid
 
-    done = run_recover(parse_pid(pid), device_images)
+    done = run_recover(parse_pid(pid), device_images, parent_images)
     if term.json_mode:
         term.data("recover", {"pid": done.pid, "was": done.was, "steps": done.steps, "state": State.RUNNING.value})
     else:

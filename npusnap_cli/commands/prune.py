@@ -7,8 +7,10 @@ direct children (never DIR itself):
     unchanged for STALE_AFTER seconds (younger ones may still be being written);
   - `.NAME.deleting-*` directories (an earlier prune was interrupted).
 Invalid checkpoints are kept and reported: one may be from a newer npusnap, or
-worth a look before it goes. Then the chunk store (DIR/.npusnap-store, --dedup)
-loses the chunks no checkpoint left in DIR references.
+worth a look before it goes. A chain is never broken: a checkpoint that a kept
+incremental one references (its parent, theirs, ...) is kept too (image/chain.py).
+Then the chunk store (DIR/.npusnap-store, --dedup) loses the chunks no checkpoint
+left in DIR references.
 
 A deletion renames the directory to `.NAME.deleting-*` first (atomic: it stops
 being a checkpoint at once) and then removes it.
@@ -56,6 +58,13 @@ def plan(directory: Path, keep: int, verify: bool) -> tuple[list[tuple[Entry, st
             delete.append((e, f"{e.state} and unchanged for {e.age_seconds / 3600:.1f} h"))
         else:
             kept.append((e, f"{e.state} but changed {e.age_seconds:.0f} s ago (may still be written)"))
+    from ..image.chain import referenced
+
+    need = referenced(Path(e.path) for e, _ in kept if e.state in ("valid", "invalid"))
+    for item in list(delete):
+        if item[0].state == "valid" and os.path.abspath(item[0].path) in need:
+            delete.remove(item)
+            kept.append((item[0], "in the parent chain of a kept incremental checkpoint"))
     return delete, kept
 
 

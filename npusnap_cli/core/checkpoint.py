@@ -60,6 +60,7 @@ class CheckpointOptions:
     data_path: DataPathChoice = DataPathChoice.AUTO  # direct: the daemon streams device memory to DIR/device
     criu: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
+    parent: Optional[Path] = None  # incremental: write only the device chunks changed since this checkpoint
     dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
     compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
     # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
@@ -73,6 +74,8 @@ def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
     run = CheckpointRun(pid, opts, progress, services, opts.data_path)
     run.expect(State.RUNNING)
     communicators.admit({pid: run.backend}, opts.force, progress)  # a rank alone: its peers are outside
+    if opts.parent is not None:
+        run.use_parent(opts.parent)
     return run.execute([run.lock, run.backup, run.dump, run.seal], run.finish_checkpoint)
 
 
@@ -147,6 +150,7 @@ class CheckpointRun:
         self.dump_timing = PhaseTiming("dump", 0.0)
         self.device_back = not self.direct  # the direct path's staged device data is the only copy until this
         self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
+        self.parent: Optional[tuple[Path, Manifest]] = None  # incremental: the parent checkpoint
         self.packer: Optional[Packer] = None  # holds the chunk store's lock until the commit is done
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
@@ -166,6 +170,20 @@ class CheckpointRun:
     @property
     def device_dir(self) -> Path:
         return self._in(self.staging.device_dir)
+
+    def use_parent(self, parent: Path) -> None:
+        """--parent: checked before anything is locked; the backend then writes only what changed."""
+        from ..backends.direct import DirectBackend
+        from ..image import chain
+
+        if not isinstance(self.backend, DirectBackend):
+            raise WrongState(f"--parent needs the direct data path; process {self.pid} uses {self.backend.method}",
+                             "incremental checkpoints are for npusim's direct path (--data-path direct)")
+        pm, above = chain.check_parent(parent, self.pid)
+        if os.path.abspath(parent) == os.path.abspath(self.opts.directory):
+            raise WrongState("--parent cannot be the checkpoint's own directory")
+        self.parent = (parent, pm)
+        self.backend.use_chain([parent / DEVICE_DIR, *chain.device_dirs(above)])
 
     def expect(self, expected: State) -> None:
         """Refuse a process whose device is not where this pipeline starts; checked before anything is locked."""
@@ -212,8 +230,8 @@ class CheckpointRun:
             self.backend.lock(self.opts.lock_timeout, lease=self.opts.lease)
 
     def after_lock(self) -> None:
-        if self.direct:
-            self.guardian.recover_from(self.device_dir)  # if we die, it brings the device data back
+        if self.direct:  # if we die, it brings the device data back
+            self.guardian.recover_from(self.device_dir, getattr(self.backend, "chain", []))
 
     def backup(self) -> None:
         self.backend.fence()  # a CLI stopped past its lease stops here, before each step
@@ -223,11 +241,21 @@ class CheckpointRun:
                                             self.phase.member))
             if self.sub:
                 self.device_dir.mkdir(0o700, exist_ok=True)
+            if self.parent is not None:
+                self._check_layout(self.parent)
             self.device_files = self.backend.backup(self.device_dir)
             if self.sub:  # the backend names its files as in a single checkpoint
                 self.device_files = [in_member(f, self.pid) for f in self.device_files]
             self.device = self.backend.describe()
             t.bytes = self.device.bytes
+
+    def _check_layout(self, parent: tuple[Path, Manifest]) -> None:
+        from ..errors import ImageInvalid
+
+        now, then = self.backend.describe().devices, parent[1].device.devices
+        if now != then:
+            raise ImageInvalid(f"{parent[0]} holds devices {then}, process {self.pid} now uses {now}: "
+                               "it cannot be its parent", "take a full checkpoint (no --parent)")
 
     def describe_device(self) -> None:
         """The runbook's dump: the device was backed up by earlier commands; it is only described."""
@@ -305,8 +333,11 @@ class CheckpointRun:
 
     # -- helpers and undos
     def _manifest(self) -> Manifest:
+        from ..image.chain import parent_ref
+
         opts = self.opts
         return Manifest(
+            parent=parent_ref(self.staging.final, self.parent[0]) if self.parent else None,
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
             host=socket.gethostname(),
@@ -350,6 +381,7 @@ class CheckpointRun:
             staged = False
         if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
             return False  # put back, nothing staged, or nobody left to need it
+        chain = "".join(f" --parent-images {p}" for p in getattr(self.backend, "chain", []))
         warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
-                            f"`npusnap recover {self.pid} --device-images {self.device_dir}` puts it back")
+                            f"`npusnap recover {self.pid} --device-images {self.device_dir}{chain}` puts it back")
         return True

@@ -12,10 +12,11 @@ The agent's lease then unlocks the device by itself.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 _SCRIPT = r"""
 import os, sys  # only these until needed: every command waits for this process's exit
@@ -74,8 +75,10 @@ if words[-1:] != ["done"]:
     # rank's restore waits for its peers' in the set's rendezvous directory, removed after
     recovers += [(w[5:], None) for w in words if w.startswith("hccl:") and w[5:].isdigit()
                  and w[5:] not in [r[0] for r in recovers]]
+    # an incremental's chain, parent first: the staged images reference it
+    chain = [a for w in words if w.startswith("chain:") for a in ("--parent-images", bytes.fromhex(w[6:]).decode())]
     procs = [subprocess.Popen([python, "-m", "npusnap_cli", "recover", pid]
-                              + (["--device-images", device_dir] if device_dir else []),
+                              + (["--device-images", device_dir, *chain] if device_dir else []),
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for pid, device_dir in recovers]
     deadline = time.monotonic() + 3600
@@ -121,9 +124,12 @@ class Guardian:
         is done, or a tree it finishes after our death would run on half-restored."""
         self._say(f"criu:{pid}")
 
-    def recover_from(self, device_dir: Path) -> None:
+    def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
         """The device data is about to exist only in device_dir: if we die, put it back
-        (`npusnap recover PID --device-images`) before removing the partial checkpoint."""
+        (`npusnap recover PID --device-images`, with an incremental's chain of parent images)
+        before removing the partial checkpoint."""
+        for p in chain:  # hex: a path may hold any byte but the words are split on spaces
+            self._say("chain:" + os.fsencode(os.path.abspath(p)).hex())
         if device_dir.parent == self.staging:
             self._say("recover")
             return

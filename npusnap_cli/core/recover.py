@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..backends import BackendName, State
 from ..backends.agent import AgentBackend
@@ -33,7 +33,8 @@ class Recovered:
     steps: list[str] = field(default_factory=list)
 
 
-def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
+def recover(pid: int, device_images: Optional[Path] = None, chain: Sequence[Path] = ()) -> Recovered:
+    """chain: an incremental backup's parent images (device directories, parent first)."""
     target = open_target(pid)
     done = Recovered(target.pid, State.RUNNING.value)
     if resume_tree(target.pid):
@@ -53,6 +54,8 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
     hint = f"its device data is in files: npusnap recover {target.pid} --device-images DIR/device"
     backend = (DirectBackend(target.pid, BackendName.SIM) if external
                else AgentBackend(target.pid, BackendName.SIM if direct else BackendName.AUTO))
+    if isinstance(backend, DirectBackend):
+        backend.use_chain(chain)
     if state == State.BACKED_UP:
         if external and device_images is None:
             raise WrongState(f"process {target.pid} was backed up by the direct path", hint)
@@ -66,7 +69,7 @@ def recover(pid: int, device_images: Optional[Path] = None) -> Recovered:
             raise
         if device_images is None:
             raise type(e)(e.message, hint) from e
-        simimages.import_device(target.pid, device_images, None)
+        simimages.import_device(target.pid, device_images, None, chain=chain)
         done.steps.append("device-import")
         backend.unlock()
     done.steps.append("unlock")

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..backends import BackendName, DataPath, State
+from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
-from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError
+from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
 from ..image import signing
+from ..image.chain import ancestors, device_dirs, verify_chain
 from ..image.checksums import BulkVerifier, page_entries
 from ..image.format import (
     CRIU_DIR,
@@ -132,6 +133,7 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
         later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
+        verify_chain(root, manifest, deep=False)  # an incremental's ancestors; the daemon checks each chunk it takes
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
 
 
@@ -208,12 +210,22 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             hand_daemon(backend, manifest.device, opts)
             communicators.hand(backend, meet)
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
+            if manifest.parent is not None:
+                _use_chain(backend, root, manifest)
             backend.restore(root / DEVICE_DIR, images)
             t.bytes = manifest.device.bytes
         with signals.commit_point(), phase("unlock"):
             backend.unlock()
     finally:
         backend.release()
+
+
+def _use_chain(backend: Backend, root: Path, manifest: Manifest) -> None:
+    from ..backends.direct import DirectBackend
+
+    if not isinstance(backend, DirectBackend):
+        raise WrongState(f"{root} is incremental: its device images need the direct data path to restore")
+    backend.use_chain(device_dirs(ancestors(root, manifest)))
 
 
 def on_daemon(device: DeviceState, opts: RestoreOptions) -> DeviceState:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Optional, Protocol
+from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
 
 from ..backends import Backend, BackendName, DataPathChoice
 from ..criuopts import CriuOptions
@@ -48,7 +48,7 @@ class GuardianLike(Protocol):
 
     def wait_for_criu(self, pid: int) -> None: ...
 
-    def recover_from(self, device_dir: Path) -> None: ...
+    def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None: ...
 
     def meet(self, directory: Path, pids: list[int]) -> None: ...
 

@@ -87,6 +87,15 @@ class DeviceState:
     gpus: list[str] = field(default_factory=list)  # cuda: UUIDs (GPU-...) of the checkpointed GPUs,
                                                    # in the order of `devices` (their driver ordinals)
     resources: dict[str, int] = field(default_factory=dict)  # sim: live resources of each kind
+    referenced: int = 0              # direct, incremental: bytes of device chunks left in the parent chain
+
+
+@dataclass
+class ParentRef:
+    """An incremental checkpoint's parent (image/chain.py): its directory relative to this one (the
+    two move together), and its manifest's checksum line (a parent replaced since is refused)."""
+    path: str
+    manifest_checksum: str
 
 
 @dataclass
@@ -105,6 +114,7 @@ class Manifest:
     files: list[FileEntry] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
     members: list["MemberEntry"] = field(default_factory=list)  # a process set's; empty for one process
+    parent: Optional[ParentRef] = None  # an incremental checkpoint's (its device images reference the parent's)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -113,6 +123,8 @@ class Manifest:
                 del f["chunks"]  # files in DIR itself are listed exactly as they always were
         if not self.members:
             del d["members"]  # a single process's manifest stays exactly what it always was
+        if self.parent is None:
+            del d["parent"]
         return d
 
     @property
@@ -132,6 +144,12 @@ class Manifest:
             kw["phases"] = [PhaseTiming(**p) for p in d.get("phases", [])]
             kw["files"] = [FileEntry(**f) for f in d.get("files", [])]
             kw["members"] = _members_from(d)
+            parent = d.get("parent")
+            if parent is not None:
+                if not isinstance(parent, dict) or not all(isinstance(parent.get(k), str)
+                                                           for k in ("path", "manifest_checksum")):
+                    raise ValueError(f"parent is {parent!r}")
+                kw["parent"] = ParentRef(parent["path"], parent["manifest_checksum"])
             m = cls(**kw)
         except (TypeError, ValueError, AttributeError) as e:
             raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e

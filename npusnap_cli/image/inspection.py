@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import EnvironmentProblem, ImageInvalid
-from .format import CRIU_DIR, DeviceState, Manifest, load_manifest, member_summary, safe_member
+from .format import CRIU_DIR, DEVICE_DIR, DeviceState, Manifest, load_manifest, member_summary, safe_member
 
 # CRIU's VMA status bits (criu/include/image.h) and the mmap flags we look at.
 VMA_AREA_STACK = 1 << 1
@@ -134,6 +134,14 @@ class ImageSizes:
 
 
 @dataclass
+class ChainInfo:
+    """Incremental checkpoints (image/chain.py): where the device data lies."""
+    parent: Optional[str]   # the parent checkpoint's directory; None for a full checkpoint
+    device_new: int         # bytes of this checkpoint's own device images
+    device_referenced: int  # bytes of device chunks left in the parent chain
+
+
+@dataclass
 class PhaseInfo:
     name: str
     seconds: float
@@ -160,6 +168,7 @@ class Inspection:
     images: ImageSizes
     notes: list[str] = field(default_factory=list)
     members: list[dict[str, Any]] = field(default_factory=list)  # a process set's: format.member_summary
+    chain: ChainInfo = field(default_factory=lambda: ChainInfo(None, 0, 0))
     host_pages: Optional[dict[str, Any]] = None  # --dedup: page images in the chunk store, bytes new vs referenced
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,7 +217,10 @@ def _from_manifest(root: Path, m: Manifest) -> Inspection:
                              allocations=int(d.allocations), bytes=int(d.bytes),
                              method=str(d.method),
                              runtime=None if d.runtime is None else str(d.runtime),
-                             resources={str(k): int(v) for k, v in d.resources.items()})
+                             resources={str(k): int(v) for k, v in d.resources.items()},
+                             referenced=int(d.referenced))
+        parent = None if m.parent is None else os.path.normpath(os.path.join(root.absolute(), str(m.parent.path)))
+        new = sum(int(f.size) for f in m.files if Path(str(f.path)).parts[:1] == (DEVICE_DIR,))
         return Inspection(
             directory=str(root.absolute()),
             format_version=int(m.format_version),
@@ -226,6 +238,7 @@ def _from_manifest(root: Path, m: Manifest) -> Inspection:
             device=device,
             phases=[_phase(p.name, p.seconds, p.bytes) for p in m.phases],
             images=_image_sizes(m),
+            chain=ChainInfo(None if parent is None else str(parent), new, int(d.referenced)),
         )
     except (TypeError, ValueError, AttributeError) as e:
         raise ImageInvalid(f"manifest.yaml is malformed: {e}") from e

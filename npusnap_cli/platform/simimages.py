@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from ..errors import DeviceFailed, ImageInvalid, NpusnapError, PermissionProblem, StorageProblem, WrongState
 from ..image.format import DEVICE_DIR, FileEntry
@@ -37,7 +37,8 @@ class TransferResult:
     files: list[FileEntry] = field(default_factory=list)  # paths relative to the checkpoint root
     allocations: int = 0
     bytes: int = 0           # device memory moved (allocation sizes)
-    nonzero_bytes: int = 0   # of which not all-zero (what lands on disk)
+    nonzero_bytes: int = 0   # of which not all-zero (on disk here or, referenced, up the chain)
+    referenced_bytes: int = 0  # incremental: of which left in (export) or read from (import) the chain
     file_bytes: int = 0      # bytes written (export) or read (import)
     seconds: float = 0.0
 
@@ -101,7 +102,8 @@ def _entries(result: dict[str, Any]) -> list[FileEntry]:
 def _result(data: dict[str, Any], key: str) -> TransferResult:
     return TransferResult(
         files=_entries(data), allocations=int(data.get("allocations", 0)), bytes=int(data.get("bytes", 0)),
-        nonzero_bytes=int(data.get("nonzero_bytes", 0)), file_bytes=int(data.get(key, 0)),
+        nonzero_bytes=int(data.get("nonzero_bytes", 0)), referenced_bytes=int(data.get("referenced_bytes", 0)),
+        file_bytes=int(data.get(key, 0)),
         seconds=float(data.get("seconds", 0.0)),
     )
 
@@ -124,24 +126,28 @@ def _error(e: BaseException, doing: str) -> NpusnapError:
     return DeviceFailed(f"{doing} failed: {e}")
 
 
-def export_device(pid: int, device_dir: Path, socket: Optional[str] = None) -> TransferResult:
+def export_device(pid: int, device_dir: Path, socket: Optional[str] = None,
+                  parent: Optional[Path] = None) -> TransferResult:
     """Have the daemon write process pid's device memory into device_dir (DIR/device/), one file per
     device, fsync'd. The process must be LOCKED. On failure no file is left and the device is
-    untouched (the process stays LOCKED: the pipeline's lock undo unlocks it)."""
+    untouched (the process stays LOCKED: the pipeline's lock undo unlocks it). parent: the device
+    directory of an earlier checkpoint of the process: only what changed since is written."""
     import npusim
 
     try:
-        data = npusim.export_client(daemon_socket(pid, socket), pid, os.fspath(device_dir))
+        data = npusim.export_client(daemon_socket(pid, socket), pid, os.fspath(device_dir),
+                                    None if parent is None else os.fspath(parent))
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device export of process {pid}") from e
     return _result(data, "written_bytes")  # the client created the files 0600, O_EXCL
 
 
 def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                  socket: Optional[str] = None) -> TransferResult:
+                  socket: Optional[str] = None, chain: Sequence[Path] = ()) -> TransferResult:
     """Have the daemon read exactly the expected device files (manifest entries, paths
     "device/devN.img") into process pid's re-created allocations (after `restore external`),
-    verifying sizes, chunk checksums and each file's xxh3_128 while reading."""
+    verifying sizes, chunk checksums and each file's xxh3_128 while reading. chain: an incremental
+    image's ancestors' device directories, parent first (each referenced chunk checked as read)."""
     import npusim
 
     wanted: Optional[list[tuple[str, int, str]]] = None if expected is None else []
@@ -152,7 +158,8 @@ def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEn
         assert wanted is not None
         wanted.append((parts[1], int(f.size), f.checksum))
     try:
-        data = npusim.import_client(daemon_socket(pid, socket), pid, os.fspath(device_dir), wanted)
+        data = npusim.import_client(daemon_socket(pid, socket), pid, os.fspath(device_dir), wanted,
+                                    [os.fspath(p) for p in chain] or None)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device import into process {pid}") from e
     return _result(data, "read_bytes")

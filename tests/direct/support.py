@@ -67,6 +67,9 @@ CLIENT = textwrap.dedent(r"""
                     npusim.memset(addr, 0x55, size)
             elif cmd == "info":
                 res = npusim.snapshot_info()
+            elif cmd == "py":  # one Python statement (a write through some path), then a device sync
+                exec(" ".join(args), {"npusim": npusim, "np": np, "allocs": allocs})
+                npusim.synchronize_device()
             else:
                 raise SystemExit(f"unknown command {cmd}")
             print(json.dumps({"ok": True, "result": res}), flush=True)

@@ -1,5 +1,5 @@
-"""examples/periodic/: the checkpoint script against a real workload (twice with --keep 1:
-one valid checkpoint remains, the job runs on), its guards, and the systemd units."""
+"""examples/periodic/: the checkpoint script against a real workload (incremental, then full, with
+--keep 1: one valid checkpoint remains, the job runs on), its guards, and the systemd units."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ def periodic(env: dict[str, str], *args: object) -> subprocess.CompletedProcess[
 
 @requires_criu
 @pytest.mark.criu
-def test_twice_with_keep_1_leaves_one_valid_checkpoint_and_the_job_running(
+def test_incremental_then_full_with_keep_1_and_the_job_running(
         tmp_path: Path, npusim_daemon: NpuSimDaemon) -> None:
+    """The second run is incremental against the first (prune keeps its parent); with
+    FULL_EVERY=1 the third is full and prune --keep 1 leaves it alone."""
     marker = new_marker()
     env = script_env(npusim_daemon.env, marker)
     job = Workload([npusnap_bin(), "run", "--", "python", *train_args(1000, 50)], tmp_path / "train.out", env=env)
@@ -38,16 +40,22 @@ def test_twice_with_keep_1_leaves_one_valid_checkpoint_and_the_job_running(
         pidfile.write_text(f"{job.pid}\n")
         root = tmp_path / "ckpt"
         made = []
-        for _ in range(2):
-            r = periodic(env, "--name", "train", "--pidfile", pidfile, "--dir", root, "--keep", 1)
+        for full_every in ("10", "10", "1"):
+            r = periodic({**env, "FULL_EVERY": full_every}, "--name", "train", "--pidfile", pidfile,
+                         "--dir", root, "--keep", 1)
             assert r.returncode == 0, r.stderr
             doc = json.loads(r.stdout)                   # stdout: the checkpoint's JSON, nothing else
             assert doc["kind"] == "checkpoint" and doc["left_running"] is True and doc["pid"] == job.pid
             made.append(Path(doc["directory"]))
+            if len(made) == 2:
+                assert doc["parent"] == str(made[0]) and doc["device"]["referenced"] > 0, doc
+                assert sorted((root / "train").iterdir()) == made  # the parent is kept for its child
+                assert npusnap("verify", made[1]).returncode == 0
+        assert doc["parent"] is None                     # FULL_EVERY=1: a full one
         left = sorted(p for p in (root / "train").iterdir())
-        assert left == [made[1]], left                  # the newer one stays; no partials, no leftovers
-        assert npusnap("verify", made[1]).returncode == 0
-        assert oct(made[1].stat().st_mode & 0o777) == "0o700"
+        assert left == [made[2]], left                  # the chain went; no partials, no leftovers
+        assert npusnap("verify", made[2]).returncode == 0
+        assert oct(made[2].stat().st_mode & 0o777) == "0o700"
         n = len(job.lines())
         job.wait_for_line(n + 2)                         # still training
         assert npusnap("status", job.pid).returncode == 0

@@ -190,7 +190,7 @@ class FakeGuardian:
     def wait_for_criu(self, pid: int) -> None:
         self.said.append(f"criu {pid}")
 
-    def recover_from(self, device_dir: Path) -> None:
+    def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
         self.said.append("recover")
 
     def meet(self, directory: Path, pids: list[int]) -> None:

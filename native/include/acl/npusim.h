@@ -79,6 +79,16 @@ ACL_FUNC_VISIBILITY int npusimSnapShotUseDaemon(const char *socket);
 ACL_FUNC_VISIBILITY aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson);
 ACL_FUNC_VISIBILITY aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected,
                                                 char **resultJson);
+/* Incremental device images: npusimDaemonExportIncremental writes only the chunks written since the
+ * export of the image in parentDir (its devN.img files; NULL: a full export) and references the
+ * rest ("referenced_bytes" in the result); a parent of another process is refused.
+ * npusimDaemonImportChain imports such images: ancestors lists the directories of the image's
+ * parent, grandparent, ... one per line (NULL or "": none), whose devN.img files hold the
+ * referenced chunks; each is checked against its XXH3-64 as it is read. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonExportIncremental(const char *socketPath, int pid, const char *dir,
+                                                           const char *parentDir, char **resultJson);
+ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int pid, const char *dir,
+                                                     const char *expected, const char *ancestors, char **resultJson);
 
 /* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
  * generates for an AscendC kernel library. binary (binarySize bytes, embedded in the library) is the
