@@ -8,7 +8,8 @@
 //
 // Snapshot: a rank being locked reports how many collectives its process issued (a one-shot
 // connection, kLockMagic) and learns the free pass, the highest sequence number any rank issued
-// (reported, or seen in a frame), and whether every rank is locking; see hccl_bridge.cpp.
+// (reported, or seen in a frame), and whether every rank is locking; see hccl_bridge.cpp. A rank
+// that left without locking makes every report fail (HCCL_E_REMOTE): the lock refuses at once.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -257,6 +258,10 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
     rep.pass = std::max(rep.pass, c.reported[i]);
     if (!c.locking[i]) rep.settled = 0;
   }
+  // A rank gone without being locked (its process exited or destroyed the communicator; a rank
+  // that backs up leaves while locking) can never lock: this lock cannot complete.
+  for (uint32_t i = 0; i < c.nranks; ++i)
+    if (c.ranks[i] == kLeft && !c.locking[i]) return {HCCL_E_REMOTE, 0, i};
   c.cv.notify_all();
   return rep;
 }

@@ -12,7 +12,10 @@
 // its peers, and keeps the pass of the lock's first report: peers that run on would otherwise pull
 // the rank along forever), no call is in flight and the queued work drained. A rank that cannot get there (a
 // peer stopped before the collective, an application that waits for something outside the device
-// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn.
+// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn. A broken
+// communicator (a rank left it without being locked: its process died; or this rank's member
+// failed) can never let the lock complete: the lock refuses at once, back to RUNNING, naming it
+// (ACL_ERROR_SNAPSHOT_LOCK_FAILED); a lock alone (--force) goes on without it.
 //
 // Backup: the table (hccl_comms.h) is process memory and travels with the process; the daemon's
 // Release closes the members, so nothing inter-rank stays open.
@@ -240,7 +243,7 @@ NPUSIM_RESOURCE_KIND(kCommunicators);
 
 namespace npusim::rt {
 
-void hccl_lock_poll(bool *ready, std::string *waiting) {
+void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused) {
   auto table = snapshot_table();
   bool alone, all = true;
   {
@@ -255,6 +258,16 @@ void hccl_lock_poll(bool *ready, std::string *waiting) {
     auto it = hccl_comms().find(handle);
     if (it == hccl_comms().end()) continue;  // destroyed meanwhile
     CommEntry &cur = it->second;
+    if (rc == HCCL_E_REMOTE && alone) continue;  // --force: nothing to wait for; its next call fails
+    if (rc == HCCL_E_REMOTE) {  // broken: no peer can ever let this lock complete
+      all = false;
+      *refused = comm_name(cur) + " is broken: " +
+                 (rp.value[2] > 0 ? "rank " + std::to_string(rp.value[2] - 1) +
+                                        " left it without being locked (its process exited or destroyed it)"
+                                  : std::string("a collective of this rank failed (a peer exited)")) +
+                 " (HcclResult " + std::to_string(rc) + ")";
+      continue;
+    }
     if (rc != HCCL_SUCCESS) {
       all = false;
       *waiting = comm_name(cur) + ": its root daemon does not answer (HcclResult " + std::to_string(rc) + ")";

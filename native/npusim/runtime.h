@@ -179,7 +179,7 @@ void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // learns the free pass; *ready once no communicator is behind it and (unless alone) every rank is
 // locking (else *waiting says what it waits for). Unlock or a failed lock ends it (withdraw:
 // tell the roots).
-void hccl_lock_poll(bool *ready, std::string *waiting);
+void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused);
 void hccl_lock_end(bool withdraw);
 // True if a collective on comm may pass the gate of a locked process (runtime().mu held).
 bool hccl_admits(const void *comm);

@@ -181,14 +181,26 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
     // holds HCCL communicators first runs on to its peers' collectives (the free pass).
     bool ready = false;
     std::string waiting;  // what the free pass still waits for, for the timeout's message
+    std::string refused;  // a broken communicator: the lock can never complete
     for (;;) {
       l.unlock();
-      hccl_lock_poll(&ready, &waiting);
+      hccl_lock_poll(&ready, &waiting, &refused);
       l.lock();
+      if (!refused.empty()) break;
       if (ready && r.inflight == 0) break;
       const auto next = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
       r.gate_cv.wait_until(l, next);
       if (std::chrono::steady_clock::now() >= deadline) break;
+    }
+    if (!refused.empty()) {
+      l.unlock();
+      hccl_lock_end(true);
+      note_error("snapshot: lock refused: " + refused);
+      l.lock();
+      r.state = State::Running;  // the process untouched, as after a timeout
+      r.locker = std::thread::id();
+      r.gate_cv.notify_all();
+      return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
     }
     if (ready && r.inflight == 0) {
       l.unlock();
