@@ -10,6 +10,8 @@
 // connection, kLockMagic) and learns the free pass, the highest sequence number any rank issued
 // (reported, or seen in a frame), and whether every rank is locking; see hccl_bridge.cpp. A rank
 // that left without locking makes every report fail (HCCL_E_REMOTE): the lock refuses at once.
+// A drained rank asks for the Sends to or from it that no Recv took (kLockMail): their data
+// lives only here, and would be lost when the ranks leave at Backup.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -249,6 +251,15 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
   if (c.reported.empty()) {
     c.reported.assign(c.nranks, 0);
     c.locking.assign(c.nranks, false);
+  }
+  if (j.reserved == kLockMail) {
+    LockReply rep{HCCL_SUCCESS, 0, 0};
+    for (auto &[pair, box] : c.mail)
+      if (!box.empty() && (pair.first == j.rank || pair.second == j.rank)) {
+        rep.pass += box.size();
+        rep.settled = pair.first == j.rank ? pair.second : pair.first;
+      }
+    return rep;
   }
   const uint64_t issued = static_cast<uint64_t>(j.timeout_ms);
   c.reported[j.rank] = std::max(c.reported[j.rank], issued);

@@ -290,6 +290,30 @@ void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused) {
   *ready = all;
 }
 
+bool hccl_lock_mail(std::chrono::steady_clock::time_point deadline, std::string *waiting) {
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    if (options().alone) return true;  // its peers run on: their Sends and Recvs are theirs
+  }
+  for (auto &[handle, c] : snapshot_table()) {
+    if (c.nranks < 2) continue;
+    for (;;) {
+      proto::Reply rp{};
+      const int32_t rc = lock_query(c, hccl::kLockMail, &rp);
+      if (rc == HCCL_SUCCESS && rp.value[0] == 0) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        *waiting = comm_name(c) + ": " +
+                   (rc != HCCL_SUCCESS ? "its root daemon does not answer (HcclResult " + std::to_string(rc) + ")"
+                                       : std::to_string(rp.value[0]) + " HcclSend(s) between this rank and rank " +
+                                             std::to_string(rp.value[1]) + " not received by an HcclRecv");
+        return false;
+      }
+      std::this_thread::sleep_for(kRendezvousPoll);
+    }
+  }
+  return true;
+}
+
 void hccl_lock_end(bool withdraw) {
   if (withdraw)
     for (auto &[handle, c] : snapshot_table()) {

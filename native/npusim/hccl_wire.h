@@ -47,6 +47,9 @@ enum Kind : uint64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, k
 //                   left without being locked: value[2] = that rank + 1, 0 if unknown)
 constexpr uint32_t kLockReport = 0;    // this rank is locking: count it, tell me the free pass
 constexpr uint32_t kLockWithdraw = 1;  // this rank's lock ended without a checkpoint (timeout, unlock)
+// This rank drained: how many HcclSends to or from it the root holds that no HcclRecv took yet
+// (LockReply.pass; .settled = a peer rank of one of them). Leaves the rank's report as it was.
+constexpr uint32_t kLockMail = 2;
 
 // TCP messages, host byte order (both ends are npusim on hosts of one job).
 constexpr uint32_t kJoinMagic = 0x4e50484a;   // "NPHJ"

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -181,6 +182,9 @@ void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // tell the roots).
 void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused);
 void hccl_lock_end(bool withdraw);
+// After the drain: waits (until deadline) for every HcclSend to or from this rank to be received;
+// false, with what is unmatched in *waiting, if one still is (the lock then times out).
+bool hccl_lock_mail(std::chrono::steady_clock::time_point deadline, std::string *waiting);
 // True if a collective on comm may pass the gate of a locked process (runtime().mu held).
 bool hccl_admits(const void *comm);
 // The communicators as a JSON array (runtime().mu held), for npusimSnapshotInfo.

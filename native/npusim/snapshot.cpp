@@ -212,6 +212,11 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
         rq.timeout_ms = std::max<int64_t>(0, left.count());
         rc = r.pool.call(rq);
       }
+      // A Send whose Recv was not issued lives only in the root: not a consistent point.
+      if (rc == ACL_SUCCESS && !hccl_lock_mail(deadline, &waiting)) {
+        note_error("snapshot: lock timed out: " + waiting);
+        rc = ACL_ERROR_SNAPSHOT_LOCK_TIMEOUT;
+      }
       if (rc == ACL_SUCCESS) rc = check_resources();
       hccl_lock_end(rc != ACL_SUCCESS);
       l.lock();
