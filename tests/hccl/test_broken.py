@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import npusnap
+from tests.pipeline.support import under_agent
 
 from .test_snapshot import cli_env, on_all
-from tests.pipeline.support import under_agent
 
 LOCK_TIMEOUT_S = "60"  # a regression would wait all of it and end in exit 10
 
