@@ -68,6 +68,7 @@ struct Core {
   bool formed = false;
   std::map<uint64_t, Round> rounds;
   std::map<std::pair<uint32_t, uint32_t>, std::deque<std::string>> mail;  // (from, to)
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> sends;  // (from, to): Sends that reached the root
   uint64_t seen = 0;                // the highest sequence number a frame carried
   std::vector<uint64_t> reported;   // per rank: collectives its process issued, as its lock reported
   std::vector<bool> locking;        // per rank: reported and not withdrawn
@@ -192,6 +193,7 @@ int32_t point_to_point(Core &c, int fd, uint32_t me, const Frame &f, std::string
   std::unique_lock<std::mutex> l(c.mu);
   if (f.kind == kSend) {
     c.mail[{me, f.peer}].push_back(std::move(data));
+    ++c.sends[{me, f.peer}];
     c.cv.notify_all();
     return HCCL_SUCCESS;
   }
@@ -251,6 +253,11 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
   if (c.reported.empty()) {
     c.reported.assign(c.nranks, 0);
     c.locking.assign(c.nranks, false);
+  }
+  if (j.reserved == kLockMail && j.timeout_ms > 0) {  // one peer: the Sends it made to this rank
+    const uint32_t peer = static_cast<uint32_t>(j.timeout_ms - 1);
+    auto it = c.sends.find({peer, j.rank});
+    return {HCCL_SUCCESS, 0, it == c.sends.end() ? 0 : it->second};
   }
   if (j.reserved == kLockMail) {
     LockReply rep{HCCL_SUCCESS, 0, 0};

@@ -17,6 +17,14 @@
 // failed) can never let the lock complete: the lock refuses at once, back to RUNNING, naming it
 // (ACL_ERROR_SNAPSHOT_LOCK_FAILED); a lock alone (--force) goes on without it.
 //
+// Send/Recv are matched per pair, not numbered: a Send is done once the root holds its data. So
+// the free pass covers them from the receiving side: each poll asks the root how many Sends each
+// peer made to this rank, and while those outnumber this rank's Recvs from that peer, its Recvs
+// (and every other call but collectives and Sends, on the way to them) pass the gate. A Recv
+// never creates a debt of its own, so this ends. After the drain the lock asks whether the root
+// still holds a Send to or from this rank (data that leaving the root at Backup would lose): if so
+// it polls on and drains again, until the deadline.
+//
 // Backup: the table (hccl_comms.h) is process memory and travels with the process; the daemon's
 // Release closes the members, so nothing inter-rank stays open.
 //
@@ -82,13 +90,15 @@ std::string comm_name(const CommEntry &c) {
   return b;
 }
 
-int32_t lock_query(const CommEntry &c, uint32_t flags, proto::Reply *rp) {
+int32_t lock_query(const CommEntry &c, uint32_t flags, uint64_t value, proto::Reply *rp) {
   proto::Request rq = wire::request(proto::Op::HcclLockQuery);
   rq.value[0] = c.member;
-  rq.value[1] = c.seq;
+  rq.value[1] = value;
   rq.flags = flags;
   return runtime().pool.call(rq, rp);
 }
+
+int32_t lock_query(const CommEntry &c, uint32_t flags, proto::Reply *rp) { return lock_query(c, flags, c.seq, rp); }
 
 std::string root_file(const std::string &dir, uint64_t id) {
   char name[40];
@@ -228,7 +238,10 @@ int32_t restore_comms(const SnapshotPass &) {
       member = 0;  // no member: the daemon refuses its collectives (HCCL_E_PARA)
     }
     std::lock_guard<std::mutex> g(runtime().mu);
-    if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) it->second.member = member;
+    if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) {
+      it->second.member = member;
+      std::fill(it->second.recvd.begin(), it->second.recvd.end(), 0);  // the new root counts Sends from 0
+    }
   }
   std::lock_guard<std::mutex> g(runtime().mu);
   options().rendezvous.clear();  // one restore's meeting point: a later one gets its own
@@ -284,32 +297,46 @@ void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused) {
       *waiting = comm_name(cur) + ": not every rank is being locked (checkpoint all ranks as one set)";
     }
   }
+  // The Recvs' free pass: a peer's Sends to this rank that reached the root wait for its Recvs.
+  for (auto &[handle, c] : table) {
+    if (alone || c.nranks < 2) continue;
+    for (uint32_t p = 0; p < c.nranks; ++p) {
+      if (p == c.rank) continue;
+      proto::Reply rp{};
+      if (lock_query(c, hccl::kLockMail, p + 1, &rp) != HCCL_SUCCESS) continue;  // reported above
+      std::lock_guard<std::mutex> g(runtime().mu);
+      auto it = hccl_comms().find(handle);
+      if (it == hccl_comms().end() || p >= it->second.recv_pass.size()) continue;
+      CommEntry &cur = it->second;
+      cur.recv_pass[p] = std::max(cur.recv_pass[p], rp.value[0]);
+      if (cur.recvd[p] < cur.recv_pass[p]) {
+        all = false;
+        *waiting = comm_name(cur) + ": rank " + std::to_string(p) + " sent it " + std::to_string(cur.recv_pass[p]) +
+                   " HcclSend(s), it issued " + std::to_string(cur.recvd[p]) + " HcclRecv(s) from that rank";
+      }
+    }
+  }
   std::lock_guard<std::mutex> g(runtime().mu);
   hccl_update_behind();
   runtime().gate_cv.notify_all();
   *ready = all;
 }
 
-bool hccl_lock_mail(std::chrono::steady_clock::time_point deadline, std::string *waiting) {
+bool hccl_lock_mail(std::string *waiting) {
   {
     std::lock_guard<std::mutex> g(runtime().mu);
     if (options().alone) return true;  // its peers run on: their Sends and Recvs are theirs
   }
   for (auto &[handle, c] : snapshot_table()) {
     if (c.nranks < 2) continue;
-    for (;;) {
-      proto::Reply rp{};
-      const int32_t rc = lock_query(c, hccl::kLockMail, &rp);
-      if (rc == HCCL_SUCCESS && rp.value[0] == 0) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        *waiting = comm_name(c) + ": " +
-                   (rc != HCCL_SUCCESS ? "its root daemon does not answer (HcclResult " + std::to_string(rc) + ")"
-                                       : std::to_string(rp.value[0]) + " HcclSend(s) between this rank and rank " +
-                                             std::to_string(rp.value[1]) + " not received by an HcclRecv");
-        return false;
-      }
-      std::this_thread::sleep_for(kRendezvousPoll);
-    }
+    proto::Reply rp{};
+    const int32_t rc = lock_query(c, hccl::kLockMail, 0, &rp);
+    if (rc == HCCL_SUCCESS && rp.value[0] == 0) continue;
+    *waiting = comm_name(c) + ": " +
+               (rc != HCCL_SUCCESS ? "its root daemon does not answer (HcclResult " + std::to_string(rc) + ")"
+                                   : std::to_string(rp.value[0]) + " HcclSend(s) between this rank and rank " +
+                                         std::to_string(rp.value[1]) + " not received by an HcclRecv");
+    return false;
   }
   return true;
 }
@@ -323,6 +350,7 @@ void hccl_lock_end(bool withdraw) {
   std::lock_guard<std::mutex> g(runtime().mu);
   for (auto &[handle, c] : hccl_comms()) {
     c.pass = 0;
+    std::fill(c.recv_pass.begin(), c.recv_pass.end(), 0);
     c.pass_fixed = false;
     c.left_alone = !withdraw && options().alone;  // a lock that stands, taken alone
   }

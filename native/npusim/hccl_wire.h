@@ -49,6 +49,8 @@ constexpr uint32_t kLockReport = 0;    // this rank is locking: count it, tell m
 constexpr uint32_t kLockWithdraw = 1;  // this rank's lock ended without a checkpoint (timeout, unlock)
 // This rank drained: how many HcclSends to or from it the root holds that no HcclRecv took yet
 // (LockReply.pass; .settled = a peer rank of one of them). Leaves the rank's report as it was.
+// With value[1] = P + 1 instead of the issued count: how many Sends rank P made to this rank
+// reached the root (LockReply.pass), for the Recv's free pass.
 constexpr uint32_t kLockMail = 2;
 
 // TCP messages, host byte order (both ends are npusim on hosts of one job).

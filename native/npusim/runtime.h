@@ -106,6 +106,7 @@ struct Runtime {
   State state = State::Running;
   std::thread::id locker;
   int inflight = 0;  // device calls that passed the gate and have not returned
+  bool hccl_recv_owed = false;  // while locking: a peer's HcclSend waits for this rank's Recv
   bool hccl_behind = false;  // while locking: a communicator is behind its free pass (hccl_snapshot.cpp)
   std::vector<std::pair<aclrtSnapShotCallBack, void *>> callbacks[ACL_RT_SNAPSHOT_UNLOCK_POST + 1];
 };
@@ -119,6 +120,9 @@ class CallScope {
   CallScope();
   // A collective on hccl_comm: while locking, admitted if it is within the communicator's free pass.
   explicit CallScope(const void *hccl_comm);
+  // An HcclRecv on hccl_comm from rank peer: while locking, admitted while that peer's Sends to
+  // this rank outnumber its Recvs from it (or within the collectives' free pass).
+  CallScope(const void *hccl_comm, uint32_t peer);
   ~CallScope();
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
@@ -182,11 +186,13 @@ void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // tell the roots).
 void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused);
 void hccl_lock_end(bool withdraw);
-// After the drain: waits (until deadline) for every HcclSend to or from this rank to be received;
-// false, with what is unmatched in *waiting, if one still is (the lock then times out).
-bool hccl_lock_mail(std::chrono::steady_clock::time_point deadline, std::string *waiting);
+// After the drain: whether every HcclSend to or from this rank was received (false, with what is
+// unmatched in *waiting: the lock polls on, the Recv's free pass open, and drains again).
+bool hccl_lock_mail(std::string *waiting);
 // True if a collective on comm may pass the gate of a locked process (runtime().mu held).
 bool hccl_admits(const void *comm);
+// True if an HcclRecv from peer on comm may pass the gate of a locked process (runtime().mu held).
+bool hccl_admits_recv(const void *comm, uint32_t peer);
 // The communicators as a JSON array (runtime().mu held), for npusimSnapshotInfo.
 std::string hccl_describe();
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.

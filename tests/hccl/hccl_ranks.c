@@ -11,7 +11,7 @@
  *   join      initializes and prints "init rc=N" (a peer that never joins: HCCL_E_TIMEOUT).
  *   idle      initializes, prints "joined", then sleeps (a peer that never takes part, or is killed).
  *   sendlate  rank 0 HcclSends (and synchronizes), rank 1 HcclRecvs only once INFO.go exists;
- *             prints "sent" / "waiting", then "recv ok" and "done".
+ *             prints "sent" / "waiting", then "recv ok" and "done" (rank 0 once INFO.end exists).
  *   wait      initializes, queues an AllReduce, prints "queued", synchronizes: "sync rc=N".
  *   finalize  initializes, queues an AllReduce, prints "queued", calls aclFinalize: "finalize rc=N".
  *   hold      AllReduces every 20 ms, each checked, printing "step K" until a rank sees INFO.stop
@@ -483,10 +483,10 @@ static int env_int(const char *name, int fallback) {
   return v != NULL && *v != '\0' ? atoi(v) : fallback;
 }
 
-/* Waits (bounded) until the file INFO.go exists. */
-static void wait_go(const char *info) {
+/* Waits (bounded) until the file INFO.SUFFIX exists. */
+static void wait_file(const char *info, const char *suffix) {
   char go[4096];
-  snprintf(go, sizeof go, "%s.go", info);
+  snprintf(go, sizeof go, "%s.%s", info, suffix);
   for (int i = 0; i < 6000 && access(go, F_OK) != 0; ++i) usleep(20000);
 }
 
@@ -503,11 +503,11 @@ static int mode_sendlate(HcclComm comm, aclrtStream stream, const char *info) {
     ACL_OK(aclrtSynchronizeStream(stream));
     printf("sent\n");
     fflush(stdout);
-    wait_go(info);
+    wait_file(info, "end");
   } else {
     printf("waiting\n");
     fflush(stdout);
-    wait_go(info);
+    wait_file(info, "go");
     HCCL_OK(HcclRecv(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 0, comm, stream));
     ACL_OK(aclrtSynchronizeStream(stream));
     ACL_OK(aclrtMemcpy(host, sizeof(host), d, sizeof(host), ACL_MEMCPY_DEVICE_TO_HOST));
