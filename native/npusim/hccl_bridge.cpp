@@ -25,6 +25,7 @@ void hccl_update_behind() {
   for (auto &[handle, c] : hccl_comms()) {
     behind = behind || c.seq < c.pass;
     for (size_t p = 0; p < c.recvd.size() && p < c.recv_pass.size(); ++p) owed = owed || c.recvd[p] < c.recv_pass[p];
+    for (size_t p = 0; p < c.sent.size() && p < c.send_pass.size(); ++p) owed = owed || c.sent[p] < c.send_pass[p];
   }
   runtime().hccl_behind = behind;
   runtime().hccl_recv_owed = owed;
@@ -41,12 +42,14 @@ bool hccl_admits(const void *comm) {
   return it->second.seq < it->second.pass;
 }
 
-bool hccl_admits_recv(const void *comm, uint32_t peer) {
+bool hccl_admits_p2p(const void *comm, bool send, uint32_t peer) {
   if (runtime().hccl_behind) return true;
   auto it = hccl_comms().find(comm);
   if (it == hccl_comms().end()) return false;
   const CommEntry &c = it->second;
-  return peer < c.recvd.size() && peer < c.recv_pass.size() && c.recvd[peer] < c.recv_pass[peer];
+  const auto &done = send ? c.sent : c.recvd;
+  const auto &pass = send ? c.send_pass : c.recv_pass;
+  return peer < done.size() && peer < pass.size() && done[peer] < pass[peer];
 }
 
 }  // namespace npusim::rt
@@ -77,8 +80,8 @@ int32_t npusimHcclSubmit(void *stream, const void *comm, proto::Request *rq) {
   const bool recv = rq->task.m == npusim::hccl::kRecv;
   const uint32_t peer = static_cast<uint32_t>(rq->task.value);
   std::optional<CallScope> scope;
-  if (recv) scope.emplace(comm, peer);  // a Recv passes while the peer's Sends to us wait for it
-  else scope.emplace(p2p ? nullptr : comm);
+  if (p2p) scope.emplace(comm, !recv, peer);  // passes while the peer's Sends (Recvs) wait for it
+  else scope.emplace(comm);
   StreamObj *s = nullptr;
   if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   rq->stream = s->id;
@@ -90,10 +93,11 @@ int32_t npusimHcclSubmit(void *stream, const void *comm, proto::Request *rq) {
     rq->task.target = p2p ? 0 : it->second.seq + 1;
   }
   const int32_t rc = r.pool.call(*rq);
-  if (rc == 0 && recv) {
+  if (rc == 0 && p2p) {
     std::lock_guard<std::mutex> g(r.mu);
     auto it = hccl_comms().find(comm);
-    if (it != hccl_comms().end() && peer < it->second.recvd.size()) ++it->second.recvd[peer];
+    auto *done = it == hccl_comms().end() ? nullptr : recv ? &it->second.recvd : &it->second.sent;
+    if (done != nullptr && peer < done->size()) ++(*done)[peer];
     hccl_update_behind();
     r.gate_cv.notify_all();
   }
@@ -128,6 +132,8 @@ void npusimHcclTrack(const void *comm, const NpusimHcclCommDesc *desc) {
   c.order = std::make_shared<std::mutex>();
   c.recvd.assign(desc->nranks, 0);
   c.recv_pass.assign(desc->nranks, 0);
+  c.sent.assign(desc->nranks, 0);
+  c.send_pass.assign(desc->nranks, 0);
   hccl_comms()[comm] = std::move(c);
 }
 

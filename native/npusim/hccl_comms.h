@@ -20,6 +20,8 @@ struct CommEntry {
   bool pass_fixed = false;  // a lock alone keeps its first pass (the peers running on would raise it forever)
   std::vector<uint64_t> recvd;      // per peer: Recvs this rank issued since the communicator formed
   std::vector<uint64_t> recv_pass;  // while locking, per peer: its Sends to this rank (Recvs up to it pass)
+  std::vector<uint64_t> sent;       // per peer: Sends this rank issued since the communicator formed
+  std::vector<uint64_t> send_pass;  // while locking, per peer: its Recvs from this rank (Sends up to it pass)
   bool left_alone = false;  // locked without its peers (--force): a restore that cannot re-form it goes on
   int32_t device = 0;
   int64_t connect_ms = 0, exec_ms = 0;  // HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT at init

@@ -69,6 +69,7 @@ struct Core {
   std::map<uint64_t, Round> rounds;
   std::map<std::pair<uint32_t, uint32_t>, std::deque<std::string>> mail;  // (from, to)
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> sends;  // (from, to): Sends that reached the root
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> recvs;  // (from, to): Recvs that reached the root
   uint64_t seen = 0;                // the highest sequence number a frame carried
   std::vector<uint64_t> reported;   // per rank: collectives its process issued, as its lock reported
   std::vector<bool> locking;        // per rank: reported and not withdrawn
@@ -197,6 +198,7 @@ int32_t point_to_point(Core &c, int fd, uint32_t me, const Frame &f, std::string
     c.cv.notify_all();
     return HCCL_SUCCESS;
   }
+  ++c.recvs[{f.peer, me}];
   auto &box = c.mail[{f.peer, me}];
   while (box.empty()) {
     if (c.ranks[f.peer] == kLeft) return HCCL_E_REMOTE;
@@ -254,10 +256,11 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
     c.reported.assign(c.nranks, 0);
     c.locking.assign(c.nranks, false);
   }
-  if (j.reserved == kLockMail && j.timeout_ms > 0) {  // one peer: the Sends it made to this rank
+  if ((j.reserved == kLockMail || j.reserved == kLockRecvs) && j.timeout_ms > 0) {  // one peer's count
     const uint32_t peer = static_cast<uint32_t>(j.timeout_ms - 1);
-    auto it = c.sends.find({peer, j.rank});
-    return {HCCL_SUCCESS, 0, it == c.sends.end() ? 0 : it->second};
+    auto &counts = j.reserved == kLockMail ? c.sends : c.recvs;
+    auto it = counts.find(j.reserved == kLockMail ? std::make_pair(peer, j.rank) : std::make_pair(j.rank, peer));
+    return {HCCL_SUCCESS, 0, it == counts.end() ? 0 : it->second};
   }
   if (j.reserved == kLockMail) {
     LockReply rep{HCCL_SUCCESS, 0, 0};

@@ -18,10 +18,11 @@
 // (ACL_ERROR_SNAPSHOT_LOCK_FAILED); a lock alone (--force) goes on without it.
 //
 // Send/Recv are matched per pair, not numbered: a Send is done once the root holds its data. So
-// the free pass covers them from the receiving side: each poll asks the root how many Sends each
-// peer made to this rank, and while those outnumber this rank's Recvs from that peer, its Recvs
-// (and every other call but collectives and Sends, on the way to them) pass the gate. A Recv
-// never creates a debt of its own, so this ends. After the drain the lock asks whether the root
+// the free pass covers them per pair: each poll asks the root how many Sends each peer made to
+// this rank and how many Recvs it posted for this rank's data; while those outnumber this rank's
+// Recvs from (Sends to) that peer, its Recvs (Sends), and every call but collectives on the way to
+// them, pass the gate. A pass only answers an operation the peer already issued, never creates a
+// debt of its own, so this ends. After the drain the lock asks whether the root
 // still holds a Send to or from this rank (data that leaving the root at Backup would lose): if so
 // it polls on and drains again, until the deadline.
 //
@@ -240,7 +241,8 @@ int32_t restore_comms(const SnapshotPass &) {
     std::lock_guard<std::mutex> g(runtime().mu);
     if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) {
       it->second.member = member;
-      std::fill(it->second.recvd.begin(), it->second.recvd.end(), 0);  // the new root counts Sends from 0
+      std::fill(it->second.recvd.begin(), it->second.recvd.end(), 0);  // the new root counts from 0
+      std::fill(it->second.sent.begin(), it->second.sent.end(), 0);
     }
   }
   std::lock_guard<std::mutex> g(runtime().mu);
@@ -302,17 +304,24 @@ void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused) {
     if (alone || c.nranks < 2) continue;
     for (uint32_t p = 0; p < c.nranks; ++p) {
       if (p == c.rank) continue;
-      proto::Reply rp{};
-      if (lock_query(c, hccl::kLockMail, p + 1, &rp) != HCCL_SUCCESS) continue;  // reported above
+      proto::Reply sends{}, recvs{};
+      if (lock_query(c, hccl::kLockMail, p + 1, &sends) != HCCL_SUCCESS ||
+          lock_query(c, hccl::kLockRecvs, p + 1, &recvs) != HCCL_SUCCESS)
+        continue;  // reported above
       std::lock_guard<std::mutex> g(runtime().mu);
       auto it = hccl_comms().find(handle);
-      if (it == hccl_comms().end() || p >= it->second.recv_pass.size()) continue;
+      if (it == hccl_comms().end() || p >= it->second.recv_pass.size() || p >= it->second.send_pass.size()) continue;
       CommEntry &cur = it->second;
-      cur.recv_pass[p] = std::max(cur.recv_pass[p], rp.value[0]);
+      cur.recv_pass[p] = std::max(cur.recv_pass[p], sends.value[0]);
+      cur.send_pass[p] = std::max(cur.send_pass[p], recvs.value[0]);
       if (cur.recvd[p] < cur.recv_pass[p]) {
         all = false;
         *waiting = comm_name(cur) + ": rank " + std::to_string(p) + " sent it " + std::to_string(cur.recv_pass[p]) +
                    " HcclSend(s), it issued " + std::to_string(cur.recvd[p]) + " HcclRecv(s) from that rank";
+      } else if (cur.sent[p] < cur.send_pass[p]) {
+        all = false;
+        *waiting = comm_name(cur) + ": rank " + std::to_string(p) + " posted " + std::to_string(cur.send_pass[p]) +
+                   " HcclRecv(s) from it, it issued " + std::to_string(cur.sent[p]) + " HcclSend(s) to that rank";
       }
     }
   }
@@ -351,6 +360,7 @@ void hccl_lock_end(bool withdraw) {
   for (auto &[handle, c] : hccl_comms()) {
     c.pass = 0;
     std::fill(c.recv_pass.begin(), c.recv_pass.end(), 0);
+    std::fill(c.send_pass.begin(), c.send_pass.end(), 0);
     c.pass_fixed = false;
     c.left_alone = !withdraw && options().alone;  // a lock that stands, taken alone
   }

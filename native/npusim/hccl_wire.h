@@ -52,6 +52,9 @@ constexpr uint32_t kLockWithdraw = 1;  // this rank's lock ended without a check
 // With value[1] = P + 1 instead of the issued count: how many Sends rank P made to this rank
 // reached the root (LockReply.pass), for the Recv's free pass.
 constexpr uint32_t kLockMail = 2;
+// With value[1] = P + 1: how many Recvs rank P posted for this rank's data reached the root
+// (LockReply.pass), for the Send's free pass.
+constexpr uint32_t kLockRecvs = 3;
 
 // TCP messages, host byte order (both ends are npusim on hosts of one job).
 constexpr uint32_t kJoinMagic = 0x4e50484a;   // "NPHJ"

@@ -50,13 +50,13 @@ CallScope::CallScope(const void *hccl_comm) {
   ++r.inflight;
 }
 
-CallScope::CallScope(const void *hccl_comm, uint32_t peer) {
+CallScope::CallScope(const void *hccl_comm, bool send, uint32_t peer) {
   Runtime &r = runtime();
   std::unique_lock<std::mutex> l(r.mu);
   const auto self = std::this_thread::get_id();
   r.gate_cv.wait(l, [&] {
     return r.state == State::Running || r.locker == self ||
-           (r.state == State::Locked && hccl_admits_recv(hccl_comm, peer));
+           (r.state == State::Locked && hccl_admits_p2p(hccl_comm, send, peer));
   });
   ++r.inflight;
 }

@@ -106,7 +106,7 @@ struct Runtime {
   State state = State::Running;
   std::thread::id locker;
   int inflight = 0;  // device calls that passed the gate and have not returned
-  bool hccl_recv_owed = false;  // while locking: a peer's HcclSend waits for this rank's Recv
+  bool hccl_recv_owed = false;  // while locking: a peer's HcclSend (HcclRecv) waits for this rank's Recv (Send)
   bool hccl_behind = false;  // while locking: a communicator is behind its free pass (hccl_snapshot.cpp)
   std::vector<std::pair<aclrtSnapShotCallBack, void *>> callbacks[ACL_RT_SNAPSHOT_UNLOCK_POST + 1];
 };
@@ -120,9 +120,10 @@ class CallScope {
   CallScope();
   // A collective on hccl_comm: while locking, admitted if it is within the communicator's free pass.
   explicit CallScope(const void *hccl_comm);
-  // An HcclRecv on hccl_comm from rank peer: while locking, admitted while that peer's Sends to
-  // this rank outnumber its Recvs from it (or within the collectives' free pass).
-  CallScope(const void *hccl_comm, uint32_t peer);
+  // An HcclSend (send) or HcclRecv on hccl_comm with rank peer: while locking, admitted while that
+  // peer's Recvs from (Sends to) this rank outnumber this rank's Sends to (Recvs from) it, or
+  // within the collectives' free pass.
+  CallScope(const void *hccl_comm, bool send, uint32_t peer);
   ~CallScope();
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
@@ -191,8 +192,9 @@ void hccl_lock_end(bool withdraw);
 bool hccl_lock_mail(std::string *waiting);
 // True if a collective on comm may pass the gate of a locked process (runtime().mu held).
 bool hccl_admits(const void *comm);
-// True if an HcclRecv from peer on comm may pass the gate of a locked process (runtime().mu held).
-bool hccl_admits_recv(const void *comm, uint32_t peer);
+// True if an HcclSend to / HcclRecv from peer on comm may pass the gate of a locked process
+// (runtime().mu held).
+bool hccl_admits_p2p(const void *comm, bool send, uint32_t peer);
 // The communicators as a JSON array (runtime().mu held), for npusimSnapshotInfo.
 std::string hccl_describe();
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.

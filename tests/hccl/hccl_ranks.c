@@ -12,6 +12,9 @@
  *   idle      initializes, prints "joined", then sleeps (a peer that never takes part, or is killed).
  *   sendlate  rank 0 HcclSends (and synchronizes), rank 1 HcclRecvs only once INFO.go exists;
  *             prints "sent" / "waiting", then "recv ok" and "done" (rank 0 once INFO.end exists).
+ *   recvfirst the other way round: rank 1 queues its HcclRecv ("queued") and synchronizes, rank 0
+ *             HcclSends only once INFO.go exists ("waiting", "sent"); "recv ok", then "done" once
+ *             INFO.end exists.
  *   wait      initializes, queues an AllReduce, prints "queued", synchronizes: "sync rc=N".
  *   finalize  initializes, queues an AllReduce, prints "queued", calls aclFinalize: "finalize rc=N".
  *   hold      AllReduces every 20 ms, each checked, printing "step K" until a rank sees INFO.stop
@@ -492,11 +495,36 @@ static void wait_file(const char *info, const char *suffix) {
 
 /* Rank 0 sends (and synchronizes: the root holds the data), rank 1 receives only once INFO.go
  * exists: a lock in between finds a Send that no Recv took yet. */
-static int mode_sendlate(HcclComm comm, aclrtStream stream, const char *info) {
+static int mode_sendlate(HcclComm comm, aclrtStream stream, const char *info, int recv_first) {
   int32_t host[N_ELEMS];
   void *d = NULL;
   ACL_OK(aclrtMalloc(&d, sizeof(host), ACL_MEM_MALLOC_HUGE_FIRST));
-  if (g_rank == 0) {
+  if (recv_first && g_rank == 0) {
+    for (int i = 0; i < N_ELEMS; ++i) host[i] = 7 * i + 1;
+    ACL_OK(aclrtMemcpy(d, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
+    printf("waiting\n");
+    fflush(stdout);
+    wait_file(info, "go");
+    HCCL_OK(HcclSend(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 1, comm, stream));
+    ACL_OK(aclrtSynchronizeStream(stream));
+    printf("sent\n");
+    fflush(stdout);
+    wait_file(info, "end");
+  } else if (recv_first) {
+    HCCL_OK(HcclRecv(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 0, comm, stream));
+    printf("queued\n");
+    fflush(stdout);
+    ACL_OK(aclrtSynchronizeStream(stream));
+    ACL_OK(aclrtMemcpy(host, sizeof(host), d, sizeof(host), ACL_MEMCPY_DEVICE_TO_HOST));
+    for (int i = 0; i < N_ELEMS; ++i)
+      if (host[i] != 7 * i + 1) {
+        printf("element %d is %d\n", i, host[i]);
+        return 1;
+      }
+    printf("recv ok\n");
+    fflush(stdout);
+    wait_file(info, "end");
+  } else if (g_rank == 0) {
     for (int i = 0; i < N_ELEMS; ++i) host[i] = 7 * i + 1;
     ACL_OK(aclrtMemcpy(d, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
     HCCL_OK(HcclSend(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 1, comm, stream));
@@ -593,7 +621,8 @@ int main(int argc, char **argv) {
     printf("finalize rc=%d\n", (int)aclFinalize());
     return 0;
   }
-  if (strcmp(mode, "sendlate") == 0) return mode_sendlate(comm, stream, info_arg);
+  if (strcmp(mode, "sendlate") == 0) return mode_sendlate(comm, stream, info_arg, 0);
+  if (strcmp(mode, "recvfirst") == 0) return mode_sendlate(comm, stream, info_arg, 1);
   if (strcmp(mode, "wait") == 0) {
     void *d = dev_with(HCCL_DATA_TYPE_FP32, 1, 0, N_ELEMS, 1);
     HCCL_OK(HcclAllReduce(d, d, N_ELEMS, HCCL_DATA_TYPE_FP32, HCCL_REDUCE_SUM, comm, stream));
