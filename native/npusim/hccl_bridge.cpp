@@ -3,6 +3,7 @@
 // hccl_snapshot.cpp carries across a snapshot.
 #include "hccl_bridge.h"
 
+#include <optional>
 #include <string>
 
 #include "hccl_comms.h"
@@ -20,9 +21,14 @@ std::map<const void *, CommEntry> &hccl_comms() {
 }
 
 void hccl_update_behind() {
-  bool behind = false;
-  for (auto &[handle, c] : hccl_comms()) behind = behind || c.seq < c.pass;
+  bool behind = false, owed = false;
+  for (auto &[handle, c] : hccl_comms()) {
+    behind = behind || c.seq < c.pass;
+    for (size_t p = 0; p < c.recvd.size() && p < c.recv_pass.size(); ++p) owed = owed || c.recvd[p] < c.recv_pass[p];
+    for (size_t p = 0; p < c.sent.size() && p < c.send_pass.size(); ++p) owed = owed || c.sent[p] < c.send_pass[p];
+  }
   runtime().hccl_behind = behind;
+  runtime().hccl_recv_owed = owed;
 }
 
 }  // namespace npusim::rt
@@ -34,6 +40,16 @@ bool hccl_admits(const void *comm) {
   auto it = hccl_comms().find(comm);
   if (comm == nullptr || it == hccl_comms().end()) return runtime().hccl_behind;
   return it->second.seq < it->second.pass;
+}
+
+bool hccl_admits_p2p(const void *comm, bool send, uint32_t peer) {
+  if (runtime().hccl_behind) return true;
+  auto it = hccl_comms().find(comm);
+  if (it == hccl_comms().end()) return false;
+  const CommEntry &c = it->second;
+  const auto &done = send ? c.sent : c.recvd;
+  const auto &pass = send ? c.send_pass : c.recv_pass;
+  return peer < done.size() && peer < pass.size() && done[peer] < pass[peer];
 }
 
 }  // namespace npusim::rt
@@ -61,7 +77,11 @@ int32_t npusimHcclSubmit(void *stream, const void *comm, proto::Request *rq) {
     order = it->second.order;
   }
   std::lock_guard<std::mutex> o(*order);  // before the gate: a second enqueue sees the first's number
-  CallScope scope(p2p ? nullptr : comm);
+  const bool recv = rq->task.m == npusim::hccl::kRecv;
+  const uint32_t peer = static_cast<uint32_t>(rq->task.value);
+  std::optional<CallScope> scope;
+  if (p2p) scope.emplace(comm, !recv, peer);  // passes while the peer's Sends (Recvs) wait for it
+  else scope.emplace(comm);
   StreamObj *s = nullptr;
   if (int32_t rc = resolve_stream(stream, &s); rc != ACL_SUCCESS) return rc;
   rq->stream = s->id;
@@ -73,6 +93,14 @@ int32_t npusimHcclSubmit(void *stream, const void *comm, proto::Request *rq) {
     rq->task.target = p2p ? 0 : it->second.seq + 1;
   }
   const int32_t rc = r.pool.call(*rq);
+  if (rc == 0 && p2p) {
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = hccl_comms().find(comm);
+    auto *done = it == hccl_comms().end() ? nullptr : recv ? &it->second.recvd : &it->second.sent;
+    if (done != nullptr && peer < done->size()) ++(*done)[peer];
+    hccl_update_behind();
+    r.gate_cv.notify_all();
+  }
   if (rc == 0 && !p2p) {
     std::lock_guard<std::mutex> g(r.mu);
     auto it = hccl_comms().find(comm);
@@ -102,6 +130,10 @@ void npusimHcclTrack(const void *comm, const NpusimHcclCommDesc *desc) {
   c.connect_ms = desc->connect_ms;
   c.exec_ms = desc->exec_ms;
   c.order = std::make_shared<std::mutex>();
+  c.recvd.assign(desc->nranks, 0);
+  c.recv_pass.assign(desc->nranks, 0);
+  c.sent.assign(desc->nranks, 0);
+  c.send_pass.assign(desc->nranks, 0);
   hccl_comms()[comm] = std::move(c);
 }
 

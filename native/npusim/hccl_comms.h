@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace npusim::rt {
 
@@ -14,9 +15,13 @@ struct CommEntry {
   uint64_t id = 0;
   uint32_t rank = 0, nranks = 0;
   uint64_t member = 0;  // the daemon's member: a restore re-forms the communicator under a new one
-  uint64_t seq = 0;     // collectives this rank issued (Send/Recv do not count)
+  uint64_t seq = 0;     // collectives this rank issued (Send/Recv are counted per peer below)
   uint64_t pass = 0;    // while locking: collectives up to this sequence number still pass the gate
   bool pass_fixed = false;  // a lock alone keeps its first pass (the peers running on would raise it forever)
+  std::vector<uint64_t> recvd;      // per peer: Recvs this rank issued since the communicator formed
+  std::vector<uint64_t> recv_pass;  // while locking, per peer: its Sends to this rank (Recvs up to it pass)
+  std::vector<uint64_t> sent;       // per peer: Sends this rank issued since the communicator formed
+  std::vector<uint64_t> send_pass;  // while locking, per peer: its Recvs from this rank (Sends up to it pass)
   bool left_alone = false;  // locked without its peers (--force): a restore that cannot re-form it goes on
   int32_t device = 0;
   int64_t connect_ms = 0, exec_ms = 0;  // HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT at init

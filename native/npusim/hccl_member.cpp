@@ -181,6 +181,7 @@ int32_t lock_query(const Member &m, uint64_t issued, uint32_t flags, proto::Repl
       wire::send_all(fd, &j, sizeof(j)) && ::poll(&p, 1, kAnswerMs) > 0 && wire::recv_all(fd, &rep, sizeof(rep))) {
     rp.value[0] = rep.pass;
     rp.value[1] = rep.settled;
+    if (rep.code == HCCL_E_REMOTE) rp.value[2] = rep.pass + 1;
   } else {
     rep.code = HCCL_E_TCP_TRANSFER;
   }

@@ -8,7 +8,10 @@
 //
 // Snapshot: a rank being locked reports how many collectives its process issued (a one-shot
 // connection, kLockMagic) and learns the free pass, the highest sequence number any rank issued
-// (reported, or seen in a frame), and whether every rank is locking; see hccl_bridge.cpp.
+// (reported, or seen in a frame), and whether every rank is locking; see hccl_bridge.cpp. A rank
+// that left without locking makes every report fail (HCCL_E_REMOTE): the lock refuses at once.
+// A drained rank asks for the Sends to or from it that no Recv took (kLockMail): their data
+// lives only here, and would be lost when the ranks leave at Backup.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -65,6 +68,8 @@ struct Core {
   bool formed = false;
   std::map<uint64_t, Round> rounds;
   std::map<std::pair<uint32_t, uint32_t>, std::deque<std::string>> mail;  // (from, to)
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> sends;  // (from, to): Sends that reached the root
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> recvs;  // (from, to): Recvs that reached the root
   uint64_t seen = 0;                // the highest sequence number a frame carried
   std::vector<uint64_t> reported;   // per rank: collectives its process issued, as its lock reported
   std::vector<bool> locking;        // per rank: reported and not withdrawn
@@ -189,9 +194,11 @@ int32_t point_to_point(Core &c, int fd, uint32_t me, const Frame &f, std::string
   std::unique_lock<std::mutex> l(c.mu);
   if (f.kind == kSend) {
     c.mail[{me, f.peer}].push_back(std::move(data));
+    ++c.sends[{me, f.peer}];
     c.cv.notify_all();
     return HCCL_SUCCESS;
   }
+  ++c.recvs[{f.peer, me}];
   auto &box = c.mail[{f.peer, me}];
   while (box.empty()) {
     if (c.ranks[f.peer] == kLeft) return HCCL_E_REMOTE;
@@ -249,16 +256,33 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
     c.reported.assign(c.nranks, 0);
     c.locking.assign(c.nranks, false);
   }
+  if ((j.reserved == kLockMail || j.reserved == kLockRecvs) && j.timeout_ms > 0) {  // one peer's count
+    const uint32_t peer = static_cast<uint32_t>(j.timeout_ms - 1);
+    auto &counts = j.reserved == kLockMail ? c.sends : c.recvs;
+    auto it = counts.find(j.reserved == kLockMail ? std::make_pair(peer, j.rank) : std::make_pair(j.rank, peer));
+    return {HCCL_SUCCESS, 0, it == counts.end() ? 0 : it->second};
+  }
+  if (j.reserved == kLockMail) {
+    LockReply rep{HCCL_SUCCESS, 0, 0};
+    for (auto &[pair, box] : c.mail)
+      if (!box.empty() && (pair.first == j.rank || pair.second == j.rank)) {
+        rep.pass += box.size();
+        rep.settled = pair.first == j.rank ? pair.second : pair.first;
+      }
+    return rep;
+  }
   const uint64_t issued = static_cast<uint64_t>(j.timeout_ms);
   c.reported[j.rank] = std::max(c.reported[j.rank], issued);
   c.locking[j.rank] = j.reserved == kLockReport;
   LockReply rep{HCCL_SUCCESS, 1, c.seen};
-  for (uint32_t i = 0; i < c.nranks && i < c.ranks.size(); ++i)
-    if (c.ranks[i] == kLeft && !c.locking[i]) return {HCCL_E_REMOTE, 0, 0};  // gone, not checkpointed
   for (uint32_t i = 0; i < c.nranks; ++i) {
     rep.pass = std::max(rep.pass, c.reported[i]);
     if (!c.locking[i]) rep.settled = 0;
   }
+  // A rank gone without being locked (its process exited or destroyed the communicator; a rank
+  // that backs up leaves while locking) can never lock: this lock cannot complete.
+  for (uint32_t i = 0; i < c.nranks; ++i)
+    if (c.ranks[i] == kLeft && !c.locking[i]) return {HCCL_E_REMOTE, 0, i};
   c.cv.notify_all();
   return rep;
 }

@@ -12,9 +12,19 @@
 // its peers, and keeps the pass of the lock's first report: peers that run on would otherwise pull
 // the rank along forever), no call is in flight and the queued work drained. A rank that cannot get there (a
 // peer stopped before the collective, an application that waits for something outside the device
-// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn. A
-// communicator that lost a peer which was not locking (a rank's process or daemon died) cannot be
-// checkpointed at all: the lock fails at once (LOCK_FAILED, with the reason), back to RUNNING.
+// before issuing it) ends in the lock timeout, back to RUNNING, with its report withdrawn. A broken
+// communicator (a rank left it without being locked: its process died; or this rank's member
+// failed) can never let the lock complete: the lock refuses at once, back to RUNNING, naming it
+// (ACL_ERROR_SNAPSHOT_LOCK_FAILED); a lock alone (--force) goes on without it.
+//
+// Send/Recv are matched per pair, not numbered: a Send is done once the root holds its data. So
+// the free pass covers them per pair: each poll asks the root how many Sends each peer made to
+// this rank and how many Recvs it posted for this rank's data; while those outnumber this rank's
+// Recvs from (Sends to) that peer, its Recvs (Sends), and every call but collectives on the way to
+// them, pass the gate. A pass only answers an operation the peer already issued, never creates a
+// debt of its own, so this ends. After the drain the lock asks whether the root
+// still holds a Send to or from this rank (data that leaving the root at Backup would lose): if so
+// it polls on and drains again, until the deadline.
 //
 // Backup: the table (hccl_comms.h) is process memory and travels with the process; the daemon's
 // Release closes the members, so nothing inter-rank stays open.
@@ -81,13 +91,15 @@ std::string comm_name(const CommEntry &c) {
   return b;
 }
 
-int32_t lock_query(const CommEntry &c, uint32_t flags, proto::Reply *rp) {
+int32_t lock_query(const CommEntry &c, uint32_t flags, uint64_t value, proto::Reply *rp) {
   proto::Request rq = wire::request(proto::Op::HcclLockQuery);
   rq.value[0] = c.member;
-  rq.value[1] = c.seq;
+  rq.value[1] = value;
   rq.flags = flags;
   return runtime().pool.call(rq, rp);
 }
+
+int32_t lock_query(const CommEntry &c, uint32_t flags, proto::Reply *rp) { return lock_query(c, flags, c.seq, rp); }
 
 std::string root_file(const std::string &dir, uint64_t id) {
   char name[40];
@@ -227,7 +239,11 @@ int32_t restore_comms(const SnapshotPass &) {
       member = 0;  // no member: the daemon refuses its collectives (HCCL_E_PARA)
     }
     std::lock_guard<std::mutex> g(runtime().mu);
-    if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) it->second.member = member;
+    if (auto it = hccl_comms().find(handle); it != hccl_comms().end()) {
+      it->second.member = member;
+      std::fill(it->second.recvd.begin(), it->second.recvd.end(), 0);  // the new root counts from 0
+      std::fill(it->second.sent.begin(), it->second.sent.end(), 0);
+    }
   }
   std::lock_guard<std::mutex> g(runtime().mu);
   options().rendezvous.clear();  // one restore's meeting point: a later one gets its own
@@ -242,7 +258,7 @@ NPUSIM_RESOURCE_KIND(kCommunicators);
 
 namespace npusim::rt {
 
-void hccl_lock_poll(bool *ready, std::string *waiting, std::string *broken) {
+void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused) {
   auto table = snapshot_table();
   bool alone, all = true;
   {
@@ -257,11 +273,14 @@ void hccl_lock_poll(bool *ready, std::string *waiting, std::string *broken) {
     auto it = hccl_comms().find(handle);
     if (it == hccl_comms().end()) continue;  // destroyed meanwhile
     CommEntry &cur = it->second;
-    if (rc == HCCL_E_REMOTE) {  // the root (or this rank's member) lost a peer that was not locking
+    if (rc == HCCL_E_REMOTE && alone) continue;  // --force: nothing to wait for; its next call fails
+    if (rc == HCCL_E_REMOTE) {  // broken: no peer can ever let this lock complete
       all = false;
-      *broken = comm_name(cur) + " is broken: a peer rank is gone (its process or daemon died, or it left "
-                "the communicator), so no checkpoint can hold the communicator (HcclResult " +
-                std::to_string(rc) + ", HCCL_E_REMOTE)";
+      *refused = comm_name(cur) + " is broken: " +
+                 (rp.value[2] > 0 ? "rank " + std::to_string(rp.value[2] - 1) +
+                                        " left it without being locked (its process exited or destroyed it)"
+                                  : std::string("a collective of this rank failed (a peer exited)")) +
+                 " (HcclResult " + std::to_string(rc) + ")";
       continue;
     }
     if (rc != HCCL_SUCCESS) {
@@ -280,10 +299,55 @@ void hccl_lock_poll(bool *ready, std::string *waiting, std::string *broken) {
       *waiting = comm_name(cur) + ": not every rank is being locked (checkpoint all ranks as one set)";
     }
   }
+  // The Recvs' free pass: a peer's Sends to this rank that reached the root wait for its Recvs.
+  for (auto &[handle, c] : table) {
+    if (alone || c.nranks < 2) continue;
+    for (uint32_t p = 0; p < c.nranks; ++p) {
+      if (p == c.rank) continue;
+      proto::Reply sends{}, recvs{};
+      if (lock_query(c, hccl::kLockMail, p + 1, &sends) != HCCL_SUCCESS ||
+          lock_query(c, hccl::kLockRecvs, p + 1, &recvs) != HCCL_SUCCESS)
+        continue;  // reported above
+      std::lock_guard<std::mutex> g(runtime().mu);
+      auto it = hccl_comms().find(handle);
+      if (it == hccl_comms().end() || p >= it->second.recv_pass.size() || p >= it->second.send_pass.size()) continue;
+      CommEntry &cur = it->second;
+      cur.recv_pass[p] = std::max(cur.recv_pass[p], sends.value[0]);
+      cur.send_pass[p] = std::max(cur.send_pass[p], recvs.value[0]);
+      if (cur.recvd[p] < cur.recv_pass[p]) {
+        all = false;
+        *waiting = comm_name(cur) + ": rank " + std::to_string(p) + " sent it " + std::to_string(cur.recv_pass[p]) +
+                   " HcclSend(s), it issued " + std::to_string(cur.recvd[p]) + " HcclRecv(s) from that rank";
+      } else if (cur.sent[p] < cur.send_pass[p]) {
+        all = false;
+        *waiting = comm_name(cur) + ": rank " + std::to_string(p) + " posted " + std::to_string(cur.send_pass[p]) +
+                   " HcclRecv(s) from it, it issued " + std::to_string(cur.sent[p]) + " HcclSend(s) to that rank";
+      }
+    }
+  }
   std::lock_guard<std::mutex> g(runtime().mu);
   hccl_update_behind();
   runtime().gate_cv.notify_all();
   *ready = all;
+}
+
+bool hccl_lock_mail(std::string *waiting) {
+  {
+    std::lock_guard<std::mutex> g(runtime().mu);
+    if (options().alone) return true;  // its peers run on: their Sends and Recvs are theirs
+  }
+  for (auto &[handle, c] : snapshot_table()) {
+    if (c.nranks < 2) continue;
+    proto::Reply rp{};
+    const int32_t rc = lock_query(c, hccl::kLockMail, 0, &rp);
+    if (rc == HCCL_SUCCESS && rp.value[0] == 0) continue;
+    *waiting = comm_name(c) + ": " +
+               (rc != HCCL_SUCCESS ? "its root daemon does not answer (HcclResult " + std::to_string(rc) + ")"
+                                   : std::to_string(rp.value[0]) + " HcclSend(s) between this rank and rank " +
+                                         std::to_string(rp.value[1]) + " not received by an HcclRecv");
+    return false;
+  }
+  return true;
 }
 
 void hccl_lock_end(bool withdraw) {
@@ -295,6 +359,8 @@ void hccl_lock_end(bool withdraw) {
   std::lock_guard<std::mutex> g(runtime().mu);
   for (auto &[handle, c] : hccl_comms()) {
     c.pass = 0;
+    std::fill(c.recv_pass.begin(), c.recv_pass.end(), 0);
+    std::fill(c.send_pass.begin(), c.send_pass.end(), 0);
     c.pass_fixed = false;
     c.left_alone = !withdraw && options().alone;  // a lock that stands, taken alone
   }

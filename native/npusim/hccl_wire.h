@@ -42,9 +42,19 @@ enum Kind : uint64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, k
 //   HcclCommInfo:   value[0] = member id -> value[0] = issued, [1] = completed, [2] = 1 if broken
 //   HcclLockQuery:  value[0] = member id, value[1] = collectives the rank's process issued, flags =
 //                   kLockReport or kLockWithdraw -> value[0] = the free pass (the highest sequence
-//                   number any rank issued), value[1] = 1 once every rank reported (all are locking)
+//                   number any rank issued), value[1] = 1 once every rank reported (all are locking);
+//                   code HCCL_E_REMOTE: the communicator is broken (this member failed, or a rank
+//                   left without being locked: value[2] = that rank + 1, 0 if unknown)
 constexpr uint32_t kLockReport = 0;    // this rank is locking: count it, tell me the free pass
 constexpr uint32_t kLockWithdraw = 1;  // this rank's lock ended without a checkpoint (timeout, unlock)
+// This rank drained: how many HcclSends to or from it the root holds that no HcclRecv took yet
+// (LockReply.pass; .settled = a peer rank of one of them). Leaves the rank's report as it was.
+// With value[1] = P + 1 instead of the issued count: how many Sends rank P made to this rank
+// reached the root (LockReply.pass), for the Recv's free pass.
+constexpr uint32_t kLockMail = 2;
+// With value[1] = P + 1: how many Recvs rank P posted for this rank's data reached the root
+// (LockReply.pass), for the Send's free pass.
+constexpr uint32_t kLockRecvs = 3;
 
 // TCP messages, host byte order (both ends are npusim on hosts of one job).
 constexpr uint32_t kJoinMagic = 0x4e50484a;   // "NPHJ"
@@ -66,7 +76,8 @@ struct JoinMsg {
 struct LockReply {
   int32_t code;      // HcclResult; HCCL_E_NOT_FOUND: no such communicator
   uint32_t settled;  // 1: every rank has reported
-  uint64_t pass;     // the highest sequence number any rank issued (reported or seen in a frame)
+  uint64_t pass;     // the highest sequence number any rank issued (reported or seen in a frame);
+                     // with HCCL_E_REMOTE: the rank that left without being locked
 };
 
 struct JoinReply {

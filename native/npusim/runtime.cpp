@@ -34,7 +34,8 @@ CallScope::CallScope() {
   const auto self = std::this_thread::get_id();
   // A locked process that is behind a peer's collective runs on until it caught up (the free pass).
   r.gate_cv.wait(l, [&] {
-    return r.state == State::Running || r.locker == self || (r.state == State::Locked && r.hccl_behind);
+    return r.state == State::Running || r.locker == self ||
+           (r.state == State::Locked && (r.hccl_behind || r.hccl_recv_owed));
   });
   ++r.inflight;
 }
@@ -45,6 +46,17 @@ CallScope::CallScope(const void *hccl_comm) {
   const auto self = std::this_thread::get_id();
   r.gate_cv.wait(l, [&] {
     return r.state == State::Running || r.locker == self || (r.state == State::Locked && hccl_admits(hccl_comm));
+  });
+  ++r.inflight;
+}
+
+CallScope::CallScope(const void *hccl_comm, bool send, uint32_t peer) {
+  Runtime &r = runtime();
+  std::unique_lock<std::mutex> l(r.mu);
+  const auto self = std::this_thread::get_id();
+  r.gate_cv.wait(l, [&] {
+    return r.state == State::Running || r.locker == self ||
+           (r.state == State::Locked && hccl_admits_p2p(hccl_comm, send, peer));
   });
   ++r.inflight;
 }

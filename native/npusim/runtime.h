@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -105,6 +106,7 @@ struct Runtime {
   State state = State::Running;
   std::thread::id locker;
   int inflight = 0;  // device calls that passed the gate and have not returned
+  bool hccl_recv_owed = false;  // while locking: a peer's HcclSend (HcclRecv) waits for this rank's Recv (Send)
   bool hccl_behind = false;  // while locking: a communicator is behind its free pass (hccl_snapshot.cpp)
   std::vector<std::pair<aclrtSnapShotCallBack, void *>> callbacks[ACL_RT_SNAPSHOT_UNLOCK_POST + 1];
 };
@@ -118,6 +120,10 @@ class CallScope {
   CallScope();
   // A collective on hccl_comm: while locking, admitted if it is within the communicator's free pass.
   explicit CallScope(const void *hccl_comm);
+  // An HcclSend (send) or HcclRecv on hccl_comm with rank peer: while locking, admitted while that
+  // peer's Recvs from (Sends to) this rank outnumber this rank's Sends to (Recvs from) it, or
+  // within the collectives' free pass.
+  CallScope(const void *hccl_comm, bool send, uint32_t peer);
   ~CallScope();
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
@@ -177,13 +183,18 @@ void forget_tasks(StreamObj *stream);
 void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // HCCL at Lock (hccl_snapshot.cpp): reports each communicator's issued count to its root and
 // learns the free pass; *ready once no communicator is behind it and (unless alone) every rank is
-// locking (else *waiting says what it waits for); *broken says why the lock must fail at once (a
-// communicator lost a peer that was not locking: no checkpoint can hold it). Unlock or a failed
-// lock ends it (withdraw: tell the roots).
-void hccl_lock_poll(bool *ready, std::string *waiting, std::string *broken);
+// locking (else *waiting says what it waits for). Unlock or a failed lock ends it (withdraw:
+// tell the roots).
+void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused);
 void hccl_lock_end(bool withdraw);
+// After the drain: whether every HcclSend to or from this rank was received (false, with what is
+// unmatched in *waiting: the lock polls on, the Recv's free pass open, and drains again).
+bool hccl_lock_mail(std::string *waiting);
 // True if a collective on comm may pass the gate of a locked process (runtime().mu held).
 bool hccl_admits(const void *comm);
+// True if an HcclSend to / HcclRecv from peer on comm may pass the gate of a locked process
+// (runtime().mu held).
+bool hccl_admits_p2p(const void *comm, bool send, uint32_t peer);
 // The communicators as a JSON array (runtime().mu held), for npusimSnapshotInfo.
 std::string hccl_describe();
 // Starts the by-pid control listener (ctl.cpp) once per process; called by aclInit.

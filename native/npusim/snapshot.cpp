@@ -198,36 +198,51 @@ int32_t npusim::rt::snapshot_lock(int64_t timeout_ms) {
     // holds HCCL communicators first runs on to its peers' collectives (the free pass).
     bool ready = false;
     std::string waiting;  // what the free pass still waits for, for the timeout's message
-    std::string broken;   // a communicator no checkpoint can hold: the lock fails at once
+    std::string refused;  // a broken communicator: the lock can never complete
+    bool drained = false;  // the loop ended after a drain (its result in rc)
+    int32_t drain_rc = ACL_SUCCESS;
     for (;;) {
       l.unlock();
-      hccl_lock_poll(&ready, &waiting, &broken);
+      hccl_lock_poll(&ready, &waiting, &refused);
       l.lock();
-      if (!broken.empty()) {
+      if (!refused.empty()) break;
+      if (ready && r.inflight == 0) {
         l.unlock();
-        hccl_lock_end(true);
-        note_error("snapshot: lock refused: " + broken);
+        int32_t rc = ACL_SUCCESS;
+        if (r.pool.connected()) {
+          // Then all queued device work.
+          proto::Request rq = wire::request(proto::Op::Drain);
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+          rq.timeout_ms = std::max<int64_t>(0, left.count());
+          rc = r.pool.call(rq);
+        }
+        // A Send whose Recv was not issued lives only in the root: not a consistent point yet;
+        // poll on (the Recv's free pass opens) and drain again.
+        const bool matched = rc != ACL_SUCCESS || hccl_lock_mail(&waiting);
         l.lock();
-        r.state = State::Running;
-        r.locker = std::thread::id();
-        r.gate_cv.notify_all();
-        return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+        if (matched) {
+          drained = true;
+          drain_rc = rc;
+          break;
+        }
       }
-      if (ready && r.inflight == 0) break;
       const auto next = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
       r.gate_cv.wait_until(l, next);
       if (std::chrono::steady_clock::now() >= deadline) break;
     }
-    if (ready && r.inflight == 0) {
+    if (!refused.empty()) {
       l.unlock();
-      int32_t rc = ACL_SUCCESS;
-      if (r.pool.connected()) {
-        // Then all queued device work.
-        proto::Request rq = wire::request(proto::Op::Drain);
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        rq.timeout_ms = std::max<int64_t>(0, left.count());
-        rc = r.pool.call(rq);
-      }
+      hccl_lock_end(true);
+      note_error("snapshot: lock refused: " + refused);
+      l.lock();
+      r.state = State::Running;  // the process untouched, as after a timeout
+      r.locker = std::thread::id();
+      r.gate_cv.notify_all();
+      return ACL_ERROR_SNAPSHOT_LOCK_FAILED;
+    }
+    if (drained) {
+      l.unlock();
+      int32_t rc = drain_rc;
       if (rc == ACL_SUCCESS) rc = check_resources();
       hccl_lock_end(rc != ACL_SUCCESS);
       l.lock();

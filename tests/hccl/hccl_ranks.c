@@ -10,6 +10,11 @@
  *             copy queued on one stream. Prints "ok rank R checks N" and exits 0.
  *   join      initializes and prints "init rc=N" (a peer that never joins: HCCL_E_TIMEOUT).
  *   idle      initializes, prints "joined", then sleeps (a peer that never takes part, or is killed).
+ *   sendlate  rank 0 HcclSends (and synchronizes), rank 1 HcclRecvs only once INFO.go exists;
+ *             prints "sent" / "waiting", then "recv ok" and "done" (rank 0 once INFO.end exists).
+ *   recvfirst the other way round: rank 1 queues its HcclRecv ("queued") and synchronizes, rank 0
+ *             HcclSends only once INFO.go exists ("waiting", "sent"); "recv ok", then "done" once
+ *             INFO.end exists.
  *   wait      initializes, queues an AllReduce, prints "queued", synchronizes: "sync rc=N".
  *   finalize  initializes, queues an AllReduce, prints "queued", calls aclFinalize: "finalize rc=N".
  *   hold      AllReduces every 20 ms, each checked, printing "step K" until a rank sees INFO.stop
@@ -481,6 +486,70 @@ static int env_int(const char *name, int fallback) {
   return v != NULL && *v != '\0' ? atoi(v) : fallback;
 }
 
+/* Waits (bounded) until the file INFO.SUFFIX exists. */
+static void wait_file(const char *info, const char *suffix) {
+  char go[4096];
+  snprintf(go, sizeof go, "%s.%s", info, suffix);
+  for (int i = 0; i < 6000 && access(go, F_OK) != 0; ++i) usleep(20000);
+}
+
+/* Rank 0 sends (and synchronizes: the root holds the data), rank 1 receives only once INFO.go
+ * exists: a lock in between finds a Send that no Recv took yet. */
+static int mode_sendlate(HcclComm comm, aclrtStream stream, const char *info, int recv_first) {
+  int32_t host[N_ELEMS];
+  void *d = NULL;
+  ACL_OK(aclrtMalloc(&d, sizeof(host), ACL_MEM_MALLOC_HUGE_FIRST));
+  if (recv_first && g_rank == 0) {
+    for (int i = 0; i < N_ELEMS; ++i) host[i] = 7 * i + 1;
+    ACL_OK(aclrtMemcpy(d, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
+    printf("waiting\n");
+    fflush(stdout);
+    wait_file(info, "go");
+    HCCL_OK(HcclSend(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 1, comm, stream));
+    ACL_OK(aclrtSynchronizeStream(stream));
+    printf("sent\n");
+    fflush(stdout);
+    wait_file(info, "end");
+  } else if (recv_first) {
+    HCCL_OK(HcclRecv(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 0, comm, stream));
+    printf("queued\n");
+    fflush(stdout);
+    ACL_OK(aclrtSynchronizeStream(stream));
+    ACL_OK(aclrtMemcpy(host, sizeof(host), d, sizeof(host), ACL_MEMCPY_DEVICE_TO_HOST));
+    for (int i = 0; i < N_ELEMS; ++i)
+      if (host[i] != 7 * i + 1) {
+        printf("element %d is %d\n", i, host[i]);
+        return 1;
+      }
+    printf("recv ok\n");
+    fflush(stdout);
+    wait_file(info, "end");
+  } else if (g_rank == 0) {
+    for (int i = 0; i < N_ELEMS; ++i) host[i] = 7 * i + 1;
+    ACL_OK(aclrtMemcpy(d, sizeof(host), host, sizeof(host), ACL_MEMCPY_HOST_TO_DEVICE));
+    HCCL_OK(HcclSend(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 1, comm, stream));
+    ACL_OK(aclrtSynchronizeStream(stream));
+    printf("sent\n");
+    fflush(stdout);
+    wait_file(info, "end");
+  } else {
+    printf("waiting\n");
+    fflush(stdout);
+    wait_file(info, "go");
+    HCCL_OK(HcclRecv(d, N_ELEMS, HCCL_DATA_TYPE_INT32, 0, comm, stream));
+    ACL_OK(aclrtSynchronizeStream(stream));
+    ACL_OK(aclrtMemcpy(host, sizeof(host), d, sizeof(host), ACL_MEMCPY_DEVICE_TO_HOST));
+    for (int i = 0; i < N_ELEMS; ++i)
+      if (host[i] != 7 * i + 1) {
+        printf("element %d is %d\n", i, host[i]);
+        return 1;
+      }
+    printf("recv ok\n");
+  }
+  printf("done\n");
+  return 0;
+}
+
 static int mode_train(HcclComm comm, aclrtStream stream) {
   enum { N = 4096 };
   const int steps = env_int("HCCL_TRAIN_STEPS", 150), pause_us = env_int("HCCL_TRAIN_SLEEP_US", 10000);
@@ -541,7 +610,8 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "train") == 0) return mode_train(comm, stream);
   if (strcmp(mode, "idle") == 0) {
     printf("joined\n");
-    sleep(120); /* the test kills us long before */
+    for (unsigned left = 120; left > 0;) left = sleep(left); /* the test kills us long before; a
+                                                                 checkpoint's freeze cuts a sleep short */
     return 0;
   }
   if (strcmp(mode, "finalize") == 0) {
@@ -551,6 +621,8 @@ int main(int argc, char **argv) {
     printf("finalize rc=%d\n", (int)aclFinalize());
     return 0;
   }
+  if (strcmp(mode, "sendlate") == 0) return mode_sendlate(comm, stream, info_arg, 0);
+  if (strcmp(mode, "recvfirst") == 0) return mode_sendlate(comm, stream, info_arg, 1);
   if (strcmp(mode, "wait") == 0) {
     void *d = dev_with(HCCL_DATA_TYPE_FP32, 1, 0, N_ELEMS, 1);
     HCCL_OK(HcclAllReduce(d, d, N_ELEMS, HCCL_DATA_TYPE_FP32, HCCL_REDUCE_SUM, comm, stream));
