@@ -156,13 +156,20 @@ class SetCheckpoint:
             m.share(self.staging, self.guardian, self.undos, self.signals)
         try:
             # Removed once every member is back or gone (by the guardian if we die).
-            with communicators.rendezvous(self._hccl, _owner(first.pid)) as self.meet:
+            with self._rendezvous() as self.meet:
                 return transaction(self.signals, self.undos, self.progress, self._discard, self._steps,
                                    self._finish)
         finally:
             for m in self.members:
                 m.backend.release()
             self.guardian.release()
+
+    def _rendezvous(self) -> contextlib.AbstractContextManager[Optional[Path]]:
+        """Where the set's HCCL ranks meet in an in-place restore: a job's directory (their peers on
+        the other nodes restore through it too; the coordinator removes it), else a private one."""
+        if self.opts.rendezvous is not None:
+            return contextlib.nullcontext(self.opts.rendezvous if self._hccl else None)
+        return communicators.rendezvous(self._hccl, _owner(self.members[0].pid))
 
     @property
     def _hccl(self) -> bool:
@@ -198,7 +205,7 @@ class SetCheckpoint:
 
     def _steps(self) -> Manifest:
         if self.meet is not None:  # before the lock: an agent whose lease runs out restores through it
-            self.guardian.meet(self.meet, [m.pid for m in self.members])
+            self.guardian.meet(self.meet, [m.pid for m in self.members], owned=self.opts.rendezvous is None)
             for m in self.members:
                 with self._member(m):
                     communicators.hand(m.backend, self.meet)

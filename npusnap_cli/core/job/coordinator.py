@@ -252,6 +252,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     stages: list[dict[str, Any]] = []
     committed = False
     session: Optional[Session] = None
+    meet: Optional[Path] = None
     d = opts.deadlines
 
     def stage(name: str, t0: float) -> None:
@@ -259,8 +260,9 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
 
     try:
         session = Session(job, nodes, opts.listen, key, say)
+        meet = _attempt_rendezvous(final)
         args = ["checkpoint", "--job", job, "--staging", str(staging), "--secret-file", str(staging / jm.SECRET),
-                "--lease", str(d.lease), "--lock-timeout", str(opts.lock_timeout)]
+                "--lease", str(d.lease), "--lock-timeout", str(opts.lock_timeout), "--rendezvous", str(meet)]
         if opts.criu_timeout:
             args += ["--criu-timeout", str(opts.criu_timeout)]
         args += ["--leave-running"] if opts.leave_running else []
@@ -308,8 +310,23 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     finally:
         if session is not None:
             session.close(wait=d.commit + 30)
+        if meet is not None:  # every worker ended: no rank restores in place any more
+            shutil.rmtree(meet, ignore_errors=True)
         if not committed:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _attempt_rendezvous(final: Path) -> Path:
+    """The attempt's rendezvous directory, on the shared storage beside DIR (0700, a fresh random
+    name: nobody plants a root there): where the HCCL ranks of every node re-form their
+    communicators when the attempt restores them in place (an abort after the backup, a rollback,
+    --leave-running). Beside the staging directory, not in it: its path outlives the commit's rename."""
+    meet = hidden_sibling(final, "rendezvous")
+    try:
+        meet.mkdir(0o700)
+    except OSError as e:
+        raise StorageProblem(f"cannot create the ranks' rendezvous directory {meet}: {e.strerror}") from e
+    return meet
 
 
 def testhooks_commit() -> None:

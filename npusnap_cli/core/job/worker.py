@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -47,7 +48,9 @@ class WorkerOptions:
     shell_job: bool = False
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
-    rendezvous: Optional[Path] = None  # restore: where the ranks of every node re-form their communicators
+    # where the HCCL ranks of every node re-form their communicators: the restore's, or (checkpoint)
+    # the attempt's, for the in-place restores of a rollback or of --leave-running
+    rendezvous: Optional[Path] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,7 +128,8 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True)
+                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True,
+                                  rendezvous=opts.rendezvous)
         gate = _Gate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
@@ -159,14 +163,22 @@ def _sid(pid: int) -> int:
 
 def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
     """The job was aborted after this node's set committed: every rank back to running, and the
-    node's checkpoint removed (the job checkpoint it belonged to was never committed)."""
+    node's checkpoint removed (the job checkpoint it belonged to was never committed). All at
+    once: an HCCL rank's device restore waits for its peers' (on this node and the others, in
+    the attempt's rendezvous directory)."""
     from ..recover import recover
 
-    for r in ranks:
+    def one(r: Rank) -> None:
         try:
             recover(r.pid, device_images=directory / "device" / str(r.pid))
         except NpusnapError as e:
             say(f"rank {r.pid} could not be recovered: {e.one_line()} (run `npusnap recover {r.pid}`)")
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()  # each bounded by the agent's and HCCL's own deadlines
     shutil.rmtree(directory, ignore_errors=True)
 
 
