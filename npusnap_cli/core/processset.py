@@ -72,6 +72,11 @@ class CommitGate(Protocol):
     def committed(self, manifest: Manifest) -> None:
         """The set is committed, no member killed or run on yet: wait until the job is."""
 
+    def failing(self, error: BaseException) -> None:
+        """The set failed before its commit and every member is about to be undone: tell the job
+        now, not after the rollback (its other nodes' HCCL ranks must roll back meanwhile, or
+        ours wait for them in vain). Never raises."""
+
 
 def checkpoint_set(pids: Sequence[int], opts: CheckpointOptions, progress: Progress = quiet,
                    services: Services = REAL, gate: Optional[CommitGate] = None) -> Manifest:
@@ -157,7 +162,7 @@ class SetCheckpoint:
         try:
             # Removed once every member is back or gone (by the guardian if we die).
             with self._rendezvous() as self.meet:
-                return transaction(self.signals, self.undos, self.progress, self._discard, self._steps,
+                return transaction(self.signals, self.undos, self.progress, self._discard, self._work,
                                    self._finish)
         finally:
             for m in self.members:
@@ -202,6 +207,14 @@ class SetCheckpoint:
         for m in self.members:
             if m.pid in failed:
                 warn(self.progress, f"rollback: device rollback failed: {failed[m.pid]}")
+
+    def _work(self) -> Manifest:
+        try:
+            return self._steps()
+        except BaseException as e:
+            if self.gate is not None:  # before the rollback: see CommitGate.failing
+                self.gate.failing(e)
+            raise
 
     def _steps(self) -> Manifest:
         if self.meet is not None:  # before the lock: an agent whose lease runs out restores through it

@@ -79,6 +79,7 @@ class _Gate:
         self.ch, self.opts, self.node, self.ranks = ch, opts, node, ranks
         self.voted = False
         self.set_committed = False
+        self.told = False  # the coordinator heard of this node's failure
 
     def _await(self, stage: str, wanted: str) -> None:
         try:
@@ -98,6 +99,18 @@ class _Gate:
                      phases=[p.__dict__ for p in manifest.phases])
         self.voted = True
         self._await("commit", "commit")
+
+    def failing(self, error: BaseException) -> None:
+        if isinstance(error, JobAborted):  # the coordinator's word (or its loss): nothing to tell it
+            return
+        self.tell(error.one_line() if isinstance(error, NpusnapError) else str(error) or type(error).__name__)
+
+    def tell(self, error: str) -> None:
+        """`failed` to the coordinator, once."""
+        if not self.told:
+            self.told = True
+            with contextlib.suppress(OSError):
+                self.ch.send("failed", node=self.node, error=error)
 
     def committed(self, manifest: Manifest) -> None:
         self.set_committed = True
@@ -142,9 +155,9 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
             if gate.set_committed:  # the job cannot commit without this node: undone like an abort
+                gate.tell(e.one_line())  # first: the other nodes' ranks recover meanwhile, to meet ours
                 _recover_after_commit(ranks, directory)
-            with contextlib.suppress(OSError):
-                ch.send("failed", node=node, error=e.one_line())
+            gate.tell(e.one_line())
             return e.exit_code
         with contextlib.suppress(OSError):
             ch.send("finished", node=node)
