@@ -1,7 +1,8 @@
 """A job checkpoint of HCCL ranks across nodes that ends after the ranks were backed up, on the
 real test cluster: the 2 nodes x 2 ranks training job of test_hccl.py, whose one communicator
-spans both nodes. Aborted after the backup (a worker failing after its ranks were dumped; the
-coordinator failing its commit after every node's set committed), and checkpointed with
+spans both nodes. Aborted after the backup (a worker failing after its ranks were dumped, or after
+its node's set committed; the coordinator failing its commit after every node's set committed),
+and checkpointed with
 --leave-running: each time every rank is restored in place and its communicator re-formed across
 the nodes through the attempt's one rendezvous directory on the shared storage, so every rank
 runs on, unlocked, and the job's losses and final weights are bit-identical to an uninterrupted
@@ -24,6 +25,7 @@ ABORTED = 15
 
 ABORTS = [  # (variable, value with {node} filled in): each after every rank of a node was backed up
     ("NPUSNAP_TEST_JOB_FAIL", "vote@{node}"),  # a worker, its ranks dumped: every node rolls back
+    ("NPUSNAP_TEST_JOB_FAIL", "committed@{node}"),  # a worker, its node's set committed: recovered
     ("NPUSNAP_TEST_FAIL", "job-commit"),  # the coordinator, every node's set committed: all recovered
 ]
 
