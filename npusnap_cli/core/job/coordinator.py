@@ -261,14 +261,8 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     try:
         session = Session(job, nodes, opts.listen, key, say)
         meet = _attempt_rendezvous(final)
-        args = ["checkpoint", "--job", job, "--staging", str(staging), "--secret-file", str(staging / jm.SECRET),
-                "--lease", str(d.lease), "--lock-timeout", str(opts.lock_timeout), "--rendezvous", str(meet)]
-        if opts.criu_timeout:
-            args += ["--criu-timeout", str(opts.criu_timeout)]
-        args += ["--leave-running"] if opts.leave_running else []
-        args += ["--shell-job"] if opts.shell_job else []
         t = time.monotonic()
-        session.start_workers(args)
+        session.start_workers(_checkpoint_worker_args(job, opts, staging, meet))
         hellos = session.gather("hello", "connect", d.connect)
         stage("connect", t)
         for node in nodes:
@@ -314,6 +308,15 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
             shutil.rmtree(meet, ignore_errors=True)
         if not committed:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path, meet: Path) -> list[str]:
+    args = ["checkpoint", "--job", job, "--staging", str(staging), "--secret-file", str(staging / jm.SECRET),
+            "--lease", str(opts.deadlines.lease), "--lock-timeout", str(opts.lock_timeout), "--rendezvous", str(meet)]
+    if opts.criu_timeout:
+        args += ["--criu-timeout", str(opts.criu_timeout)]
+    args += ["--leave-running"] if opts.leave_running else []
+    return args + (["--shell-job"] if opts.shell_job else [])
 
 
 def _attempt_rendezvous(final: Path) -> Path:
