@@ -9,6 +9,8 @@ srun, talks to them over TCP (protocol.py), and drives the two-phase commit:
               -> `done` to all (ranks killed, or run on)                 --commit-timeout
     any failure, timeout or lost worker before the rename -> `abort` to every worker (each
     undoes its ranks: they run on, unlocked), the staging directory removed, JobAborted.
+    HCCL ranks restored in place (an abort after the backup, --leave-running) re-form their
+    communicators across nodes in the attempt's one rendezvous directory beside DIR.
 
 Restore: the shape is checked (as many nodes as the checkpoint has), node i of the checkpoint
 goes to node i of the new allocation (or of --nodes), every worker restores its node's set,

@@ -10,7 +10,9 @@
                  -> `go`: wait for the ranks to exit, report their exit codes | `abort`: kill them
 
 A worker that loses its coordinator (its connection closes, or nothing arrives within --lease)
-aborts by itself: ranks that were not committed run on, unlocked."""
+aborts by itself: ranks that were not committed run on, unlocked. A worker whose set fails says
+`failed` before it undoes its ranks, so that every node's HCCL ranks are restored in place at the
+same time, meeting in the attempt's rendezvous directory (--rendezvous, the coordinator's)."""
 
 from __future__ import annotations
 
