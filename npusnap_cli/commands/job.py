@@ -207,14 +207,16 @@ def _worker_options(f: F) -> F:
 @click.option("--shell-job", is_flag=True)
 @click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0)
 @click.option("--criu-timeout", type=Seconds(min=1), default=None)
+@click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
                       leave_running: bool, shell_job: bool, lock_timeout: float,
-                      criu_timeout: Optional[float]) -> None:
+                      criu_timeout: Optional[float], rendezvous: Optional[Path]) -> None:
     from ..core.job.worker import WorkerOptions, checkpoint_worker
 
     raise SystemExit(checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
-        leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout)))
+        leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
+        rendezvous=rendezvous)))
 
 
 @worker.command("restore")

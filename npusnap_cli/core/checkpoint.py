@@ -66,6 +66,10 @@ class CheckpointOptions:
     # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
     # the same time (their locks meet in the free pass; a peer that is not times the lock out)
     peers_elsewhere: bool = False
+    # a job's node: the job checkpoint attempt's rendezvous directory (storage every node sees), where
+    # the set's HCCL ranks meet their peers of every node in each in-place restore (rollback, running
+    # on); None: a private one of the set's own
+    rendezvous: Optional[Path] = None
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,

@@ -136,10 +136,12 @@ class Guardian:
         assert self.staging is not None and device_dir.parent.parent == self.staging  # a set member's
         self._say(f"recover:{device_dir.name}")
 
-    def meet(self, directory: Path, pids: list[int]) -> None:
+    def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         """HCCL ranks (pids) that meet in directory: if we die, recover them all at once (their
-        restores wait for each other there), then remove the directory."""
-        self._say(" ".join([f"meet:{str(directory).encode().hex()}", *(f"hccl:{p}" for p in pids)]))
+        restores wait for each other there), then remove the directory if it is ours (owned; a
+        job's belongs to its coordinator: the other nodes' ranks meet there too)."""
+        words = [f"meet:{str(directory).encode().hex()}"] if owned else []
+        self._say(" ".join([*words, *(f"hccl:{p}" for p in pids)]))
 
     def _say(self, words: str) -> None:
         assert self.proc.stdin is not None

@@ -72,6 +72,11 @@ class CommitGate(Protocol):
     def committed(self, manifest: Manifest) -> None:
         """The set is committed, no member killed or run on yet: wait until the job is."""
 
+    def failing(self, error: BaseException) -> None:
+        """The set failed before its commit and every member is about to be undone: tell the job
+        now, not after the rollback (its other nodes' HCCL ranks must roll back meanwhile, or
+        ours wait for them in vain). Never raises."""
+
 
 def checkpoint_set(pids: Sequence[int], opts: CheckpointOptions, progress: Progress = quiet,
                    services: Services = REAL, gate: Optional[CommitGate] = None) -> Manifest:
@@ -156,13 +161,20 @@ class SetCheckpoint:
             m.share(self.staging, self.guardian, self.undos, self.signals)
         try:
             # Removed once every member is back or gone (by the guardian if we die).
-            with communicators.rendezvous(self._hccl, _owner(first.pid)) as self.meet:
-                return transaction(self.signals, self.undos, self.progress, self._discard, self._steps,
+            with self._rendezvous() as self.meet:
+                return transaction(self.signals, self.undos, self.progress, self._discard, self._work,
                                    self._finish)
         finally:
             for m in self.members:
                 m.backend.release()
             self.guardian.release()
+
+    def _rendezvous(self) -> contextlib.AbstractContextManager[Optional[Path]]:
+        """Where the set's HCCL ranks meet in an in-place restore: a job's directory (their peers on
+        the other nodes restore through it too; the coordinator removes it), else a private one."""
+        if self.opts.rendezvous is not None:
+            return contextlib.nullcontext(self.opts.rendezvous if self._hccl else None)
+        return communicators.rendezvous(self._hccl, _owner(self.members[0].pid))
 
     @property
     def _hccl(self) -> bool:
@@ -196,9 +208,17 @@ class SetCheckpoint:
             if m.pid in failed:
                 warn(self.progress, f"rollback: device rollback failed: {failed[m.pid]}")
 
+    def _work(self) -> Manifest:
+        try:
+            return self._steps()
+        except BaseException as e:
+            if self.gate is not None:  # before the rollback: see CommitGate.failing
+                self.gate.failing(e)
+            raise
+
     def _steps(self) -> Manifest:
         if self.meet is not None:  # before the lock: an agent whose lease runs out restores through it
-            self.guardian.meet(self.meet, [m.pid for m in self.members])
+            self.guardian.meet(self.meet, [m.pid for m in self.members], owned=self.opts.rendezvous is None)
             for m in self.members:
                 with self._member(m):
                     communicators.hand(m.backend, self.meet)

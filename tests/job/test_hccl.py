@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Optional
 
 from tests.cann.conftest import device_env  # noqa: F401  (the fixtures hccl_ranks needs)
 from tests.cluster.support import Cluster, poll
@@ -28,11 +29,13 @@ class HcclJob:
     device = SLURM_LOCALID, rank 0 writes the root info on the shared storage). Its requeued run
     (SLURM_RESTART_COUNT > 0) restores the job checkpoint named in its `restore` file instead."""
 
-    def __init__(self, c: Cluster, exe: Path, ld_path: str, sleep_us: int) -> None:
+    def __init__(self, c: Cluster, exe: Path, ld_path: str, sleep_us: int, steps: int = STEPS,
+                 extra: Optional[dict[str, str]] = None) -> None:
         self.c = c
         self.out = c.shared / f"hccl-{uuid.uuid4().hex[:8]}"
         self.out.mkdir()
-        env = {**TRAIN_ENV, "HCCL_TRAIN_SLEEP_US": str(sleep_us), "LD_LIBRARY_PATH": ld_path}
+        env = {**TRAIN_ENV, "HCCL_TRAIN_STEPS": str(steps), "HCCL_TRAIN_SLEEP_US": str(sleep_us),
+               "LD_LIBRARY_PATH": ld_path, **(extra or {})}
         rank = "exec \"$0\" train \"$SLURM_PROCID\" \"$SLURM_NTASKS\" \"$SLURM_LOCALID\" \"$1\""
         script = self.out / "ranks.sh"
         script.write_text(

@@ -193,7 +193,7 @@ class FakeGuardian:
     def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
         self.said.append("recover")
 
-    def meet(self, directory: Path, pids: list[int]) -> None:
+    def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         self.said.append(f"meet {pids}")
 
     def release(self) -> None:

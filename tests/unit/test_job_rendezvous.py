@@ -1,4 +1,5 @@
-"""The job restore's rendezvous directory (fresh per restore, private, never through a link) and
+"""The job restore's rendezvous directory (fresh per restore, private, never through a link), a
+job checkpoint attempt's (fresh per attempt, beside DIR so that it outlives the commit's rename), and
 the daemon a restore hands the runtimes (npusim only, only when named)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from npusnap_cli.core.job.coordinator import _rendezvous
+from npusnap_cli.core.job.coordinator import _attempt_rendezvous, _rendezvous
 from npusnap_cli.core.restore import RestoreOptions, hand_daemon, on_daemon
 from npusnap_cli.errors import StorageProblem
 from npusnap_cli.image.format import DeviceState
@@ -30,6 +31,19 @@ def test_a_linked_rendezvous_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StorageProblem, match="is not a directory"):
         _rendezvous(tmp_path / "rendezvous", "run1")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_each_checkpoint_attempt_meets_in_a_fresh_private_directory_beside_dir(tmp_path: Path) -> None:
+    final = tmp_path / "ck"
+    one, two = _attempt_rendezvous(final), _attempt_rendezvous(final)
+    assert one != two and one.parent == two.parent == tmp_path
+    assert one.name.startswith(".ck.rendezvous-") and stat.S_IMODE(one.stat().st_mode) == 0o700
+    assert list(one.iterdir()) == [] and not final.exists()
+
+
+def test_an_attempt_rendezvous_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StorageProblem, match="cannot create the ranks' rendezvous directory"):
+        _attempt_rendezvous(tmp_path / "missing" / "ck")
 
 
 class _Backend:

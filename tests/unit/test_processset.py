@@ -402,3 +402,36 @@ def test_a_restore_of_a_single_checkpoint_as_a_set_is_refused(tmp_path: Path) ->
     (tmp_path / "ck" / "manifest.yaml").write_text(manifest_text(_body()))
     with pytest.raises(NpusnapError, match="one process's checkpoint, not a set"):
         processset.restore_set(RestoreOptions(tmp_path / "ck", verify=False))
+
+
+class _RecordingGate:
+    """A job's gate that records what it was told, and each member's device state at that moment."""
+
+    def __init__(self, fakes: SetFakes) -> None:
+        self.fakes = fakes
+        self.told: list[tuple[str, list[State]]] = []
+
+    def prepared(self, manifest: Manifest) -> None:
+        pass
+
+    def committed(self, manifest: Manifest) -> None:
+        pass
+
+    def failing(self, error: BaseException) -> None:
+        self.told.append((str(error), [b.current for b in self.fakes.backends.values()]))
+
+
+def test_a_job_hears_of_a_failure_before_the_rollback(fakes: SetFakes, members: list[subprocess.Popen[bytes]],
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its other nodes' HCCL ranks must roll back at the same time as ours: the gate is told while
+    every member is still backed up, with the error that names the member."""
+    monkeypatch.setenv("NPUSNAP_TEST_FAIL", f"before:dump@{members[1].pid}")
+    gate = _RecordingGate(fakes)
+    with pytest.raises(NpusnapError, match="test failure injected"):
+        processset.checkpoint_set([p.pid for p in members], CheckpointOptions(directory=tmp_path / "ck"),
+                                  services=fakes.services(), gate=gate)
+    assert len(gate.told) == 1, gate.told
+    error, states = gate.told[0]
+    assert error.startswith(f"process {members[1].pid} (set member 2 of {N}): test failure injected"), error
+    assert states == [State.BACKED_UP] * N, states
+    _assert_all_undone(fakes, members, tmp_path / "ck")

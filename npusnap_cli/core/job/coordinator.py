@@ -9,6 +9,8 @@ srun, talks to them over TCP (protocol.py), and drives the two-phase commit:
               -> `done` to all (ranks killed, or run on)                 --commit-timeout
     any failure, timeout or lost worker before the rename -> `abort` to every worker (each
     undoes its ranks: they run on, unlocked), the staging directory removed, JobAborted.
+    HCCL ranks restored in place (an abort after the backup, --leave-running) re-form their
+    communicators across nodes in the attempt's one rendezvous directory beside DIR.
 
 Restore: the shape is checked (as many nodes as the checkpoint has), node i of the checkpoint
 goes to node i of the new allocation (or of --nodes), every worker restores its node's set,
@@ -263,6 +265,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     stages: list[dict[str, Any]] = []
     committed = False
     session: Optional[Session] = None
+    meet: Optional[Path] = None
     d = opts.deadlines
 
     def stage(name: str, t0: float) -> None:
@@ -270,14 +273,9 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
 
     try:
         session = Session(job, nodes, opts.listen, key, say)
-        args = ["checkpoint", "--job", job, "--staging", str(staging), "--secret-file", str(staging / jm.SECRET),
-                "--lease", str(d.lease), "--lock-timeout", str(opts.lock_timeout)]
-        if opts.criu_timeout:
-            args += ["--criu-timeout", str(opts.criu_timeout)]
-        args += ["--leave-running"] if opts.leave_running else []
-        args += ["--shell-job"] if opts.shell_job else []
+        meet = _attempt_rendezvous(final)
         t = time.monotonic()
-        session.start_workers(args)
+        session.start_workers(_checkpoint_worker_args(job, opts, staging, meet))
         hellos = session.gather("hello", "connect", d.connect)
         stage("connect", t)
         for node in nodes:
@@ -319,8 +317,32 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     finally:
         if session is not None:
             session.close(wait=d.commit + 30)
+        if meet is not None:  # every worker ended: no rank restores in place any more
+            shutil.rmtree(meet, ignore_errors=True)
         if not committed:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path, meet: Path) -> list[str]:
+    args = ["checkpoint", "--job", job, "--staging", str(staging), "--secret-file", str(staging / jm.SECRET),
+            "--lease", str(opts.deadlines.lease), "--lock-timeout", str(opts.lock_timeout), "--rendezvous", str(meet)]
+    if opts.criu_timeout:
+        args += ["--criu-timeout", str(opts.criu_timeout)]
+    args += ["--leave-running"] if opts.leave_running else []
+    return args + (["--shell-job"] if opts.shell_job else [])
+
+
+def _attempt_rendezvous(final: Path) -> Path:
+    """The attempt's rendezvous directory, on the shared storage beside DIR (0700, a fresh random
+    name: nobody plants a root there): where the HCCL ranks of every node re-form their
+    communicators when the attempt restores them in place (an abort after the backup, a rollback,
+    --leave-running). Beside the staging directory, not in it: its path outlives the commit's rename."""
+    meet = hidden_sibling(final, "rendezvous")
+    try:
+        meet.mkdir(0o700)
+    except OSError as e:
+        raise StorageProblem(f"cannot create the ranks' rendezvous directory {meet}: {e.strerror}") from e
+    return meet
 
 
 def testhooks_commit() -> None:

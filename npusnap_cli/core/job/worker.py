@@ -10,7 +10,9 @@
                  -> `go`: wait for the ranks to exit, report their exit codes | `abort`: kill them
 
 A worker that loses its coordinator (its connection closes, or nothing arrives within --lease)
-aborts by itself: ranks that were not committed run on, unlocked."""
+aborts by itself: ranks that were not committed run on, unlocked. A worker whose set fails says
+`failed` before it undoes its ranks, so that every node's HCCL ranks are restored in place at the
+same time, meeting in the attempt's rendezvous directory (--rendezvous, the coordinator's)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +52,9 @@ class WorkerOptions:
     shell_job: bool = False
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
-    rendezvous: Optional[Path] = None  # restore: where the ranks of every node re-form their communicators
+    # where the HCCL ranks of every node re-form their communicators: the restore's, or (checkpoint)
+    # the attempt's, for the in-place restores of a rollback or of --leave-running
+    rendezvous: Optional[Path] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,6 +123,7 @@ class _Gate:
         now = time.monotonic()
         self.phases.append({"name": name, "seconds": round(now - self._since, 6)})
         self._since = now
+        self.told = False  # the coordinator heard of this node's failure
 
     def _await(self, stage: str, wanted: str) -> None:
         try:
@@ -138,6 +144,21 @@ class _Gate:
         self.voted = True
         self._await("commit", "commit")
         self._timed("vote")
+
+    def failing(self, error: BaseException) -> None:
+        if not isinstance(error, JobAborted):  # the coordinator's word (or its loss): nothing to tell it
+            self.tell(error)
+
+    def tell(self, error: BaseException) -> None:
+        """`failed` to the coordinator, once."""
+        if self.told:
+            return
+        self.told = True
+        if isinstance(error, NpusnapError):
+            _failed(self.ch, self.node, error)
+        else:
+            with contextlib.suppress(OSError):
+                self.ch.send("failed", node=self.node, error=str(error) or type(error).__name__)
 
     def committed(self, manifest: Manifest) -> None:
         self.set_committed = True
@@ -182,7 +203,8 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True)
+                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True,
+                                  rendezvous=opts.rendezvous)
         gate = _Gate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
@@ -195,8 +217,9 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
             if gate.set_committed:  # the job cannot commit without this node: undone like an abort
+                gate.tell(e)  # first: the other nodes' ranks recover meanwhile, to meet ours
                 _recover_after_commit(ranks, directory)
-            _failed(ch, node, e)
+            gate.tell(e)
             return e.exit_code
         with contextlib.suppress(OSError):
             ch.send("finished", node=node)
@@ -217,14 +240,22 @@ def _sid(pid: int) -> int:
 
 def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
     """The job was aborted after this node's set committed: every rank back to running, and the
-    node's checkpoint removed (the job checkpoint it belonged to was never committed)."""
+    node's checkpoint removed (the job checkpoint it belonged to was never committed). All at
+    once: an HCCL rank's device restore waits for its peers' (on this node and the others, in
+    the attempt's rendezvous directory)."""
     from ..recover import recover
 
-    for r in ranks:
+    def one(r: Rank) -> None:
         try:
             recover(r.pid, device_images=directory / "device" / str(r.pid))
         except NpusnapError as e:
             say(f"rank {r.pid} could not be recovered: {e.one_line()} (run `npusnap recover {r.pid}`)")
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()  # each bounded by the agent's and HCCL's own deadlines
     shutil.rmtree(directory, ignore_errors=True)
 
 

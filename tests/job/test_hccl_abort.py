@@ -1,0 +1,87 @@
+"""A job checkpoint of HCCL ranks across nodes that ends after the ranks were backed up, on the
+real test cluster: the 2 nodes x 2 ranks training job of test_hccl.py, whose one communicator
+spans both nodes. Aborted after the backup (a worker failing after its ranks were dumped, or after
+its node's set committed; the coordinator failing its commit after every node's set committed),
+and checkpointed with
+--leave-running: each time every rank is restored in place and its communicator re-formed across
+the nodes through the attempt's one rendezvous directory on the shared storage, so every rank
+runs on, unlocked, and the job's losses and final weights are bit-identical to an uninterrupted
+run; nothing of an attempt (its staging or rendezvous directory) is left behind."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from tests.cann.conftest import device_env  # noqa: F401  (the fixtures hccl_ranks needs)
+from tests.cluster.support import Cluster, poll
+from tests.hccl.conftest import hccl_ranks  # noqa: F401
+
+from .support import as_json, no_checkpoint_left, npusnap, wait_finished
+from .test_hccl import HcclJob
+
+STEPS = 1500  # at 30 ms a step the job outlives three checkpoint attempts
+ABORTED = 15
+
+ABORTS = [  # (variable, value with {node} filled in): each after every rank of a node was backed up
+    ("NPUSNAP_TEST_JOB_FAIL", "vote@{node}"),  # a worker, its ranks dumped: every node rolls back
+    ("NPUSNAP_TEST_JOB_FAIL", "committed@{node}"),  # a worker, its node's set committed: recovered
+    ("NPUSNAP_TEST_FAIL", "job-commit"),  # the coordinator, every node's set committed: all recovered
+]
+
+
+def runs_on(job: HcclJob, what: str, more: int = 5) -> None:
+    """Every rank makes progress again: it runs, unlocked, and its AllReduce with the other node works."""
+    before = [job.last_step(t) for t in range(4)]
+    assert poll(lambda: all(job.last_step(t) >= before[t] + more for t in range(4)), 120), \
+        f"{what}: ranks stuck at {[job.last_step(t) for t in range(4)]} (from {before}):\n{job.c.output(job.id)[-3000:]}"
+
+
+def test_hccl_ranks_across_nodes_come_back_from_every_abort_after_backup_bit_identical(
+        live_cluster: Cluster, hccl_ranks: Path, device_env: dict[str, str]) -> None:  # noqa: F811
+    c = live_cluster
+    ld = device_env["LD_LIBRARY_PATH"]
+    ref = HcclJob(c, hccl_ranks, ld, sleep_us=0, steps=STEPS)
+    state = wait_finished(c, ref.id, timeout=300)
+    assert state["job_state"] == "COMPLETED", c.output(ref.id)
+    want = [ref.results(t) for t in range(4)]
+    assert all(w == want[0] and len(w) == STEPS + 1 for w in want), (want[0][-2:], c.output(ref.id))
+
+    job = HcclJob(c, hccl_ranks, ld, sleep_us=30000, steps=STEPS)
+    assert poll(lambda: all(job.last_step(t) >= 5 for t in range(4)), 90), \
+        ([job.last_step(t) for t in range(4)], c.output(job.id))
+    second = c.nodes[1]  # tasks 2 and 3 (block distribution)
+    for variable, value in ABORTS:
+        point = value.format(node=second)
+        target = c.shared / f"ck-abort-{uuid.uuid4().hex[:8]}"
+        r = npusnap(c, "job", "checkpoint", "-D", str(target), "--job", job.id, env={variable: point})
+        assert r.returncode == ABORTED or (point == "job-commit" and r.returncode != 0), f"{point}: {r.stderr}"
+        assert "test failure injected" in r.stderr.strip().splitlines()[-1] and "Traceback" not in r.stderr, \
+            r.stderr + _logs(c)
+        assert "could not be recovered" not in r.stderr and "rollback failed" not in r.stderr, \
+            r.stderr + "".join(f"\n--- rank {t}\n" + "\n".join(job.lines(t)[-8:]) for t in range(4)) + _logs(c)
+        no_checkpoint_left(target)  # neither its staging nor its rendezvous directory
+        runs_on(job, point)
+
+    ck = c.shared / f"ck-{job.id}"
+    r = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck), "--job", job.id, "--leave-running", "--json"))
+    assert [x["rank"] for x in r["ranks"]] == [0, 1, 2, 3], r
+    assert not list(c.shared.glob(f".{ck.name}.*")), "the attempt's rendezvous directory was left behind"
+    runs_on(job, "--leave-running")
+    assert as_json(npusnap(c, "job", "verify", str(ck), "--json"))["valid"] is True
+
+    state = wait_finished(c, job.id, timeout=300)
+    assert state["job_state"] == "COMPLETED", c.output(job.id)[-3000:]
+    for t in range(4):
+        assert job.results(t) == want[t], f"rank {t} differs from the uninterrupted run:\n{job.lines(t)[-5:]}"
+        assert job.lines(t)[-1] == "done", job.lines(t)[-3:]
+
+
+def _logs(c: Cluster) -> str:
+    """The tail of the nodes' slurmd logs, for a failure's message."""
+    out = []
+    for f in sorted((c.dir / "logs").glob("slurmd-*.log")):
+        out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-25:]))
+    for f in sorted((c.dir / "logs").glob("npusim-*.log")):
+        out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-25:]))
+    return "\n" + "\n".join(out)
