@@ -100,3 +100,13 @@ def test_bench_tiny_writes_well_formed_results(tmp_path: Path, shm_dir: Path) ->
     # Everything it started is gone: no files left behind, no process still running there.
     assert list(work.iterdir()) == [] and list(shm_dir.iterdir()) == []
     assert _left_behind(work) == []
+
+
+def test_the_job_bench_is_skipped_with_the_reason_without_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import job
+    from tests.cluster import support
+
+    monkeypatch.setattr(support, "missing", lambda: "needs Slurm and munge (sbatch missing)")
+    doc = job.measure(16, 1, progress=lambda _: None)
+    assert doc == {"skipped": "needs Slurm and munge (sbatch missing)"}
+    assert job.render(doc) == "job: skipped: needs Slurm and munge (sbatch missing)"

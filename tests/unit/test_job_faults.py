@@ -50,12 +50,3 @@ def test_a_workers_failure_keeps_its_kind_only_where_it_tells_the_operator_more(
     assert type(e) is cls and e.exit_code == code
     assert e.message == "prepare: the worker on node2 failed: boom"
 
-
-def test_the_job_bench_is_skipped_with_the_reason_without_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench import job
-    from tests.cluster import support
-
-    monkeypatch.setattr(support, "missing", lambda: "needs Slurm and munge (sbatch missing)")
-    doc = job.measure(16, 1, progress=lambda _: None)
-    assert doc == {"skipped": "needs Slurm and munge (sbatch missing)"}
-    assert job.render(doc) == "job: skipped: needs Slurm and munge (sbatch missing)"
