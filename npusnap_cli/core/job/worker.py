@@ -112,6 +112,7 @@ class _Gate:
         self.set_committed = False
         self.phases: list[dict[str, Any]] = []
         self._since = 0.0
+        self.told = False  # the coordinator heard of this node's failure
 
     def _send(self, kind: str, **fields: Any) -> None:
         try:
@@ -123,7 +124,6 @@ class _Gate:
         now = time.monotonic()
         self.phases.append({"name": name, "seconds": round(now - self._since, 6)})
         self._since = now
-        self.told = False  # the coordinator heard of this node's failure
 
     def _await(self, stage: str, wanted: str) -> None:
         try:
