@@ -3,7 +3,8 @@ node-local directory first, then copied to the shared job checkpoint before the 
 A staged checkpoint commits, verifies and restores bit-identical; with --leave-running the ranks
 run on before the copy (from the phases: their downtime ends before their write-behind starts);
 the shared directory filling up during the write-behind aborts (exit 12), every rank runs on and
-nothing is left, locally or shared; an unsafe DIR is refused in one line (exit 5)."""
+nothing is left, locally or shared; an unsafe DIR is refused in one line (exit 5). `ranks`, the
+long job that the tests leaving it running share, is tests/job/conftest.py's."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ import os
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from tests.cluster.fixtures import ensure_up
 from tests.cluster.support import Cluster
 from tests.users import other_user
 
@@ -32,18 +31,6 @@ def stage(tmp_path: Path) -> Path:
     d = tmp_path / "stage"
     d.mkdir(0o700)
     return d
-
-
-@pytest.fixture(scope="module")
-def ranks(cluster: Cluster) -> Iterator[RankJob]:
-    """One long job of 4 ranks (2 per node), checkpointed by the tests below that leave it running."""
-    ensure_up(cluster)
-    job = RankJob(cluster, steps=100000, sleep_ms=50)
-    try:
-        job.wait_steps(2)
-        yield job
-    finally:
-        cluster.cancel_all()
 
 
 def _names(rank: dict) -> list[str]:  # type: ignore[type-arg]
