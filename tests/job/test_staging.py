@@ -3,12 +3,13 @@ node-local directory first, then copied to the shared job checkpoint before the 
 A staged checkpoint commits, verifies and restores bit-identical; with --leave-running the ranks
 run on before the copy (from the phases: their downtime ends before their write-behind starts);
 the shared directory filling up during the write-behind aborts (exit 12), every rank runs on and
-nothing is left, locally or shared; an unsafe DIR is refused in one line (exit 5). `ranks`, the
+nothing is left, locally or shared, as when the coordinator is lost during the write-behind; an unsafe DIR is refused in one line (exit 5). `ranks`, the
 long job that the tests leaving it running share, is tests/job/conftest.py's."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.cluster.support import Cluster
 from tests.users import other_user
 
 from .support import RankJob, as_json, no_checkpoint_left, npusnap, reference, wait_finished
+from .test_faults import coordinator, no_workers_left, read_until
 
 PERMISSION = 5
 STORAGE = 12
@@ -106,6 +108,35 @@ def test_the_shared_directory_full_during_the_write_behind_aborts(ranks: RankJob
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
         small.rmdir()
+
+
+@pytest.mark.parametrize("leave_running", [False, True], ids=["stopped", "leave-running"])
+def test_the_coordinator_lost_during_the_write_behind_every_rank_runs_on(ranks: RankJob, stage: Path,
+                                                                         leave_running: bool) -> None:
+    """SIGKILLed while one node is about to copy: each worker notices at its next word with it
+    and ends, its ranks undone (or, having run on at the seal, left running), its copies gone."""
+    c = ranks.c
+    node = c.nodes[1]
+    target = c.shared / f"ck-staged-lost-{uuid.uuid4().hex[:8]}"
+    extra = ["--leave-running"] if leave_running else []
+    proc = coordinator(c, target, ranks.id, {"NPUSNAP_TEST_JOB_PAUSE": f"write-behind@{node}",
+                                             "NPUSNAP_TEST_PAUSE_S": "3"}, "--stage", str(stage), *extra)
+    try:
+        read_until(proc, f"test pause write-behind@{node}")
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    try:
+        no_workers_left(c)
+        ranks.assert_all_run_on(timeout=90)
+        assert not target.exists(), f"{target} exists without a commit"
+        assert not any(stage.iterdir()), list(stage.iterdir())
+        assert not list(target.parent.glob(f".{target.name}.partial-*/nodes/*")), "a node's copy was left"
+    finally:
+        for left in target.parent.glob(f".{target.name}.*"):  # the dead coordinator's staging
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def _symlink(stage: Path) -> Path:
