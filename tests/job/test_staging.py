@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -19,8 +18,8 @@ import pytest
 from tests.cluster.support import Cluster
 from tests.users import other_user
 
-from .support import RankJob, as_json, no_checkpoint_left, npusnap, reference, wait_finished
-from .test_faults import coordinator, no_workers_left, read_until
+from .support import RankJob, as_json, no_checkpoint_left, npusnap, reference, small_shared_dir, wait_finished
+from .test_faults import coordinator, kill_at, no_workers_left
 
 PERMISSION = 5
 STORAGE = 12
@@ -86,14 +85,7 @@ def test_the_shared_directory_full_during_the_write_behind_aborts(ranks: RankJob
                                                                   leave_running: bool) -> None:
     """With --leave-running the ranks run on already when the copy fails: the abort leaves them so."""
     c = ranks.c
-    small = c.shared / f"full-{uuid.uuid4().hex[:8]}"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(small)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        small.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_shared_dir(c) as small:
         target = small / "ck"
         extra = ["--leave-running"] if leave_running else []
         r = npusnap(c, "job", "checkpoint", "-D", str(target), "--job", ranks.id, "--stage", str(stage), *extra)
@@ -105,9 +97,6 @@ def test_the_shared_directory_full_during_the_write_behind_aborts(ranks: RankJob
         assert not any(small.iterdir()), list(small.iterdir())
         assert not any(stage.iterdir()), list(stage.iterdir())
         ranks.assert_all_run_on()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
-        small.rmdir()
 
 
 @pytest.mark.parametrize("leave_running", [False, True], ids=["stopped", "leave-running"])
@@ -119,15 +108,9 @@ def test_the_coordinator_lost_during_the_write_behind_every_rank_runs_on(ranks: 
     node = c.nodes[1]
     target = c.shared / f"ck-staged-lost-{uuid.uuid4().hex[:8]}"
     extra = ["--leave-running"] if leave_running else []
-    proc = coordinator(c, target, ranks.id, {"NPUSNAP_TEST_JOB_PAUSE": f"write-behind@{node}",
-                                             "NPUSNAP_TEST_PAUSE_S": "3"}, "--stage", str(stage), *extra)
-    try:
-        read_until(proc, f"test pause write-behind@{node}")
-        proc.kill()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    kill_at(coordinator(c, target, ranks.id, {"NPUSNAP_TEST_JOB_PAUSE": f"write-behind@{node}",
+                                              "NPUSNAP_TEST_PAUSE_S": "3"}, "--stage", str(stage), *extra),
+            f"test pause write-behind@{node}")
     try:
         no_workers_left(c)
         ranks.assert_all_run_on(timeout=90)
