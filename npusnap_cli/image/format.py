@@ -74,6 +74,16 @@ class PhaseTiming:
     seconds: float
     bytes: int = 0
 
+    def __post_init__(self) -> None:
+        # The phase's steps (name -> {"seconds", "bytes"}), for profiling (`--json`, bench/): an
+        # attribute, not a field, so that asdict() and with it the manifest never holds them.
+        self.parts: dict[str, dict[str, float]] = {}
+
+    def add_parts(self, parts: dict[str, tuple[float, int]]) -> None:
+        """Steps of the phase as their performer timed them: name -> (seconds, bytes)."""
+        for name, (seconds, nbytes) in parts.items():
+            self.parts[name] = {"seconds": round(seconds, 6), "bytes": nbytes}
+
 
 @dataclass
 class DeviceState:

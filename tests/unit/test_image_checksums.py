@@ -101,6 +101,30 @@ def test_seal_reads_a_file_the_follower_did_not_see_whole(tmp_path: Path) -> Non
         st.discard()
 
 
+def test_seal_fsyncs_the_device_export_it_does_not_read_again(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct export leaves its files' fsync to the seal (their write-back overlaps CRIU's dump):
+    the seal checks their size only, never reads them, and fsyncs them with the rest before the
+    commit; a size that changed since the export is refused."""
+    st = Staging(tmp_path / "ck")
+    try:
+        data = os.urandom(3 << 20)
+        (st.device_dir / "dev0.img").write_bytes(data)
+        known = FileEntry("device/dev0.img", len(data), "from-the-export")
+        synced: list[Path] = []
+        monkeypatch.setattr(staging_mod, "fsync_all", lambda paths: synced.extend(paths))
+        monkeypatch.setattr(staging_mod, "checksum_file", lambda p: pytest.fail(f"{p} was read again"))
+        [entry] = st.seal(known=[known])
+        assert entry == known
+        assert st.device_dir / "dev0.img" in synced and st.device_dir in synced
+        assert set(st.parts) == {"checksums", "fsync"} and st.parts["fsync"][1] == len(data)
+        _append(st.device_dir / "dev0.img", b"x")
+        with pytest.raises(ImageInvalid, match="changed after it was written"):
+            st.seal(known=[known])
+    finally:
+        st.discard()
+
+
 def _manifest(root: Path, names: list[str]) -> Manifest:
     files = []
     for name in names:
