@@ -36,6 +36,41 @@ def test_the_follower_hashes_files_as_they_grow(tmp_path: Path) -> None:
     assert digests == {p.name: checksum_file(p) for p in tmp_path.iterdir()}
 
 
+def test_a_large_range_is_read_and_hashed_at_once_with_the_same_digest(tmp_path: Path) -> None:
+    """hash_fd reads a range over 2 x CHUNK on a thread of its own while it hashes: the digest and
+    the count are those of the bytes in order; a file shorter than asked ends the count where
+    the file does; a read error is raised, not swallowed."""
+    import xxhash
+
+    from npusnap_cli.image.format import CHUNK, hash_fd
+
+    data = os.urandom(2 * CHUNK + 12345) + bytes(CHUNK) + b"tail"
+    path = tmp_path / "pages-1.img"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for lo, hi in ((0, len(data)), (777, len(data) - 5), (0, len(data) + (1 << 20))):
+            h = xxhash.xxh3_128()
+            n = hash_fd(fd, h, lo, hi)
+            assert n == min(hi, len(data)) - lo
+            assert h.hexdigest() == xxhash.xxh3_128(data[lo:hi]).hexdigest()
+    finally:
+        os.close(fd)
+    entry = FileEntry("pages-1.img", len(data), xxhash.xxh3_128(data).hexdigest())
+    check_entry(path, entry)
+    with open(path, "r+b") as f:  # one bit flipped deep inside, in the second buffer's turn
+        f.seek(CHUNK + 4321)
+        f.write(bytes([data[CHUNK + 4321] ^ 0x10]))
+    with pytest.raises(ImageInvalid, match="checksum"):
+        check_entry(path, entry)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(IsADirectoryError):
+            hash_fd(dfd, xxhash.xxh3_128(), 0, 3 * CHUNK)
+    finally:
+        os.close(dfd)
+
+
 def test_a_replaced_or_truncated_file_is_hashed_again_from_its_start(tmp_path: Path) -> None:
     with Follower(tmp_path, interval=NEVER) as follower:
         (tmp_path / "a.img").write_bytes(b"first attempt " * 1000)
