@@ -1,9 +1,9 @@
-"""python -m bench.ab A_PYTHON B_PYTHON [--rounds N] [--output FILE] [BENCH ARGS...]
+"""python -m bench.ab A_PYTHON B_PYTHON [C_PYTHON ...] [--rounds N] [--output FILE] [BENCH ARGS...]
 
-Two installations of npusnap compared side by side on a loaded machine: each round runs
-`python -m bench --profile --repeat 1 BENCH ARGS` once with A's interpreter and once with B's
-(which goes first alternates), so both see the same load over time; the table gives each device
-run's and phase's median and minimum seconds for A and for B, and B/A of the medians.
+Installations of npusnap compared side by side on a loaded machine: each round runs
+`python -m bench --profile --repeat 1 BENCH ARGS` once with each one's interpreter (which goes
+first rotates), so all see the same load over time; the table gives each device run's and
+phase's median and minimum seconds for each, and each one's median over A's.
 
 Both run this checkout's bench/ (copied to a directory of its own: a checkout on the path would
 shadow the installed npusnap), each with its own installed npusnap and npusim daemon: A_PYTHON is
@@ -25,8 +25,8 @@ from .util import BENCH_DIR, median
 
 def parse(argv: Optional[list[str]]) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=(__doc__ or "").strip().splitlines()[0])
-    ap.add_argument("a", help="interpreter of installation A (the baseline)")
-    ap.add_argument("b", help="interpreter of installation B")
+    ap.add_argument("pythons", nargs="+", metavar="PYTHON",
+                    help="the installations' interpreters: A (the baseline), B, ...")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--output", type=Path, help="the rounds' results (JSON)")
     return ap.parse_known_args(argv)
@@ -55,33 +55,41 @@ def timings(doc: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args, extra = parse(argv)
+    if len(args.pythons) < 2:
+        raise SystemExit("bench.ab: give two interpreters at least")
+    labels = [chr(ord("A") + i) for i in range(len(args.pythons))]
     rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
         tree = Path(tmp)
         shutil.copytree(BENCH_DIR, tree / "bench", ignore=shutil.ignore_patterns("__pycache__", "results.*"))
         for i in range(args.rounds):
-            order = [("A", args.a), ("B", args.b)] if i % 2 == 0 else [("B", args.b), ("A", args.a)]
+            k = i % len(labels)
+            order = list(zip(labels, args.pythons))
             got = {}
-            for label, python in order:
+            for label, python in order[k:] + order[:k]:
                 print(f"bench.ab: round {i + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
                 got[label] = timings(run_once(python, tree, tree / f"{label}-{i}.json", extra))
             rounds.append(got)
     if args.output:
         args.output.write_text(json.dumps(rounds, indent=1))
-    print_table(rounds)
+    print_table(rounds, labels)
     return 0
 
 
-def print_table(rounds: list[dict[str, dict[str, float]]]) -> None:
-    keys = list(dict.fromkeys(k for r in rounds for side in ("A", "B") for k in r[side]))
-    print(f"{'':60} {'A median':>9} {'A min':>8} {'B median':>9} {'B min':>8} {'B/A':>6}")
+def print_table(rounds: list[dict[str, dict[str, float]]], labels: list[str]) -> None:
+    keys = list(dict.fromkeys(k for r in rounds for side in labels for k in r[side]))
+    head = "".join(f" {x + ' median':>9} {x + ' min':>7}" + (f" {x + '/A':>5}" if x != "A" else "") for x in labels)
+    print(f"{'':60}{head}")
     for k in keys:
-        a = [r["A"][k] for r in rounds if k in r["A"]]
-        b = [r["B"][k] for r in rounds if k in r["B"]]
-        ma, mb = median(a), median(b)
-        ratio = f"{mb / ma:6.2f}" if a and b and ma > 0 else ""
-        print(f"{k:60} {ma:9.3f} {min(a, default=float('nan')):8.3f} {mb:9.3f} "
-              f"{min(b, default=float('nan')):8.3f} {ratio:>6}")
+        row = ""
+        base = median([r["A"][k] for r in rounds if k in r["A"]])
+        for x in labels:
+            got = [r[x][k] for r in rounds if k in r[x]]
+            m = median(got)
+            row += f" {m:9.3f} {min(got, default=float('nan')):7.3f}"
+            if x != "A":
+                row += f" {m / base:5.2f}" if got and base > 0 else f" {'':5}"
+        print(f"{k:60}{row}")
 
 
 if __name__ == "__main__":
