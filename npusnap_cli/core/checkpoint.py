@@ -255,6 +255,7 @@ class CheckpointRun:
                 self.device_files = [in_member(f, self.pid) for f in self.device_files]
             self.device = self.backend.describe()
             t.bytes = self.device.bytes
+            t.add_parts(getattr(self.backend, "parts", {}))
 
     def _check_layout(self, parent: tuple[Path, Manifest]) -> None:
         from ..errors import ImageInvalid
@@ -300,6 +301,7 @@ class CheckpointRun:
                     pass
             self.files = self.staging.seal(known=self.device_files, packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
+            t.add_parts(self.staging.parts)
 
     @property
     def packs(self) -> bool:
