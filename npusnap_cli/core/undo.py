@@ -29,6 +29,10 @@ class UndoStack:
             except Exception as e:
                 self._warn(f"rollback: {what} failed: {e}")
 
+    def drop(self, *whats: str) -> None:
+        """These were undone by the pipeline itself (--live: the workload resumed early)."""
+        self._undos = [(w, u) for w, u in self._undos if w not in whats]
+
     def forget(self) -> None:
         """Committed: nothing is undone any more."""
         self._undos.clear()
