@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import copies, cpuonly, device, incremental, latency, limits, report
+from . import copies, cpuonly, device, incremental, latency, limits, live, report
 from .config import PRESETS, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
@@ -88,6 +88,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
             incr = incremental.measure(res, workdir, incr_bytes)
 
+            live_bytes = min(sizes.limit_bytes, 512 << 20)
+            progress(f"live: {human(live_bytes)} of device memory, downtime of --live vs a full --leave-running")
+            live_run = live.measure(res, workdir, tmpfs_dir, min(sizes.host_bytes, 64 << 20), live_bytes,
+                                    min(repeat, 2))
+
             progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
             copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
 
@@ -97,7 +102,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             runs: list[dict[str, Any]] = [r for c in cpus for r in c.pop("runs")] + tiny.pop("runs") + dev_runs
             doc: dict[str, Any] = {
-                "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny),
+                "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny, live_run),
                 "limits": lim,
                 "runs": runs,
                 "skipped": skipped,
@@ -106,6 +111,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "latency": {"agent_ping": ping, "help": helps},
                 "npusim_copies": copy,
                 "incremental": incr,
+                "live": live_run,
                 "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),
                 "budget": {"seconds": budget_s, "cut": budget.cut},
                 "duration_s": round(time.monotonic() - started, 1),

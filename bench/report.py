@@ -23,7 +23,7 @@ def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: st
 
 def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[str, Any]],
             ping: dict[str, Any], helps: dict[str, Any], copy: dict[str, Any],
-            tiny: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+            tiny: Optional[dict[str, Any]] = None, live: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     out = []
     dev_runs = [r for r in runs if r["kind"] == "device"]
     for dev in sorted({r["device_bytes"] for r in dev_runs}):
@@ -83,6 +83,11 @@ def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[
         out.append(target(f"tiny CPU-only restore ({t}): npusnap - bare criu restore",
                           tiny["restore_overhead_s"] * 1000, 50.0, "<=", "ms",
                           f"{tiny['npusnap_restore_s']:.3f} s vs {tiny['criu_restore_s']:.3f} s"))
+    if live and live.get("downtime_ratio") is not None:  # bench/live.py
+        out.append(target(f"live checkpoint, D={human(live['device_bytes']).replace(' ', '')}: downtime / full "
+                          "--leave-running checkpoint", live["downtime_ratio"], 0.25, "<=", "x",
+                          f"{live['live_downtime_s']:.3f} s stopped vs {live['full_s']:.3f} s "
+                          f"({live['live_total_s']:.3f} s in all)"))
     out.append(target("agent round trip (median of pings)", ping["median_ms"], 1.0, "<=", "ms",
                       f"p99 {ping['p99_ms']:.3f} ms over {ping['count']}"))
     out.append(target("`npusnap --help`", helps["median_ms"], 150.0, "<=", "ms", f"median of {helps['count']}"))

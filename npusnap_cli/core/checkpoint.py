@@ -90,8 +90,9 @@ def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
     communicators.admit({pid: run.backend}, opts.force, progress)  # a rank alone: its peers are outside
     if opts.parent is not None:
         run.use_parent(opts.parent)
-    if opts.live and opts.leave_running and run.go_live():
+    if opts.live and opts.leave_running and run.live_fits():
         try:
+            run.go_live()
             return run.execute([run.lock, run.backup, run.dump, run.resume_now, run.write_behind, run.seal],
                                lambda m: None)
         finally:
@@ -201,19 +202,20 @@ class CheckpointRun:
         """Where the images are written now: in memory (--live, until the write-behind) or the staging."""
         return self.live.path if self.live is not None and self.in_memory else self.staging.path
 
-    def go_live(self) -> bool:
-        """--live: stage the images in memory when they fit there (their size is the extra host
-        memory it costs); when not, say why and take an ordinary --leave-running checkpoint."""
+    def live_fits(self) -> bool:
+        """--live: whether the images fit in memory (their size is the extra host memory it costs);
+        when not, say why: the checkpoint is then an ordinary --leave-running one."""
         from ..image import memstage
 
         need = self.backend.describe().bytes + processes.resident_bytes([p.pid for p in self.target.tree()])
         problem = memstage.why_not(self.opts.live_staging, need)
         if problem is not None:
             warn(self.progress, f"not live: {problem}; the workload stays stopped for the whole checkpoint")
-            return False
+        return problem is None
+
+    def go_live(self) -> None:
         self.live = MemStage(self.opts.live_staging)
         self.in_memory = True
-        return True
 
     def drop_live(self) -> None:
         if self.live is not None and not self.live_kept:
