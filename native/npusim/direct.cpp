@@ -126,7 +126,8 @@ int open_dir(const char *dir) {
 // followed: we never write into a file someone planted), and let the daemon fill them.
 // With a parent directory, its devN.img files go along (read only, no links followed) for the
 // devices that have one: the daemon writes only what changed since that export.
-aclError do_export(const char *socketPath, int pid, const char *dir, const char *parent, std::string *json) {
+aclError do_export(const char *socketPath, int pid, const char *dir, const char *parent, bool keep,
+                   std::string *json) {
   Tool tool(socketPath, pid);
   std::string devices;
   if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices); rc != ACL_SUCCESS) {
@@ -178,6 +179,7 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
       request += " " + std::to_string(device);
     }
   }
+  if (keep) request += (parent != nullptr ? " keep" : "\nkeep");
   aclError rc;
   try {
     rc = tool.call(proto::Op::Export, request, files.fds, json);
@@ -302,14 +304,21 @@ int npusimSnapshotGetDataPath(void) {
 aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, nullptr, json); });
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, nullptr, false, json); });
 }
 
 aclError npusimDaemonExportIncremental(const char *socketPath, int pid, const char *dir, const char *parentDir,
                                        char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, json); });
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, false, json); });
+}
+
+aclError npusimDaemonExportKeeping(const char *socketPath, int pid, const char *dir, const char *parentDir,
+                                   char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, true, json); });
 }
 
 aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected, char **resultJson) {

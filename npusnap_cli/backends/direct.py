@@ -40,6 +40,9 @@ class DirectBackend(AgentBackend):
         self._images: Optional[tuple[Path, list[FileEntry]]] = None
         self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
         self._referenced = 0
+        # --live: the daemon keeps the memory across the backup, so the resume right after the dump
+        # takes it back in place instead of importing it (the images are for the disk only)
+        self.keep = False
 
     def use_chain(self, device_dirs: Sequence[Path]) -> None:
         """Back up against the first (only what changed since its export is written) and restore
@@ -55,7 +58,8 @@ class DirectBackend(AgentBackend):
     def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
-        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None)
+        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None,
+                                 keep=self.keep)
         self._referenced = exported.referenced_bytes
         self._images = (device_dir, exported.files)
         self._call("backup", external=True)
@@ -70,6 +74,21 @@ class DirectBackend(AgentBackend):
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
         restore_direct(self.client, self.pid, device_dir, list(files) if files else None, self.daemon,
                        chain=self.chain)
+
+    def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
+        if self.keep and self.state() == State.BACKED_UP:
+            try:
+                self.client.restore(external=True)
+            except AgentProblem as e:
+                raise agent_error(e, f"device restore (external) of process {self.pid}") from e
+            try:
+                self.unlock()  # the daemon had all of the memory in place
+                return
+            except NpusnapError:  # not all of it (the daemon refuses the unlock): the images bring it
+                import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
+                self.unlock()
+                return
+        super().finish_after_commit(device_dir, files)
 
     def back_to_running(self) -> None:
         state = self.state()

@@ -214,8 +214,15 @@ class CheckpointRun:
         return problem is None
 
     def go_live(self) -> None:
+        from ..backends.direct import DirectBackend
+
         self.live = MemStage(self.opts.live_staging)
         self.in_memory = True
+        if isinstance(self.backend, DirectBackend):  # the resume takes the device memory back in place
+            self.backend.keep = True
+        from .. import warmup
+
+        warmup.later("pycriu.images")  # the resume reads CRIU's files.img (network lock): imported while CRIU dumps
 
     def drop_live(self) -> None:
         if self.live is not None and not self.live_kept:

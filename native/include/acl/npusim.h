@@ -89,6 +89,12 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonExportIncremental(const char *socketPat
                                                            const char *parentDir, char **resultJson);
 ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int pid, const char *dir,
                                                      const char *expected, const char *ancestors, char **resultJson);
+/* A live checkpoint's export: as npusimDaemonExportIncremental, and the daemon then keeps pid's
+ * device memory across the Release of its next Backup, so that the external restore that follows
+ * takes it back at the same addresses with the data in place: that restore's Unlock needs no import.
+ * Kept memory the restore does not take back is freed at its end, by an import, or once pid is gone. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonExportKeeping(const char *socketPath, int pid, const char *dir,
+                                                       const char *parentDir, char **resultJson);
 
 /* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
  * generates for an AscendC kernel library. binary (binarySize bytes, embedded in the library) is the
