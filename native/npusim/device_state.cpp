@@ -211,6 +211,7 @@ bool DeviceState::took_back(Session &s) {
   std::lock_guard<std::mutex> g(mu_);
   const bool whole = s.adopted && !s.fresh && kept_.count(s.pid) == 0;
   drop_kept_locked(s.pid);
+  keeping_.erase(s.pid);
   s.adopted = s.fresh = false;
   return whole;
 }

@@ -168,7 +168,8 @@ class DeviceState {
   // restore does not take back is freed at its Quiesce, by an import, or once pid is gone.
   void keep(pid_t pid);
   // The restore's Quiesce (awaiting an import): true when all of the session's memory was taken
-  // back; what is left kept is freed either way.
+  // back; what is left kept is freed either way, and so is a keep() still waiting for a Release
+  // (also called at Unlock).
   bool took_back(Session &s);
 
   // Memory a client lends the device (host registration, host_mem.cpp): its memfd, mapped here.

@@ -205,3 +205,25 @@ def test_a_kept_export_is_taken_back_in_place_and_freed_when_not(npusim_daemon, 
     npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "b", _expected(out))
     c.call("unlock")
     assert c.call("contents") == before
+
+
+def test_an_unlock_ends_a_keep_that_no_backup_followed(npusim_daemon, client, tmp_path):
+    """A live checkpoint rolled back after its export: the client unlocks, and a later ordinary
+    backup's Release frees the memory as ever (its restore needs the import)."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    c.call("lock")
+    npusim.export_client(npusim_daemon.socket, c.pid, tmp_path, keep=True)
+    c.call("unlock")
+    c.call("lock")
+    (tmp_path / "b").mkdir()
+    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path / "b")
+    c.call("backup_external")
+    c.call("restore")
+    with pytest.raises(ClientError) as ei:
+        c.call("unlock")
+    assert ei.value.code == UNLOCK_FAILED
+    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "b", _expected(out))
+    c.call("unlock")
+    assert c.call("contents") == before

@@ -92,7 +92,7 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int
 /* A live checkpoint's export: as npusimDaemonExportIncremental, and the daemon then keeps pid's
  * device memory across the Release of its next Backup, so that the external restore that follows
  * takes it back at the same addresses with the data in place: that restore's Unlock needs no import.
- * Kept memory the restore does not take back is freed at its end, by an import, or once pid is gone. */
+ * Kept memory the restore does not take back is freed at its end, at an Unlock, or once pid is gone. */
 ACL_FUNC_VISIBILITY aclError npusimDaemonExportKeeping(const char *socketPath, int pid, const char *dir,
                                                        const char *parentDir, char **resultJson);
 
