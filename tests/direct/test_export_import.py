@@ -193,16 +193,23 @@ def test_a_kept_export_is_taken_back_in_place_and_freed_when_not(npusim_daemon, 
     assert c.call("contents") == before
     assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used  # taken back, not doubled
 
-    c.call("lock")  # kept again, but the daemon restarts: the restore has nothing to take back
-    (tmp_path / "b").mkdir()
-    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path / "b", keep=True)
+    # Kept again, but the daemon restarts: the restore has nothing to take back.
+    _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=True, restart=True)
+
+
+def _back_through_the_import(daemon, c, directory, before, keep: bool, restart: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Lock, export, back up, (restart the daemon,) restore: Unlock is refused until the import."""
+    c.call("lock")
+    directory.mkdir()
+    out = npusim.export_client(daemon.socket, c.pid, directory, keep=keep)
     c.call("backup_external")
-    npusim_daemon.restart()
+    if restart:
+        daemon.restart()
     c.call("restore")
     with pytest.raises(ClientError) as ei:
         c.call("unlock")
     assert ei.value.code == UNLOCK_FAILED
-    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "b", _expected(out))
+    npusim.import_client(daemon.socket, c.pid, directory, _expected(out))
     c.call("unlock")
     assert c.call("contents") == before
 
@@ -216,14 +223,4 @@ def test_an_unlock_ends_a_keep_that_no_backup_followed(npusim_daemon, client, tm
     c.call("lock")
     npusim.export_client(npusim_daemon.socket, c.pid, tmp_path, keep=True)
     c.call("unlock")
-    c.call("lock")
-    (tmp_path / "b").mkdir()
-    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path / "b")
-    c.call("backup_external")
-    c.call("restore")
-    with pytest.raises(ClientError) as ei:
-        c.call("unlock")
-    assert ei.value.code == UNLOCK_FAILED
-    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "b", _expected(out))
-    c.call("unlock")
-    assert c.call("contents") == before
+    _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=False)

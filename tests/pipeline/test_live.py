@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -33,16 +31,6 @@ STEPS = 3
 
 def _argv(gate: str) -> list[str]:
     return [sys.executable, str(WORKLOAD), str(STEPS), gate]
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A private staging directory on the tmpfs: what is left there after a checkpoint is seen."""
-    d = Path(tempfile.mkdtemp(prefix="npusnap-test-live-", dir="/dev/shm"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 class Gated:

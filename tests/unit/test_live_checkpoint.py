@@ -5,11 +5,8 @@ ordinary --leave-running checkpoint. Fake backend and CRIU around a real process
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -23,15 +20,6 @@ from npusnap_cli.image.format import load_manifest, verify
 from tests.helpers import proc_state, running
 
 from .fakes import Fakes
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npusnap-test-live-", dir="/dev/shm"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _live(fakes: Fakes, pid: int, directory: Path, staging: Path, events: list[Event]) -> object:
