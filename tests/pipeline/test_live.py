@@ -166,3 +166,33 @@ def test_ctrl_c_at_random_instants(gated: Gated, npusim_daemon, reference, tmp_p
     print(f"seed {seed}: exits {outcomes}")
     gated.finish()
     assert strip_ready(gated.w.lines()) == ref
+
+
+def test_the_cli_killed_while_the_images_are_in_memory(gated: Gated, npusim_daemon, reference, tmp_path: Path,
+                                                       shm: Path) -> None:
+    """SIGKILL after the dump, the workload stopped and its device data only in memory: the guardian
+    resumes it, puts its device back from the images in the tmpfs, and removes them and the staging."""
+    ref = reference(_argv("-"))
+    ck, err = tmp_path / "ck", tmp_path / "ck.err"
+    env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE": "after:dump", "NPUSNAP_TEST_PAUSE_S": "120"}
+    with open(err, "w") as e:
+        cli = subprocess.Popen(_live(gated.w.pid, ck, shm), env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=e)
+    try:
+        deadline = time.monotonic() + 120
+        while "test pause after:dump" not in err.read_text() and cli.poll() is None:
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        assert cli.poll() is None, err.read_text()
+        assert proc_state(gated.w.pid) in ("T", "t") and any(shm.iterdir())
+    finally:
+        cli.kill()
+        cli.wait()
+    deadline = time.monotonic() + 120
+    while any(shm.iterdir()) or status(gated.w.pid, npusim_daemon.env)["device"]["state"] != "RUNNING":
+        assert time.monotonic() < deadline, "the guardian did not recover the workload in 120 s"
+        time.sleep(0.2)
+    gated.assert_running(npusim_daemon.env)
+    assert_no_checkpoint(ck)
+    gated.finish()
+    assert strip_ready(gated.w.lines()) == ref
