@@ -80,6 +80,9 @@ class CheckpointOptions:
     # copied to disk while the workload runs on (image/memstage.py), in a tmpfs directory here
     live: bool = False
     live_staging: Path = LIVE_STAGING
+    # a job's node staged on local storage with --leave-running: the set runs on as soon as it is
+    # sealed, before its write-behind to the shared storage and its vote (core/processset.py)
+    run_on_at_seal: bool = False
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -352,7 +355,7 @@ class CheckpointRun:
             self._run_on(self.criu_dir)
             self.backend.finish_after_commit(self.device_dir, self._own_files())
             self.device_back = True
-            self.undos.drop(self._what("resume"), self._what("device rollback"))
+            self.undos.keep_only("cleanup")  # resumed and unlocked: only the staging is left to undo
             self.guardian.resumed()
         self.downtime = round(time.monotonic() - self.stopped_at, 6)
 
@@ -392,14 +395,16 @@ class CheckpointRun:
         self.run_on_after_commit()
         self.device_after_commit()
 
-    def run_on_after_commit(self) -> None:
-        """--leave-running: the tree runs on (a set resumes every member's before any device restore)."""
-        self._run_on(self._in(self.staging.final / CRIU_DIR))
+    def run_on_after_commit(self, root: Optional[Path] = None) -> None:
+        """--leave-running: the tree runs on (a set resumes every member's before any device restore).
+        root: where its images are (default: the committed directory; a set that runs on at its
+        seal: the staging path)."""
+        self._run_on(self._in((root or self.staging.final) / CRIU_DIR))
 
-    def device_after_commit(self) -> None:
+    def device_after_commit(self, root: Optional[Path] = None) -> None:
         """--leave-running: the device restored and unlocked, from the committed directory (the
-        staging path has moved)."""
-        self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
+        staging path has moved), or from root."""
+        self.backend.finish_after_commit(self._in((root or self.staging.final) / DEVICE_DIR), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
         """The device files as the backend named them (a set member's without their PID/)."""

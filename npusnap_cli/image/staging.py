@@ -126,20 +126,20 @@ class Staging:
         return entries
 
     def commit(self, manifest: Manifest) -> Path:
-        """Write the manifest last, fsync, and rename into place."""
+        """Write the manifest last, fsync, and rename into place. The manifest and the staging
+        directory's entry for it are fsync'd at once (they share the disk's cache flush), both
+        before the rename: nothing makes DIR valid but that rename, which comes after them."""
         try:
             tmp = self.path / (MANIFEST + ".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(manifest_text(manifest.to_dict()))
-                f.flush()
-                os.fsync(f.fileno())
             os.rename(tmp, self.path / MANIFEST)
             for p in self.log_dir.iterdir():
                 os.chmod(p, 0o600)
                 shutil.move(str(p), self.path / LOG_DIR / p.name)
             os.rmdir(self.log_dir)
-            fsync_path(self.path)
+            fsync_all([self.path / MANIFEST, self.path])
             self._put_in_place()
             fsync_path(self.final.parent)
         except OSError as e:

@@ -101,6 +101,39 @@ def test_seal_reads_a_file_the_follower_did_not_see_whole(tmp_path: Path) -> Non
         st.discard()
 
 
+def test_commit_makes_the_manifest_and_its_directory_durable_before_the_rename(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch of fsyncs (the manifest, the staging directory) before the rename that makes DIR
+    valid, then the parent's: the order the durability of a checkpoint rests on."""
+    st = Staging(tmp_path / "ck")
+    (st.criu_dir / "core-1.img").write_bytes(b"image")
+    entries = st.seal()
+    events: list[tuple[str, object]] = []
+    real_fsync_all, real_fsync_path, real_rename = staging_mod.fsync_all, staging_mod.fsync_path, staging_mod._rename
+
+    def fsync_all(paths: list[Path], threads: int = 8) -> None:
+        events.append(("fsync_all", sorted(str(p.relative_to(tmp_path)) for p in paths)))
+        assert (st.path / "manifest.yaml").read_text().strip()  # written whole before it is synced
+        real_fsync_all(paths, threads)
+
+    def fsync_path(p: Path) -> None:
+        events.append(("fsync", str(p.relative_to(tmp_path)) or "."))
+        real_fsync_path(p)
+
+    def rename(a: Path, b: Path, flags: int) -> None:
+        events.append(("rename", str(b.relative_to(tmp_path))))
+        real_rename(a, b, flags)
+
+    monkeypatch.setattr(staging_mod, "fsync_all", fsync_all)
+    monkeypatch.setattr(staging_mod, "fsync_path", fsync_path)
+    monkeypatch.setattr(staging_mod, "_rename", rename)
+    st.commit(_manifest(st.path, [e.path for e in entries]))
+    partial = str(st.path.relative_to(tmp_path))
+    assert events == [("fsync_all", sorted([f"{partial}/manifest.yaml", partial])), ("rename", "ck"),
+                      ("fsync", ".")]
+    assert (tmp_path / "ck" / "manifest.yaml").is_file() and not st.path.exists()
+
+
 def _manifest(root: Path, names: list[str]) -> Manifest:
     files = []
     for name in names:
