@@ -71,6 +71,15 @@ def _live(pid: int, ck: Path, shm: Path, *extra: str) -> list[str]:
             "--json", *extra]
 
 
+def _wait_for_pause(cli: "subprocess.Popen[str] | subprocess.Popen[bytes]", err: Path, point: str) -> None:
+    """The CLI (its stderr in err) announced the test pause at point and waits there."""
+    deadline = time.monotonic() + 120
+    while f"test pause {point}" not in err.read_text() and cli.poll() is None:
+        assert time.monotonic() < deadline, err.read_text()
+        time.sleep(0.05)
+    assert cli.poll() is None, err.read_text()
+
+
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
 def test_the_checkpoint_holds_the_state_from_before_the_resume(data_path: str, gated: Gated, npusim_daemon,
                                                                reference, tmp_path: Path, shm: Path) -> None:
@@ -82,11 +91,7 @@ def test_the_checkpoint_holds_the_state_from_before_the_resume(data_path: str, g
         cli = subprocess.Popen(_live(gated.w.pid, ck, shm, "--data-path", data_path), env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=e, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while "test pause before:write-behind" not in err.read_text() and cli.poll() is None:
-            assert time.monotonic() < deadline, err.read_text()
-            time.sleep(0.05)
-        assert cli.poll() is None, err.read_text()
+        _wait_for_pause(cli, err, "before:write-behind")
         assert not ck.exists() and any(shm.iterdir())  # all of it in memory still
         gated.assert_running(npusim_daemon.env)
         # Resumed: two steps rewrite 14 of its 64 MiB of device memory while the images wait. A
@@ -179,11 +184,7 @@ def test_the_cli_killed_while_the_images_are_in_memory(gated: Gated, npusim_daem
         cli = subprocess.Popen(_live(gated.w.pid, ck, shm), env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=e)
     try:
-        deadline = time.monotonic() + 120
-        while "test pause after:dump" not in err.read_text() and cli.poll() is None:
-            assert time.monotonic() < deadline, err.read_text()
-            time.sleep(0.05)
-        assert cli.poll() is None, err.read_text()
+        _wait_for_pause(cli, err, "after:dump")
         assert proc_state(gated.w.pid) in ("T", "t") and any(shm.iterdir())
     finally:
         cli.kill()
