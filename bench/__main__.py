@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import copies, cpuonly, device, incremental, latency, limits, report
+from . import copies, cpuonly, device, incremental, latency, limits, live, report
 from .config import PRESETS, Sizes, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
@@ -128,6 +128,10 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
     progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
     incr = incremental.measure(res, workdir, incr_bytes)
 
+    live_bytes = min(sizes.limit_bytes, 512 << 20)
+    progress(f"live: {human(live_bytes)} of device memory, downtime of --live vs a full --leave-running")
+    live_run = live.measure(res, workdir, tmpfs_dir, min(sizes.host_bytes, 64 << 20), live_bytes, min(repeat, 2))
+
     progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
     copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
 
@@ -137,7 +141,7 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
 
     runs: list[dict[str, Any]] = [r for c in cpus for r in c.pop("runs")] + tiny.pop("runs") + dev_runs
     return {
-        "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny),
+        "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny, live_run),
         "limits": lim,
         "runs": runs,
         "skipped": skipped,
@@ -146,6 +150,7 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
         "latency": {"agent_ping": ping, "help": helps},
         "npusim_copies": copy,
         "incremental": incr,
+        "live": live_run,
     }
 
 

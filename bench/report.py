@@ -23,9 +23,14 @@ def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: st
 
 def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[str, Any]],
             ping: dict[str, Any], helps: dict[str, Any], copy: dict[str, Any],
-            tiny: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+            tiny: Optional[dict[str, Any]] = None, live: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     out = device_targets(limits, runs)
     out += cpu_targets(cpus, tiny)
+    if live and live.get("downtime_ratio") is not None:  # bench/live.py
+        out.append(target(f"live checkpoint, D={human(live['device_bytes']).replace(' ', '')}: downtime / full "
+                          "--leave-running checkpoint", live["downtime_ratio"], 0.25, "<=", "x",
+                          f"{live['live_downtime_s']:.3f} s stopped vs {live['full_s']:.3f} s "
+                          f"({live['live_total_s']:.3f} s in all)"))
     out.append(target("agent round trip (median of pings)", ping["median_ms"], 1.0, "<=", "ms",
                       f"p99 {ping['p99_ms']:.3f} ms over {ping['count']}"))
     out.append(target("`npusnap --help`", helps["median_ms"], 150.0, "<=", "ms", f"median of {helps['count']}"))

@@ -3,6 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <fstream>
+
 #include <algorithm>
 #include <cstring>
 #include <atomic>
@@ -100,6 +103,19 @@ std::string json_string(const std::string &s) {
   return out + "\"";
 }
 
+// Field 22 of /proc/PID/stat, 0 if the process is gone: with the pid, it names one process.
+uint64_t start_time(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream in(text.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && in >> field; ++i)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
 }  // namespace
 
 DeviceState::DeviceState(uint32_t devices, uint64_t memory, std::string socket_path)
@@ -141,8 +157,21 @@ void DeviceState::release(Session &s) {
 }
 
 void DeviceState::release_locked(Session &s) {
-  for (auto &[va, buf] : s.allocs)
-    if (!buf->backing) used_[buf->device] -= buf->size;
+  auto keeping = keeping_.find(s.pid);
+  Kept *kept = nullptr;
+  if (keeping != keeping_.end()) {
+    drop_kept_locked(s.pid);
+    kept = &kept_[s.pid];
+    kept->start = keeping->second;
+    keeping_.erase(keeping);
+  }
+  for (auto &[va, buf] : s.allocs) {
+    if (buf->backing) continue;
+    if (kept != nullptr && !buf->lent)  // lent memory is the process's own: CRIU carries it
+      kept->allocs[va] = buf;
+    else
+      used_[buf->device] -= buf->size;
+  }
   s.allocs.clear();
   s.reservations.clear();
   s.imports.clear();
@@ -174,7 +203,36 @@ int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
   return ACL_SUCCESS;
 }
 
+void DeviceState::keep(pid_t pid) {
+  std::lock_guard<std::mutex> g(mu_);
+  keeping_[pid] = start_time(pid);
+}
+
+bool DeviceState::took_back(Session &s) {
+  std::lock_guard<std::mutex> g(mu_);
+  const bool whole = s.adopted && !s.fresh && kept_.count(s.pid) == 0;
+  drop_kept_locked(s.pid);
+  keeping_.erase(s.pid);
+  s.adopted = s.fresh = false;
+  return whole;
+}
+
+void DeviceState::drop_kept_locked(pid_t pid) {
+  auto it = kept_.find(pid);
+  if (it == kept_.end()) return;
+  for (auto &[va, buf] : it->second.allocs) used_[buf->device] -= buf->size;
+  kept_.erase(it);
+}
+
+void DeviceState::drop_gone_locked() {
+  std::vector<pid_t> gone;
+  for (auto &[pid, k] : kept_)
+    if (start_time(pid) != k.start) gone.push_back(pid);
+  for (pid_t pid : gone) drop_kept_locked(pid);
+}
+
 int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool commit) {
+  if (used_[device] + size > memory_ && !kept_.empty()) drop_gone_locked();  // memory kept for nobody
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   size_t mapped = lent != nullptr ? lent->mapped : 0;
   int fd = lent != nullptr ? lent->fd : -1;
@@ -223,6 +281,21 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     auto prev = std::prev(next);
     if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
+  auto kept = kept_.find(s.pid);
+  if (kept != kept_.end() && lent == nullptr) {
+    auto it = kept->second.allocs.find(va);
+    // The same process (a reused pid takes nothing back), the same allocation, and memory a kernel
+    // runner can map if the session needs that already.
+    if (it != kept->second.allocs.end() && it->second->size == size && it->second->device == device &&
+        (it->second->fd >= 0 || !s.shared_memory) && start_time(s.pid) == kept->second.start) {
+      s.allocs[va] = it->second;  // still counted in used_
+      kept->second.allocs.erase(it);
+      if (kept->second.allocs.empty()) kept_.erase(kept);
+      s.adopted = true;
+      return ACL_SUCCESS;
+    }
+  }
+  s.fresh = true;
   return place(s, device, va, size, lent, commit);
 }
 

@@ -181,6 +181,7 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
       request += " " + std::to_string(device);
     }
   }
+  if (flags & NPUSIM_EXPORT_KEEP) request += (parent != nullptr ? " keep" : "\nkeep");
   aclError rc;
   try {
     rc = tool.call(proto::Op::Export, request, files.fds, json,
@@ -319,7 +320,7 @@ aclError npusimDaemonExportIncremental(const char *socketPath, int pid, const ch
 aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir, const char *parentDir,
                                  unsigned flags, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
-  if (socketPath == nullptr || pid <= 0 || dir == nullptr || (flags & ~NPUSIM_EXPORT_NO_SYNC) != 0)
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr || (flags & ~(NPUSIM_EXPORT_NO_SYNC | NPUSIM_EXPORT_KEEP)) != 0)
     return ACL_ERROR_INVALID_PARAM;
   return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, flags, json); });
 }

@@ -566,12 +566,23 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
   const size_t nl = body.find('\n');
   const std::string devices = body.substr(0, nl);
   std::vector<uint32_t> parent_devs;
+  bool keep = false;  // "keep": a live checkpoint's, DeviceState::keep
   if (nl != std::string::npos) {
     std::istringstream in(body.substr(nl + 1));
-    std::string word;
-    in >> word;
-    if (word != "parent") fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed export request");
-    for (uint32_t d; in >> d;) parent_devs.push_back(d);
+    bool in_parent = false;
+    for (std::string word; in >> word;) {
+      if (word == "keep") {
+        keep = true;
+        in_parent = false;
+      } else if (word == "parent") {
+        in_parent = true;
+      } else if (in_parent && !word.empty() && word.size() < 10 &&
+                 word.find_first_not_of("0123456789") == std::string::npos) {
+        parent_devs.push_back(static_cast<uint32_t>(std::strtoul(word.c_str(), nullptr, 10)));
+      } else {
+        fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed export request");
+      }
+    }
   }
   if (devices != device_list(devs) || fds.size() != devs.size() + parent_devs.size())
     fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL,
@@ -625,6 +636,7 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
     files.push_back(export_device(fds[i++], device, bufs, meta, pit == parents.end() ? nullptr : &pit->second,
                                   (flags & proto::kExportNoSync) == 0, tot));
   }
+  if (keep) state.keep(pid);  // exported whole: only now may its memory outlive the Release
   return transfer_json(files, tot, "written_bytes", t0);
 }
 

@@ -48,6 +48,9 @@ class DirectBackend(AgentBackend):
         self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
         self._referenced = 0
         self.parts: Parts = {}  # the last backup's or restore's steps
+        # --live: the daemon keeps the memory across the backup, so the resume right after the dump
+        # takes it back in place instead of importing it (the images are for the disk only)
+        self.keep = False
 
     def use_chain(self, device_dirs: Sequence[Path]) -> None:
         """Back up against the first (only what changed since its export is written) and restore
@@ -64,7 +67,8 @@ class DirectBackend(AgentBackend):
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
         # Not fsync'd here: the seal does it, after CRIU's dump, which runs while the disk writes them.
-        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None, sync=False)
+        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None,
+                                 sync=False, keep=self.keep)
         self._referenced = exported.referenced_bytes
         self._images = (device_dir, exported.files)
         started = time.monotonic()
@@ -82,6 +86,21 @@ class DirectBackend(AgentBackend):
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
         self.parts = restore_direct(self.client, self.pid, device_dir, list(files) if files else None,
                                     self.daemon, chain=self.chain)
+
+    def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
+        if self.keep and self.state() == State.BACKED_UP:
+            try:
+                self.client.restore(external=True)
+            except AgentProblem as e:
+                raise agent_error(e, f"device restore (external) of process {self.pid}") from e
+            try:
+                self.unlock()  # the daemon had all of the memory in place
+                return
+            except NpusnapError:  # not all of it (the daemon refuses the unlock): the images bring it
+                import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
+                self.unlock()
+                return
+        super().finish_after_commit(device_dir, files)
 
     def back_to_running(self) -> None:
         state = self.state()

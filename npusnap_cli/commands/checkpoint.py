@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 @click.option("-D", "--directory", "directory", required=True, type=click.Path(path_type=Path),
               help="Where to write the checkpoint (created; must not hold one unless --replace).")
 @click.option("--leave-running", is_flag=True, help="Keep the process running after the checkpoint.")
+@click.option("--live", is_flag=True,
+              help="With --leave-running (implied): stop the process only while its images are written to memory "
+                   "(--live-staging), copy them to DIRECTORY while it runs on; an ordinary --leave-running "
+                   "checkpoint, with a warning, when they would not fit there.")
+@click.option("--live-staging", type=click.Path(path_type=Path), default=Path("/dev/shm"), show_default=True,
+              metavar="DIR", help="The tmpfs directory a --live checkpoint's images are staged in.")
 @click.option("--shell-job", is_flag=True, help="The process shares a terminal with its shell.")
 @click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
 @click.option("--device", type=click.Choice(BACKENDS), default="auto",
@@ -55,7 +61,8 @@ if TYPE_CHECKING:
 @criu_option
 @json_option
 @click.pass_obj
-def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, shell_job: bool,
+def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, live: bool,
+               live_staging: Path, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
                replace: bool, parent: Optional[Path], force: bool, dedup: bool, compress: str,
@@ -63,8 +70,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
-    `criu dump`); with --leave-running it carries on. A failure at any point leaves
-    the process running and unlocked, and no checkpoint directory behind.
+    `criu dump`); with --leave-running it carries on, and with --live it is stopped
+    only while its state is copied to memory. A failure at any point leaves the
+    process running and unlocked, and no checkpoint directory behind.
 
     Several PIDs make one set: every process (each with its tree) is locked at once,
     backed up and dumped into the one DIRECTORY, all or nothing; `npusnap restore`
@@ -78,7 +86,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     from ..core.checkpoint import checkpoint as run_checkpoint
     from ..platform.procfs import parse_pid
 
+    leave_running = leave_running or live
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
+                             live=live, live_staging=live_staging,
                              tcp_established=tcp_established, device=BackendName(device),
                              data_path=DataPathChoice(data_path),
                              lock_timeout=lock_timeout,
@@ -95,6 +105,8 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
         raise click.UsageError("--dedup and --compress apply to one process for now, not to a set")
     if parent is not None and len(targets) > 1:
         raise click.UsageError("--parent is for one process, not a set")
+    if live and len(targets) > 1:
+        raise click.UsageError("--live is for one process for now, not a set")
     with term.reporter(live=not shell_job) as report:
         if len(targets) == 1:
             m = run_checkpoint(targets[0], opts, progress=report)
@@ -116,10 +128,13 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
                                  "left_running": leave_running, "bytes": size,
                                  "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases],
                                  "parent": None if parent is None else str(parent.absolute()),
+                                 "downtime_s": (m.options.get("live") or {}).get("downtime_s"),
                                  "warnings": term.warnings})
         return
     phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
     term.success(f"checkpointed {m.pid} into {directory} ({human_bytes(size)}; {phases})")
+    if m.options.get("live"):
+        term.info(f"live: process {m.pid} was stopped for {m.options['live']['downtime_s']:.2f}s")
     if m.parent is not None:
         term.info(f"incremental: {human_bytes(m.device.referenced)} of device memory referenced in {parent}")
     if not leave_running:

@@ -3,6 +3,8 @@ per node), written as explicit steps over an undo stack:
 
     checkpoint:  lock -> backup -> dump (tree left stopped) -> seal -> commit
                  -> kill (default) | resume + device restore + unlock (--leave-running)
+    live:        lock -> backup -> dump, both into memory (image/memstage.py) -> resume + device
+                 restore + unlock -> write-behind to disk -> seal -> commit (--live)
     dump:        (the runbook's DUMP: the device is already backed up) dump -> seal -> commit
                  -> kill | resume, still backed up
 
@@ -13,8 +15,10 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +38,8 @@ from ..image.format import (
     ProcessEntry,
     in_member,
 )
+from ..image.memstage import DEFAULT_DIR as LIVE_STAGING
+from ..image.memstage import MemStage
 from ..image.staging import Staging
 from ..image.store import Packer
 from ..platform.criu import DumpOptions, page_runs
@@ -70,6 +76,10 @@ class CheckpointOptions:
     # the set's HCCL ranks meet their peers of every node in each in-place restore (rollback, running
     # on); None: a private one of the set's own
     rendezvous: Optional[Path] = None
+    # --live (with leave_running): stopped only while the images are written to memory, then
+    # copied to disk while the workload runs on (image/memstage.py), in a tmpfs directory here
+    live: bool = False
+    live_staging: Path = LIVE_STAGING
     # a job's node staged on local storage with --leave-running: the set runs on as soon as it is
     # sealed, before its write-behind to the shared storage and its vote (core/processset.py)
     run_on_at_seal: bool = False
@@ -83,6 +93,13 @@ def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
     communicators.admit({pid: run.backend}, opts.force, progress)  # a rank alone: its peers are outside
     if opts.parent is not None:
         run.use_parent(opts.parent)
+    if opts.live and opts.leave_running and run.live_fits():
+        try:
+            run.go_live()
+            return run.execute([run.lock, run.backup, run.dump, run.resume_now, run.write_behind, run.seal],
+                               lambda m: None)
+        finally:
+            run.drop_live()
     return run.execute([run.lock, run.backup, run.dump, run.seal], run.finish_checkpoint)
 
 
@@ -159,6 +176,11 @@ class CheckpointRun:
         self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
         self.parent: Optional[tuple[Path, Manifest]] = None  # incremental: the parent checkpoint
         self.packer: Optional[Packer] = None  # holds the chunk store's lock until the commit is done
+        self.live: Optional[MemStage] = None  # --live: where the images are until the write-behind
+        self.in_memory = False  # criu/ and device/ are being written in self.live, not the staging
+        self.live_kept = False  # a failed put-back left the device data in self.live: it stays
+        self.stopped_at = 0.0
+        self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
         """A set member: the set's staging directory, guardian, undo stack and signals."""
@@ -172,11 +194,42 @@ class CheckpointRun:
 
     @property
     def criu_dir(self) -> Path:
-        return self._in(self.staging.criu_dir)
+        return self._in(self._root / CRIU_DIR)
 
     @property
     def device_dir(self) -> Path:
-        return self._in(self.staging.device_dir)
+        return self._in(self._root / DEVICE_DIR)
+
+    @property
+    def _root(self) -> Path:
+        """Where the images are written now: in memory (--live, until the write-behind) or the staging."""
+        return self.live.path if self.live is not None and self.in_memory else self.staging.path
+
+    def live_fits(self) -> bool:
+        """--live: whether the images fit in memory (their size is the extra host memory it costs);
+        when not, say why: the checkpoint is then an ordinary --leave-running one."""
+        from ..image import memstage
+
+        need = self.backend.describe().bytes + processes.resident_bytes([p.pid for p in self.target.tree()])
+        problem = memstage.why_not(self.opts.live_staging, need)
+        if problem is not None:
+            warn(self.progress, f"not live: {problem}; the workload stays stopped for the whole checkpoint")
+        return problem is None
+
+    def go_live(self) -> None:
+        from ..backends.direct import DirectBackend
+
+        self.live = MemStage(self.opts.live_staging)
+        self.in_memory = True
+        if isinstance(self.backend, DirectBackend):  # the resume takes the device memory back in place
+            self.backend.keep = True
+        from .. import warmup
+
+        warmup.later("pycriu.images")  # the resume reads CRIU's files.img (network lock): imported while CRIU dumps
+
+    def drop_live(self) -> None:
+        if self.live is not None and not self.live_kept:
+            self.live.remove()
 
     def use_parent(self, parent: Path) -> None:
         """--parent: checked before anything is locked; the backend then writes only what changed."""
@@ -224,6 +277,9 @@ class CheckpointRun:
     def lock(self) -> None:
         # Pushed before the lock: a signal may land the instant a phase returns. The undo
         # undoes whatever part of lock and backup really happened.
+        self.stopped_at = time.monotonic()
+        if self.live is not None:
+            self.guardian.remove_after(self.live.path)
         self.push_device_rollback()
         self.lock_device()
         self.after_lock()
@@ -277,8 +333,9 @@ class CheckpointRun:
         if self.sub:
             criu_dir.mkdir(0o700, exist_ok=True)
         log_dir = self.log_dir or self.staging.log_dir
-        with self.phase("dump") as self.dump_timing, self.signals.critical(), \
-                self.staging.follow(criu_dir, packing=self.packs):
+        # In memory (--live) nothing is hashed while CRIU writes: that would lengthen the stop.
+        follow = contextlib.nullcontext() if self.in_memory else self.staging.follow(criu_dir, packing=self.packs)
+        with self.phase("dump") as self.dump_timing, self.signals.critical(), follow:
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
             self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
@@ -290,6 +347,27 @@ class CheckpointRun:
             self.tree = processes.dumped_entries(self.criu.dumped_tree(criu_dir), before)
             self.frozen = [p.pid for p in self.tree]
             self.guardian.watch(self.frozen)
+
+    def resume_now(self) -> None:
+        """--live: every image is in memory, so the workload runs on now (its device restored from
+        them, unlocked), before anything reaches the disk; from here a failure costs only the
+        checkpoint."""
+        with self.phase("resume"), self.signals.critical():
+            self._run_on(self.criu_dir)
+            self.backend.finish_after_commit(self.device_dir, self._own_files())
+            self.device_back = True
+            self.undos.keep_only("cleanup")  # resumed and unlocked: only the staging is left to undo
+            self.guardian.resumed()
+        self.downtime = round(time.monotonic() - self.stopped_at, 6)
+
+    def write_behind(self) -> None:
+        """--live: the images copied from memory into the staging directory and fsync'd; the
+        memory is given back at once. The seal and the commit follow, as for any checkpoint."""
+        assert self.live is not None
+        with self.phase("write-behind") as t:
+            t.bytes = self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
+        self.in_memory = False
+        self.live.remove()
 
     def seal(self) -> None:
         with self.phase("seal") as t:
@@ -358,6 +436,7 @@ class CheckpointRun:
             command=self.target.command,
             options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
                      "leave_running": opts.leave_running, **self.extra.recorded(),
+                     **({"live": {"downtime_s": self.downtime}} if self.downtime is not None else {}),
                      **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {})},
             processes=self.tree,
             device=self.device,
@@ -380,7 +459,9 @@ class CheckpointRun:
         self.device_back = True
 
     def _discard(self) -> None:
-        if not self.keeps_device_data():
+        kept = self.keeps_device_data()
+        self.live_kept = kept and self.in_memory  # then it is the memory's copy that stays
+        if not kept or self.in_memory:
             self.staging.discard()
 
     def keeps_device_data(self) -> bool:

@@ -128,18 +128,19 @@ def _error(e: BaseException, doing: str) -> NpusnapError:
 
 
 def export_device(pid: int, device_dir: Path, socket: Optional[str] = None,
-                  parent: Optional[Path] = None, sync: bool = True) -> TransferResult:
+                  parent: Optional[Path] = None, sync: bool = True, keep: bool = False) -> TransferResult:
     """Have the daemon write process pid's device memory into device_dir (DIR/device/), one file per
     device, fsync'd (sync=False: only their write-back started; the caller fsyncs them and the
     directory before it relies on them, as the seal does). The process must be LOCKED. On failure no
     file is left and the device is untouched (the process stays LOCKED: the pipeline's lock undo
     unlocks it). parent: the device directory of an earlier checkpoint of the process: only what
-    changed since is written."""
+    changed since is written. keep (a live checkpoint): the daemon keeps the memory across the
+    backup, for the restore right after to take back in place (its unlock then needs no import)."""
     import npusim
 
     try:
         data = npusim.export_client(daemon_socket(pid, socket), pid, os.fspath(device_dir),
-                                    None if parent is None else os.fspath(parent), sync)
+                                    None if parent is None else os.fspath(parent), sync, keep)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device export of process {pid}") from e
     return _result(data, "written_bytes")  # the client created the files 0600, O_EXCL

@@ -206,3 +206,55 @@ def test_enospc_is_clear_and_leaves_the_client_locked_and_intact(npusim_daemon, 
 def test_daemon_gone_is_a_clear_error(tmp_path):
     with pytest.raises(npusim.AclError, match="no npusim daemon answers"):
         npusim.export_client(str(tmp_path / "nothing.sock"), 1, tmp_path)
+
+
+def test_a_kept_export_is_taken_back_in_place_and_freed_when_not(npusim_daemon, client, tmp_path):
+    """A live checkpoint's export (keep): the memory outlives the Backup's Release, the restore takes
+    it back at the same addresses with its data, and Unlock needs no import; the memory stays
+    counted against the device meanwhile. A process restored after a daemon restart has nothing to
+    take back: an import is due as ever."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    used = npusim.daemon_status(npusim_daemon.socket)["devices"]
+    c.call("lock")
+    (tmp_path / "a").mkdir()
+    npusim.export_client(npusim_daemon.socket, c.pid, tmp_path / "a", keep=True)
+    c.call("backup_external")
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used  # kept, still counted
+    c.call("restore")
+    c.call("unlock")  # in place: no import
+    assert c.call("contents") == before
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used  # taken back, not doubled
+
+    # Kept again, but the daemon restarts: the restore has nothing to take back.
+    _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=True, restart=True)
+
+
+def _back_through_the_import(daemon, c, directory, before, keep: bool, restart: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Lock, export, back up, (restart the daemon,) restore: Unlock is refused until the import."""
+    c.call("lock")
+    directory.mkdir()
+    out = npusim.export_client(daemon.socket, c.pid, directory, keep=keep)
+    c.call("backup_external")
+    if restart:
+        daemon.restart()
+    c.call("restore")
+    with pytest.raises(ClientError) as ei:
+        c.call("unlock")
+    assert ei.value.code == UNLOCK_FAILED
+    npusim.import_client(daemon.socket, c.pid, directory, _expected(out))
+    c.call("unlock")
+    assert c.call("contents") == before
+
+
+def test_an_unlock_ends_a_keep_that_no_backup_followed(npusim_daemon, client, tmp_path):
+    """A live checkpoint rolled back after its export: the client unlocks, and a later ordinary
+    backup's Release frees the memory as ever (its restore needs the import)."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    c.call("lock")
+    npusim.export_client(npusim_daemon.socket, c.pid, tmp_path, keep=True)
+    c.call("unlock")
+    _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=False)
