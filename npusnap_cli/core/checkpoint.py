@@ -13,6 +13,7 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
+from ..image import memstage
 from ..image.format import (
     CRIU_DIR,
     DEVICE_DIR,
@@ -62,7 +64,7 @@ class CheckpointOptions:
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
     parent: Optional[Path] = None  # incremental: write only the device chunks changed since this checkpoint
     dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
-    compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
+    compress: str = "none"  # auto | zstd | lz4 | none, for host pages and direct device images (implies the store)
     # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
     # the same time (their locks meet in the free pass; a peer that is not times the lock out)
     peers_elsewhere: bool = False
@@ -156,6 +158,8 @@ class CheckpointRun:
         self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
         self.parent: Optional[tuple[Path, Manifest]] = None  # incremental: the parent checkpoint
         self.packer: Optional[Packer] = None  # holds the chunk store's lock until the commit is done
+        self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
+        self.views = contextlib.ExitStack()  # a packed parent chain's device images, reassembled
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
         """A set member: the set's staging directory, guardian, undo stack and signals."""
@@ -173,7 +177,17 @@ class CheckpointRun:
 
     @property
     def device_dir(self) -> Path:
-        return self._in(self.staging.device_dir)
+        return self._in(self.mem if self.mem is not None else self.staging.device_dir)
+
+    def stage_device_in_memory(self) -> None:
+        """--compress on the direct path: the export goes to memory, and to the store from there
+        (memstage.py); without room for it there, to the disk, uncompressed, as without --compress."""
+        if not (self.direct and self.opts.compress != "none") or self.mem is not None:
+            return
+        self.mem = memstage.create(self.backend.describe().bytes)
+        if self.mem is None:
+            warn(self.progress, f"no room in {memstage.SHM} for process {self.pid}'s device images: "
+                                "they are written uncompressed")
 
     def use_parent(self, parent: Path) -> None:
         """--parent: checked before anything is locked; the backend then writes only what changed."""
@@ -187,7 +201,7 @@ class CheckpointRun:
         if os.path.abspath(parent) == os.path.abspath(self.opts.directory):
             raise WrongState("--parent cannot be the checkpoint's own directory")
         self.parent = (parent, pm)
-        self.backend.use_chain([parent / DEVICE_DIR, *chain.device_dirs(above)])
+        self.backend.use_chain(chain.device_views(self.views, [(parent, pm), *above]))
 
     def expect(self, expected: State) -> None:
         """Refuse a process whose device is not where this pipeline starts; checked before anything is locked."""
@@ -216,11 +230,20 @@ class CheckpointRun:
             self.guardian.release()
             if self.packer is not None:
                 self.packer.close()
+            self.release_staged()
+
+    def release_staged(self) -> None:
+        """The in-memory device images and reassembled parents, once the checkpoint is done (the
+        in-memory ones are kept when they are the workload's only copy: keeps_device_data)."""
+        self.views.close()
+        if not getattr(self, "kept", False):
+            memstage.remove(self.mem)
 
     # -- the steps, in order
     def lock(self) -> None:
         # Pushed before the lock: a signal may land the instant a phase returns. The undo
         # undoes whatever part of lock and backup really happened.
+        self.stage_device_in_memory()
         self.push_device_rollback()
         self.lock_device()
         self.after_lock()
@@ -292,11 +315,20 @@ class CheckpointRun:
             if self.packs and self.packer is None:
                 self.packer = Packer(self.staging.final, self.opts.compress)
                 try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
-                    self.packer.runs = page_runs(self.criu_dir)
+                    self.packer.add_runs(self.criu_dir, page_runs(self.criu_dir))
                 except (OSError, ValueError):
                     pass
-            self.files = self.staging.seal(known=self.device_files, packer=self.packer)
+            device = self.pack_device()
+            self.files = device + self.staging.seal(known=self.device_files if not device else [],
+                                                    packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
+
+    def pack_device(self) -> list[FileEntry]:
+        """--compress: the device images staged in memory go into the chunk store (their entries,
+        packed); they stay in memory for --leave-running's import after the commit."""
+        if self.mem is None or self.packer is None:
+            return []
+        return [self.packer.pack(self.mem / Path(*Path(f.path).parts[1:]), f, keep=True) for f in self.device_files]
 
     @property
     def packs(self) -> bool:
@@ -321,7 +353,8 @@ class CheckpointRun:
     def device_after_commit(self) -> None:
         """--leave-running: the device restored and unlocked, from the committed directory (the
         staging path has moved)."""
-        self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
+        committed = self.mem if self.mem is not None else self.staging.final / DEVICE_DIR
+        self.backend.finish_after_commit(self._in(committed), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
         """The device files as the backend named them (a set member's without their PID/)."""
@@ -351,7 +384,9 @@ class CheckpointRun:
             command=self.target.command,
             options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
                      "leave_running": opts.leave_running, **self.extra.recorded(),
-                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {})},
+                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {}),
+                     **({"device_images": self.packer.device_stats.recorded(opts.compress)}
+                        if self.packer and self.mem is not None else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,
@@ -386,6 +421,8 @@ class CheckpointRun:
         if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
             return False  # put back, nothing staged, or nobody left to need it
         chain = "".join(f" --parent-images {p}" for p in getattr(self.backend, "chain", []))
+        self.kept = True
+        self.views.pop_all()  # the reassembled parents, too, for that command
         warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
                             f"`npusnap recover {self.pid} --device-images {self.device_dir}{chain}` puts it back")
         return True
