@@ -261,7 +261,8 @@ def set_device(devices: Sequence[DeviceState]) -> DeviceState:
                        devices=sorted({x for d in devices for x in d.devices}),
                        allocations=sum(d.allocations for d in devices), bytes=sum(d.bytes for d in devices),
                        method=common([d.method for d in devices]) if devices else "none",
-                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)))
+                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)),
+                       referenced=sum(d.referenced for d in devices))  # incremental: left in the chain
 
 
 def member_summary(m: Manifest, e: MemberEntry) -> dict[str, Any]:

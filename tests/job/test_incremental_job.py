@@ -15,7 +15,7 @@ from tests.cluster.support import Cluster
 from .support import RankJob, as_json, npusnap, reference, wait_finished
 from .test_job import _wrap
 
-STEPS = 40
+STEPS = 150  # at 150 ms a step, long enough to outlast two job checkpoints on a busy machine
 
 
 def test_job_chain_with_compressed_links_restores_bit_identical(live_cluster: Cluster) -> None:

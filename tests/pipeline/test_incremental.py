@@ -191,18 +191,20 @@ def test_rolled_back_checkpoint_keeps_the_changes_for_the_next(chain, reference,
     assert strip_ready(chain.w.lines()) == ref
 
 
-@pytest.mark.parametrize("point", ["after:backup", "after:dump"])
+@pytest.mark.parametrize("point,extra", [("after:backup", ()), ("after:dump", ()),
+                                         ("after:dump", ("--compress", "zstd"))])
 def test_cli_killed_mid_incremental_checkpoint_brings_the_device_back_through_the_chain(
-        chain, reference, point) -> None:  # type: ignore[no-untyped-def]
+        chain, reference, point, extra) -> None:  # type: ignore[no-untyped-def]
     """Killed once its device data lives only in the staged incremental images: the guardian's
-    recover imports them with their parent chain, and the workload runs on bit-exact."""
+    recover imports them with their parent chain, and the workload runs on bit-exact (with
+    --compress, from the images staged in memory, /dev/shm)."""
     from tests.faults.support import PausedCli, wait_recovers
 
     ref = reference(_argv("-"))
     chain.checkpoint()
     chain.step(0)
     cli = PausedCli(["checkpoint", chain.w.pid, "-D", chain.tmp / "killed", "--leave-running",
-                     "--parent", chain.links[0]], point, chain.env)
+                     "--parent", chain.links[0], *extra], point, chain.env)
     cli.kill()
     wait_recovers(chain.w, bound=30, env=chain.env)
     assert not (chain.tmp / "killed").exists()
