@@ -10,23 +10,21 @@ random normal data of each tensor's scale; not zeros, and not all-random bytes e
 checkpointed with --leave-running, each way into a fresh parent directory (an empty store):
   plain                 --data-path direct (the reference)
   zstd | lz4 | auto     the same with --compress X
-Bytes are the device images' bytes on disk (plain: DIR/device; compressed: what the store took
-for them); time is the CLI's wall time, and the checkpoint's phases (lock..seal), median of
---repeat. Host pages are packed too under --compress; their bytes are reported apart.
+Bytes are the device images' bytes on disk (what the store took for them, and what stayed a
+plain file in DIR/device: plain, and auto once it found compressing does not pay); time is the
+CLI's wall time, and the checkpoint's phases (lock..seal), median of --repeat. Host pages are
+packed too under --compress; their bytes are reported apart.
 Figures, not pass/fail: nothing here asserts a time."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from .util import Resources, child_env, npusnap, npusnap_exe, start_workload
+from .util import Resources, child_env, npusnap, npusnap_exe, rows_main, start_workload
 
 WORKLOAD = r"""
 import json, sys, time
@@ -84,15 +82,15 @@ def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
                             env=env, workdir=work)
                 doc = _inspect(ck, env, work)
                 dev = doc.get("device_images") or {}
-                on_disk = (int(dev["new_bytes"]) if dev else
-                           sum(p.stat().st_size for p in (ck / "device").iterdir()))
+                # what the store took, and what stayed a plain file (plain; auto when it does not pay)
+                on_disk = int(dev.get("new_bytes", 0)) + sum(p.stat().st_size for p in (ck / "device").iterdir())
                 row = rows.setdefault(way, {"seconds": [], "phases_s": [], "backup_s": [], "seal_s": []})
                 row["seconds"].append(r.seconds)
                 row["phases_s"].append(_phases_s(r.data))
                 row["backup_s"].append(_phase_s(r.data, "backup"))
                 row["seal_s"].append(_phase_s(r.data, "seal"))
                 row["device_bytes"] = on_disk
-                row["device_raw"] = int(dev.get("raw_bytes", on_disk))
+                row["device_raw"] = int(dev.get("raw_bytes", 0)) + int(dev.get("plain_bytes", 0)) or on_disk
                 row["codec"] = dev.get("codec", "raw")
                 row["host_pages_stored"] = int((doc.get("host_pages") or {}).get("new_bytes", 0))
                 shutil.rmtree(parent)
@@ -109,21 +107,10 @@ def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=256, help="device training state size (default 256)")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="npusnap-bench-devc-") as tmp:
-        result = run(a.mib, a.repeat, Path(tmp))
-    text = json.dumps(result, indent=2)
-    if a.out:
-        a.out.write_text(text + "\n")
-    print(text)
-    for way, r in result["rows"].items():
-        print(f"{way:>6}: device {r['device_bytes'] / 2**20:8.1f} MiB ({r['smaller_x']:.2f}x smaller), "
-              f"{r['seconds']:.2f} s ({r['time_ratio']:.2f}x plain; phases {r['phases_ratio']:.2f}x), "
-              f"codec {r['codec']}", file=sys.stderr)
+    rows_main(__doc__ or "", "npusnap-bench-devc-", 256, run,
+              lambda r: f"device {r['device_bytes'] / 2**20:8.1f} MiB ({r['smaller_x']:.2f}x smaller), "
+                        f"{r['seconds']:.2f} s ({r['time_ratio']:.2f}x plain; phases {r['phases_ratio']:.2f}x), "
+                        f"codec {r['codec']}")
 
 
 if __name__ == "__main__":

@@ -319,16 +319,28 @@ class CheckpointRun:
                 except (OSError, ValueError):
                     pass
             device = self.pack_device()
-            self.files = device + self.staging.seal(known=self.device_files if not device else [],
-                                                    packer=self.packer)
+            self.files = [f for f in device if f.chunks] + self.staging.seal(
+                known=[f for f in device if not f.chunks] if self.mem is not None else self.device_files,
+                packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
 
     def pack_device(self) -> list[FileEntry]:
         """--compress: the device images staged in memory go into the chunk store (their entries,
-        packed); they stay in memory for --leave-running's import after the commit."""
+        packed), or, once auto found that compressing does not pay here, into DIR/device as they
+        are (a plain file costs less than raw chunks). They stay in memory for --leave-running's
+        import after the commit."""
         if self.mem is None or self.packer is None:
             return []
-        return [self.packer.pack(self.mem / Path(*Path(f.path).parts[1:]), f, keep=True) for f in self.device_files]
+        out = []
+        for f in self.device_files:
+            src = self.mem / Path(*Path(f.path).parts[1:])
+            packed = self.packer.try_pack(src, f) if self.packer.compressing() else None
+            if packed is None:
+                memstage.copy_out(src, self.staging.path / f.path)
+                self.packer.device_stats.plain_bytes += f.size
+                self.packer.device_stats.codec = "raw"
+            out.append(packed or f)
+        return out
 
     @property
     def packs(self) -> bool:

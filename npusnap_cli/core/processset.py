@@ -300,8 +300,9 @@ class SetCheckpoint:
         with self.phase("seal") as t:
             packer = self._packer()
             device = [f for m in self.members for f in m.pack_device()]
-            files = device + self.staging.seal(known=[f for m in self.members if m.mem is None for f in m.device_files],
-                                               packer=packer)
+            kept = [f for f in device if not f.chunks]  # auto: not compressed after all, in DIR as they are
+            files = [f for f in device if f.chunks] + self.staging.seal(
+                known=[*kept, *(f for m in self.members if m.mem is None for f in m.device_files)], packer=packer)
             for m in self.members:
                 m.files = [f for f in files if f.path.startswith(f"{CRIU_DIR}/{m.pid}/")]
                 m.dump_timing.bytes = sum(f.size for f in m.files)

@@ -40,7 +40,10 @@ CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites
 _STORED = {"none": "raw", "zstd": "zstd", "lz4": "lz4"}
 _NAME = re.compile(r"^([0-9a-f]{32})\.(raw|zstd|lz4)$")
 PAGE_IMAGE = re.compile(r"pages-[0-9]+\.img")  # CRIU's page images, the ones packed
-DEVICE_HEADER = 64  # cut off first, so that the device's 1 MiB chunks fall on our chunk boundaries
+DEVICE_HEADER = 64  # cut off first, so that the device's chunks fall on our chunk boundaries
+# A device image's chunk: the daemon's own (it tracks changes per MiB), and one file (fsync'd) per
+# MiB instead of 16.
+DEVICE_CHUNK = 1 << 20
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -107,7 +110,7 @@ class Chooser:
     what it leaves beats writing raw (we write one chunk after the other, so the costs add). Its
     compress rate is watched on: should it fall, the rest is written raw."""
 
-    PROBE = 64  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
+    PROBE = 64 * CHUNK_SIZE  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
 
     def __init__(self, choice: str) -> None:
         self.fixed = None if choice == "auto" else _STORED[choice]
@@ -119,7 +122,7 @@ class Chooser:
         self.ratio = 1.0
 
     def probing(self) -> bool:
-        return self.fixed is None and self.seen < self.PROBE
+        return self.fixed is None and self.written < self.PROBE
 
     def pick(self) -> str:
         return self.fixed if self.fixed is not None else self.codec
@@ -136,7 +139,7 @@ class Chooser:
         self.write_s += time.perf_counter() - t
         self.written += len(data)
         self.seen += 1
-        if self.seen == self.PROBE:
+        if self.written >= self.PROBE:
             t = time.perf_counter()
             sync()  # as the seal does: the probe's chunks fsync'd together
             self.write_s += time.perf_counter() - t
@@ -349,10 +352,16 @@ class PackStats:
     new_bytes: int = 0         # what this checkpoint added to the store
     referenced_bytes: int = 0  # raw bytes of chunks that were there already
     codec: str = "raw"
+    plain_bytes: int = 0       # device images auto left as files in DIR (compressing did not pay)
 
     def recorded(self, choice: str) -> dict[str, Any]:
         return {"store": STORE_NAME, "compress": choice, "codec": self.codec, "raw_bytes": self.raw_bytes,
-                "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes}
+                "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes,
+                **({"plain_bytes": self.plain_bytes} if self.plain_bytes else {})}
+
+
+class _NotCompressing(Exception):
+    pass
 
 
 class Packer:
@@ -372,11 +381,25 @@ class Packer:
     def close(self) -> None:
         self.store.close()
 
+    def compressing(self) -> bool:
+        """Whether images still go into the store compressed: a codec chosen, or auto still
+        probing (it writes raw then, timed), or chose one."""
+        return self.chooser.pick() != "raw" or self.chooser.probing()
+
     def add_runs(self, criu_dir: Path, runs: dict[str, list[tuple[int, int]]]) -> None:
         """The runs of pages of criu_dir's page images (platform/criu.page_runs), by image name."""
         self.runs.update({str(criu_dir / name): r for name, r in runs.items()})
 
-    def pack(self, path: Path, entry: FileEntry, keep: bool = False) -> FileEntry:
+    def try_pack(self, path: Path, entry: FileEntry) -> Optional[FileEntry]:
+        """A device image staged in memory: packed (and kept there), or None as soon as auto finds
+        that compressing does not pay (the caller then writes the file as it is: cheaper than raw
+        chunks; what the probe stored stays for prune to collect)."""
+        try:
+            return self.pack(path, entry, keep=True, give_up=True)
+        except _NotCompressing:
+            return None
+
+    def pack(self, path: Path, entry: FileEntry, keep: bool = False, give_up: bool = False) -> FileEntry:
         """Store the file's chunks (checking the whole checksum on the way), then remove it
         (keep: the caller still needs it, as a device image imported back for --leave-running)."""
         chunks = []
@@ -393,6 +416,8 @@ class Packer:
                     chunks.append(self._one(data, stats))
                     if len(data) < length:
                         break
+                    if give_up and not self.compressing():
+                        raise _NotCompressing()
         finally:
             os.close(fd)
         size = sum(c.size for c in chunks)
@@ -428,10 +453,11 @@ class Packer:
 
 
 def device_cuts(size: int) -> list[int]:
-    """A device image's chunks: its header, then CHUNK_SIZE pieces (16 to each of the device's
-    full 1 MiB chunks, which follow the header back to back)."""
+    """A device image's chunks: its header, then DEVICE_CHUNK pieces (the device's chunks, which
+    follow the header back to back; an allocation's last one may be shorter, and the pieces after
+    it then straddle two, which costs dedup across checkpoints only, never correctness)."""
     head = min(DEVICE_HEADER, size)
-    return [head, *(min(CHUNK_SIZE, size - off) for off in range(head, size, CHUNK_SIZE))] if size else []
+    return [head, *(min(DEVICE_CHUNK, size - off) for off in range(head, size, DEVICE_CHUNK))] if size else []
 
 
 def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
