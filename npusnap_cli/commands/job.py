@@ -32,6 +32,12 @@ def _deadline_options(f: F) -> F:
     return f
 
 
+def _absolute(ctx: click.Context, param: click.Parameter, value: Optional[Path]) -> Optional[Path]:
+    if value is not None and not value.is_absolute():
+        raise click.BadParameter("must be an absolute path: it names a directory on every node")
+    return value
+
+
 @click.group()
 def job() -> None:
     """Checkpoint and restore every rank of a multi-node Slurm job."""
@@ -60,13 +66,17 @@ def job() -> None:
               help="Incremental: each rank writes only the device memory changed since its images in job "
                    "checkpoint JOBDIR (the same ranks, taken with --data-path direct) and references the rest "
                    "(implies --data-path direct; exit 8 if JOBDIR cannot be its parent).")
+@click.option("--stage", metavar="DIR", default=None, type=click.Path(path_type=Path), callback=_absolute,
+              help="Dump each node's ranks into a fresh directory under this node-local DIR first, then copy "
+                   "them to DIRECTORY before the node votes (with --leave-running the ranks run on before "
+                   "the copy).")
 @_deadline_options
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], leave_running: bool,
                shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], dedup: bool, compress: str,
-               data_path: str, parent: Optional[Path], connect_timeout: float, prepare_timeout: float,
-               commit_timeout: float) -> None:
+               data_path: str, parent: Optional[Path], stage: Optional[Path], connect_timeout: float,
+               prepare_timeout: float, commit_timeout: float) -> None:
     """Checkpoint every rank of the job on every node into DIRECTORY, all or nothing.
 
     One worker per node (srun --overlap) locks, backs up and dumps its node's ranks and votes;
@@ -75,15 +85,20 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
     """
     from ..core.job.coordinator import Deadlines, JobCheckpointOptions, checkpoint_job
 
+    if stage is not None and (dedup or compress != "none" or parent is not None):
+        # the store and the parent chain are named relative to where a node's set is written
+        raise click.UsageError("--stage does not combine with --dedup, --compress or --parent yet")
+
     opts = JobCheckpointOptions(directory=directory, job=job, listen=listen, leave_running=leave_running,
                                 shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout),
+                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout), stage=stage,
                                 dedup=dedup, compress=compress, direct=data_path == "direct", parent=parent)
     r = checkpoint_job(opts, term.info)
     m = r.manifest
     if term.json_mode:
         term.data("job-checkpoint", {"directory": str(r.directory), "job": m.slurm_job_id,
-                                     "left_running": leave_running, "seconds": round(r.seconds, 6),
+                                     "left_running": leave_running, "stage": str(stage) if stage else None,
+                                     "seconds": round(r.seconds, 6),
                                      "stages": r.stages, "nodes": [n.__dict__ for n in m.nodes],
                                      "ranks": [x.__dict__ for x in m.ranks]})
         return
@@ -247,16 +262,17 @@ def _worker_options(f: F) -> F:
 @click.option("--compress", type=click.Choice(COMPRESS), default="none")
 @click.option("--direct", is_flag=True)
 @click.option("--parent", type=click.Path(path_type=Path), default=None)
+@click.option("--stage", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
                       leave_running: bool, shell_job: bool, lock_timeout: float,
                       criu_timeout: Optional[float], rendezvous: Optional[Path], dedup: bool, compress: str,
-                      direct: bool, parent: Optional[Path]) -> None:
+                      direct: bool, parent: Optional[Path], stage: Optional[Path]) -> None:
     from ..core.job.worker import WorkerOptions, checkpoint_worker
 
     raise SystemExit(checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
         leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-        rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct, parent=parent)))
+        rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct, parent=parent, stage=stage)))
 
 
 @worker.command("restore")
