@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
 @click.option("--parent", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Incremental: write only the device memory changed since checkpoint DIR of the same process "
-                   "and reference the rest (direct data path; restore needs DIR's whole chain; exit 8 if DIR "
+                   "(or set) and reference the rest (direct data path; restore needs DIR's whole chain; exit 8 if DIR "
                    "cannot be its parent).")
 @click.option("--force", is_flag=True,
               help="Checkpoint HCCL ranks whose communicators have ranks outside the set (those ranks "
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
               help="Keep host pages as chunks in a store beside DIRECTORY (PARENT/.npusnap-store), each chunk "
                    "stored once: what did not change since an earlier checkpoint there costs nothing again.")
 @click.option("--compress", type=click.Choice(COMPRESS), default="none", show_default=True,
-              help="Compress host pages in the chunk store (implies --dedup); auto compresses only while "
-                   "compressing keeps up with the disk.")
+              help="Compress host pages, and direct device images, in the chunk store (implies --dedup); "
+                   "auto compresses only while compressing keeps up with the disk.")
 @dump_flags
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None, metavar="KEYFILE",
               help="Sign the manifest with this Ed25519 private key (PEM); restore/verify check it.")
@@ -101,12 +101,10 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
 
         signer = Signer(sign_key)  # a bad key fails before anything starts
     targets = [parse_pid(p) for p in pids]
-    if len(targets) > 1 and (dedup or compress != "none"):
-        raise click.UsageError("--dedup and --compress apply to one process for now, not to a set")
-    if parent is not None and len(targets) > 1:
-        raise click.UsageError("--parent is for one process, not a set")
     if live and len(targets) > 1:
         raise click.UsageError("--live is for one process for now, not a set")
+    if live and compress != "none":
+        raise click.UsageError("--live and --compress both stage the images in memory: give one of them")
     with term.reporter(live=not shell_job) as report:
         if len(targets) == 1:
             m = run_checkpoint(targets[0], opts, progress=report)

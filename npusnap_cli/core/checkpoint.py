@@ -28,6 +28,7 @@ from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
+from ..image import memstage
 from ..image.format import (
     CRIU_DIR,
     DEVICE_DIR,
@@ -68,7 +69,7 @@ class CheckpointOptions:
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
     parent: Optional[Path] = None  # incremental: write only the device chunks changed since this checkpoint
     dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
-    compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
+    compress: str = "none"  # auto | zstd | lz4 | none, for host pages and direct device images (implies the store)
     # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
     # the same time (their locks meet in the free pass; a peer that is not times the lock out)
     peers_elsewhere: bool = False
@@ -181,6 +182,8 @@ class CheckpointRun:
         self.live_kept = False  # a failed put-back left the device data in self.live: it stays
         self.stopped_at = 0.0
         self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
+        self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
+        self.views = contextlib.ExitStack()  # a packed parent chain's device images, reassembled
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
         """A set member: the set's staging directory, guardian, undo stack and signals."""
@@ -198,7 +201,7 @@ class CheckpointRun:
 
     @property
     def device_dir(self) -> Path:
-        return self._in(self._root / DEVICE_DIR)
+        return self._in(self.mem if self.mem is not None else self._root / DEVICE_DIR)
 
     @property
     def _root(self) -> Path:
@@ -208,8 +211,6 @@ class CheckpointRun:
     def live_fits(self) -> bool:
         """--live: whether the images fit in memory (their size is the extra host memory it costs);
         when not, say why: the checkpoint is then an ordinary --leave-running one."""
-        from ..image import memstage
-
         need = self.backend.describe().bytes + processes.resident_bytes([p.pid for p in self.target.tree()])
         problem = memstage.why_not(self.opts.live_staging, need)
         if problem is not None:
@@ -231,6 +232,16 @@ class CheckpointRun:
         if self.live is not None and not self.live_kept:
             self.live.remove()
 
+    def stage_device_in_memory(self) -> None:
+        """--compress on the direct path: the export goes to memory, and to the store from there
+        (memstage.py); without room for it there, to the disk, uncompressed, as without --compress."""
+        if not (self.direct and self.opts.compress != "none") or self.mem is not None:
+            return
+        self.mem = memstage.create(self.backend.describe().bytes)
+        if self.mem is None:
+            warn(self.progress, f"no room in {memstage.DEFAULT_DIR} for process {self.pid}'s device images: "
+                                "they are written uncompressed")
+
     def use_parent(self, parent: Path) -> None:
         """--parent: checked before anything is locked; the backend then writes only what changed."""
         from ..backends.direct import DirectBackend
@@ -243,7 +254,7 @@ class CheckpointRun:
         if os.path.abspath(parent) == os.path.abspath(self.opts.directory):
             raise WrongState("--parent cannot be the checkpoint's own directory")
         self.parent = (parent, pm)
-        self.backend.use_chain([parent / DEVICE_DIR, *chain.device_dirs(above)])
+        self.backend.use_chain(chain.device_views(self.views, [(parent, pm), *above]))
 
     def expect(self, expected: State) -> None:
         """Refuse a process whose device is not where this pipeline starts; checked before anything is locked."""
@@ -272,6 +283,14 @@ class CheckpointRun:
             self.guardian.release()
             if self.packer is not None:
                 self.packer.close()
+            self.release_staged()
+
+    def release_staged(self) -> None:
+        """The in-memory device images and reassembled parents, once the checkpoint is done (the
+        in-memory ones are kept when they are the workload's only copy: keeps_device_data)."""
+        self.views.close()
+        if not getattr(self, "kept", False):
+            memstage.remove(self.mem)
 
     # -- the steps, in order
     def lock(self) -> None:
@@ -280,6 +299,7 @@ class CheckpointRun:
         self.stopped_at = time.monotonic()
         if self.live is not None:
             self.guardian.remove_after(self.live.path)
+        self.stage_device_in_memory()
         self.push_device_rollback()
         self.lock_device()
         self.after_lock()
@@ -374,12 +394,33 @@ class CheckpointRun:
             if self.packs and self.packer is None:
                 self.packer = Packer(self.staging.final, self.opts.compress)
                 try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
-                    self.packer.runs = page_runs(self.criu_dir)
+                    self.packer.add_runs(self.criu_dir, page_runs(self.criu_dir))
                 except (OSError, ValueError):
                     pass
-            self.files = self.staging.seal(known=self.device_files, packer=self.packer)
+            device = self.pack_device()
+            self.files = [f for f in device if f.chunks] + self.staging.seal(
+                known=[f for f in device if not f.chunks] if self.mem is not None else self.device_files,
+                packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
             t.add_parts(self.staging.parts)
+
+    def pack_device(self) -> list[FileEntry]:
+        """--compress: the device images staged in memory go into the chunk store (their entries,
+        packed), or, once auto found that compressing does not pay here, into DIR/device as they
+        are (a plain file costs less than raw chunks). They stay in memory for --leave-running's
+        import after the commit."""
+        if self.mem is None or self.packer is None:
+            return []
+        out = []
+        for f in self.device_files:
+            src = self.mem / Path(*Path(f.path).parts[1:])
+            packed = self.packer.try_pack(src, f) if self.packer.compressing() else None
+            if packed is None:
+                memstage.copy_out(src, self.staging.path / f.path)
+                self.packer.device_stats.plain_bytes += f.size
+                self.packer.device_stats.codec = "raw"
+            out.append(packed or f)
+        return out
 
     @property
     def packs(self) -> bool:
@@ -406,7 +447,8 @@ class CheckpointRun:
     def device_after_commit(self, root: Optional[Path] = None) -> None:
         """--leave-running: the device restored and unlocked, from the committed directory (the
         staging path has moved), or from root."""
-        self.backend.finish_after_commit(self._in((root or self.staging.final) / DEVICE_DIR), self._own_files())
+        committed = self.mem if self.mem is not None else (root or self.staging.final) / DEVICE_DIR
+        self.backend.finish_after_commit(self._in(committed), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
         """The device files as the backend named them (a set member's without their PID/)."""
@@ -437,7 +479,9 @@ class CheckpointRun:
             options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
                      "leave_running": opts.leave_running, **self.extra.recorded(),
                      **({"live": {"downtime_s": self.downtime}} if self.downtime is not None else {}),
-                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {})},
+                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {}),
+                     **({"device_images": self.packer.device_stats.recorded(opts.compress)}
+                        if self.packer and self.mem is not None else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,
@@ -474,6 +518,8 @@ class CheckpointRun:
         if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
             return False  # put back, nothing staged, or nobody left to need it
         chain = "".join(f" --parent-images {p}" for p in getattr(self.backend, "chain", []))
+        self.kept = True
+        self.views.pop_all()  # the reassembled parents, too, for that command
         warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
                             f"`npusnap recover {self.pid} --device-images {self.device_dir}{chain}` puts it back")
         return True

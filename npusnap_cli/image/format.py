@@ -60,6 +60,13 @@ class FileEntry:
     chunks: list[str] = field(default_factory=list)  # packed into the chunk store (store.py): not in DIR
 
 
+# What the chunk store may hold (store.py): CRIU's page images, and (--compress) direct device
+# images (native/npusim/export.h); a set member's in its PID/.
+PAGES = re.compile(r"criu/([0-9]+/)?pages-[0-9]+\.img")
+DEVICE_IMAGE = re.compile(r"device/([0-9]+/)?dev[0-9]+\.img")
+PACKABLE = re.compile(f"{PAGES.pattern}|{DEVICE_IMAGE.pattern}")
+
+
 @dataclass
 class ProcessEntry:
     pid: int
@@ -179,8 +186,8 @@ class Manifest:
                 raise bad("a file's path or checksum", f.path)
             if not isinstance(f.size, int) or f.size < 0:
                 raise bad(f"{f.path}'s size", f.size)
-            if not isinstance(f.chunks, list) or (f.chunks and not re.fullmatch(r"criu/pages-[0-9]+\.img", f.path)):
-                raise bad(f"{f.path}'s chunks", f.chunks)
+            if not isinstance(f.chunks, list) or (f.chunks and not PACKABLE.fullmatch(f.path)):
+                raise bad(f"{f.path}'s chunks", f"{len(f.chunks)} chunks" if isinstance(f.chunks, list) else f.chunks)
         for p in self.processes:
             if not all(isinstance(v, int) for v in (p.pid, p.ppid, p.threads)):
                 raise bad("a process entry", p)
@@ -264,7 +271,8 @@ def set_device(devices: Sequence[DeviceState]) -> DeviceState:
                        devices=sorted({x for d in devices for x in d.devices}),
                        allocations=sum(d.allocations for d in devices), bytes=sum(d.bytes for d in devices),
                        method=common([d.method for d in devices]) if devices else "none",
-                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)))
+                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)),
+                       referenced=sum(d.referenced for d in devices))  # incremental: left in the chain
 
 
 def member_summary(m: Manifest, e: MemberEntry) -> dict[str, Any]:

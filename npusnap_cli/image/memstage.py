@@ -5,7 +5,16 @@ come only after that copy is fsync'd, so what is in memory never looks like a ch
 
 The extra host memory is bounded by the images' size: fits() compares the estimate (device bytes
 plus the tree's resident memory) with what the tmpfs and the machine have free, and the pipeline
-falls back to an ordinary --leave-running checkpoint when it would not fit."""
+falls back to an ordinary --leave-running checkpoint when it would not fit.
+
+--compress stages a direct export here too (create(), copy_out(), remove()): written to the
+checkpoint's disk first and packed from there, every byte would reach the disk twice and a
+compressed checkpoint could never be faster than a plain one. The chunk store takes its chunks from
+the memory copy (compressed or raw, as the Chooser decides, timed against the disk), and
+--leave-running imports the device memory back from it. Without room for it, the export goes to
+the disk as without --compress. The directory is removed when the checkpoint is done, except after
+a failed put-back, when it holds the workload's only copy of its device memory (the pipeline says
+where, and `npusnap recover` takes it from there)."""
 
 from __future__ import annotations
 
@@ -108,6 +117,29 @@ class MemStage:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def create(need: int, base: Path = DEFAULT_DIR) -> Optional[Path]:
+    """--compress: a private directory in memory with room for need bytes, or None (the disk then)."""
+    if why_not(base, need) is not None:
+        return None
+    try:
+        return Path(tempfile.mkdtemp(prefix="npusnap-device-", dir=base))
+    except OSError:
+        return None
+
+
+def copy_out(src: Path, dst: Path) -> None:
+    """An image that is not compressed after all (auto): written to the checkpoint as it is, fsync'd
+    (the seal takes it as checksummed: the export hashed it while streaming)."""
+    dst.parent.mkdir(0o700, exist_ok=True)
+    _copy(src, dst)
+    fsync_all([dst])
+
+
+def remove(path: Optional[Path]) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _copy(src: Path, dst: Path) -> int:
     """One file, in the kernel (sendfile: copy_file_range refuses to cross file systems), its
     write-back started at once."""
@@ -126,7 +158,7 @@ def _copy(src: Path, dst: Path) -> int:
         finally:
             os.close(fout)
     except OSError as e:
-        raise StorageProblem(f"writing the live checkpoint to disk failed: {e.strerror}",
+        raise StorageProblem(f"writing the staged images to disk failed: {e.strerror}",
                              "free space in the checkpoint's file system or choose another directory") from e
     finally:
         os.close(fin)

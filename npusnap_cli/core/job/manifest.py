@@ -61,6 +61,7 @@ class JobManifest:
     rendezvous: str = RENDEZVOUS_DIR
     phases: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = JOB_FORMAT_VERSION
+    parent: Optional[str] = None  # --parent: the parent job checkpoint, relative to DIR (each node names its own)
 
     def node(self, name: str) -> NodeEntry:
         return next(n for n in self.nodes if n.name == name)
@@ -132,6 +133,16 @@ def verify(root: Path, deep: bool = True) -> JobManifest:
         if deep:
             try:
                 verify_node(d)
+                verify_node_chain(d)
             except ImageInvalid as e:
                 raise ImageInvalid(f"node {n.name}: {e.message}", e.hint) from e
     return m
+
+
+def verify_node_chain(node_dir: Path) -> list[Path]:
+    """An incremental job checkpoint's node: every link of its chain (the parent job checkpoints'
+    nodes holding the same ranks), every file checked."""
+    from ...image.chain import verify_chain
+    from ...image.format import load_manifest
+
+    return [p for p, _ in verify_chain(node_dir, load_manifest(node_dir), deep=True)]

@@ -59,6 +59,10 @@ class WorkerOptions:
     rendezvous: Optional[Path] = None
     stage: Optional[Path] = None  # checkpoint: the node-local directory to write the set to first (--stage)
     extra: dict[str, Any] = field(default_factory=dict)
+    dedup: bool = False  # checkpoint: the set's host pages into the chunk store (image/store.py)
+    compress: str = "none"
+    direct: bool = False  # checkpoint: the direct data path (the daemon moves device memory)
+    parent: Optional[Path] = None  # checkpoint: the parent job checkpoint (incremental)
 
 
 def node_name() -> str:
@@ -271,11 +275,13 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True,
+                                  data_path=DataPathChoice.DIRECT if opts.direct else DataPathChoice.IN_PROCESS,
+                                  peers_elsewhere=True, dedup=opts.dedup, compress=opts.compress,
                                   rendezvous=opts.rendezvous, run_on_at_seal=local is not None and opts.leave_running)
         gate = _Gate(ch, opts, node, ranks) if local is None else _StagedGate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
+            copts.parent = None if opts.parent is None else parent_node(opts.parent, [r.pid for r in ranks])
             gate.run(SetCheckpoint([r.pid for r in ranks], copts, quiet, REAL, gate=gate))
         except JobAborted as e:
             if gate.set_committed:
@@ -301,6 +307,21 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             os.close(lock)
 
 
+def parent_node(parent: Path, pids: list[int]) -> Path:
+    """--parent: the node checkpoint of the parent job checkpoint that holds exactly these ranks
+    (by pid: a restored rank keeps its pid, whichever node it runs on now)."""
+    from ...errors import ImageInvalid
+    from . import manifest as jm
+
+    pm = jm.load(parent)
+    for n in pm.nodes:
+        if sorted(r.pid for r in pm.ranks_of(n.name)) == sorted(pids):
+            return parent / n.dir
+    raise ImageInvalid(f"the parent job checkpoint {parent} has no node holding ranks "
+                       f"{', '.join(map(str, sorted(pids)))}: it cannot be their parent",
+                       "take a full job checkpoint (no --parent)")
+
+
 def _sid(pid: int) -> int:
     try:
         return os.getsid(pid)
@@ -317,16 +338,35 @@ def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
 
     def one(r: Rank) -> None:
         try:
-            recover(r.pid, device_images=directory / "device" / str(r.pid))
+            recover(r.pid, device_images=images / str(r.pid), chain=[p / str(r.pid) for p in chain])
         except NpusnapError as e:
             say(f"rank {r.pid} could not be recovered: {e.one_line()} (run `npusnap recover {r.pid}`)")
 
-    threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()  # each bounded by the agent's and HCCL's own deadlines
+    with contextlib.ExitStack() as views:
+        images, chain = _committed_images(directory, views)
+        threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()  # each bounded by the agent's and HCCL's own deadlines
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _committed_images(directory: Path, views: contextlib.ExitStack) -> tuple[Path, list[Path]]:
+    """The committed node checkpoint's device directory and (incremental) its chain's, as the
+    daemon reads them: compressed ones (--compress) reassembled from the chunk store."""
+    from ...errors import ImageInvalid
+    from ...image.chain import ancestors, device_views
+    from ...image.format import DEVICE_DIR, load_manifest
+    from ...image.store import assembled
+
+    try:
+        m = load_manifest(directory)
+        return (views.enter_context(assembled(directory, m, DEVICE_DIR)),
+                device_views(views, ancestors(directory, m)) if m.parent is not None else [])
+    except (ImageInvalid, StorageProblem) as e:
+        say(f"the node's committed checkpoint cannot be read back: {e.one_line()}")
+        return directory / DEVICE_DIR, []
 
 
 # ---------------------------------------------------------------- restore
