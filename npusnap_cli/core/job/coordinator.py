@@ -268,15 +268,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     if not final.parent.is_dir():
         raise StorageProblem(f"{final.parent} is not a directory", "create it on the shared storage first")
     parent = _check_parent(opts)
-    staging = hidden_sibling(final, "partial")
-    try:
-        staging.mkdir(0o700)
-        (staging / jm.NODES_DIR).mkdir(0o700)
-        (staging / jm.RENDEZVOUS_DIR).mkdir(0o700)
-        key = new_secret(staging / jm.SECRET)
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise StorageProblem(f"cannot create {staging}: {e.strerror}") from e
+    staging, key = _new_staging(final)
     started = time.monotonic()
     stages: list[dict[str, Any]] = []
     committed = False
@@ -341,6 +333,19 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
             shutil.rmtree(meet, ignore_errors=True)
         if not committed:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _new_staging(final: Path) -> tuple[Path, bytes]:
+    """The job checkpoint's hidden staging directory beside final, and the job's secret in it."""
+    staging = hidden_sibling(final, "partial")
+    try:
+        staging.mkdir(0o700)
+        (staging / jm.NODES_DIR).mkdir(0o700)
+        (staging / jm.RENDEZVOUS_DIR).mkdir(0o700)
+        return staging, new_secret(staging / jm.SECRET)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise StorageProblem(f"cannot create {staging}: {e.strerror}") from e
 
 
 def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path, meet: Path) -> list[str]:
