@@ -11,7 +11,9 @@ unless its environment variable is set.
 * NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a
   process driven by the shim as a CUDA process (real ones are found by /dev/nvidia* mappings).
 
-NPUSIM_CTL_FAULT (fault injection in npusim's daemon) is read by the native code only.
+NPUSIM_CTL_FAULT (fault injection in npusim's by-pid control listener) and
+NPUSIM_TEST_HCCL_LEAVE_MS (npusimd notices a rank's closed HCCL connection that late, as on a
+loaded host) are read by the native code only.
 """
 
 from __future__ import annotations

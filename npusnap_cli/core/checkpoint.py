@@ -243,15 +243,20 @@ class CheckpointRun:
             if self.direct:
                 self.progress(BytesExpected("backup", self.device_dir, self.backend.describe().bytes,
                                             self.phase.member))
-            if self.sub:
-                self.device_dir.mkdir(0o700, exist_ok=True)
             if self.parent is not None:
                 self._check_layout(self.parent)
-            self.device_files = self.backend.backup(self.device_dir)
-            if self.sub:  # the backend names its files as in a single checkpoint
-                self.device_files = [in_member(f, self.pid) for f in self.device_files]
-            self.device = self.backend.describe()
+            self.back_up_device()
             t.bytes = self.device.bytes
+
+    def back_up_device(self) -> None:
+        """The backup phase's work (a set's rollback also does it for a member left locked between
+        the members' backups: core/processset.py)."""
+        if self.sub:
+            self.device_dir.mkdir(0o700, exist_ok=True)
+        self.device_files = self.backend.backup(self.device_dir)
+        if self.sub:  # the backend names its files as in a single checkpoint
+            self.device_files = [in_member(f, self.pid) for f in self.device_files]
+        self.device = self.backend.describe()
 
     def _check_layout(self, parent: tuple[Path, Manifest]) -> None:
         from ..errors import ImageInvalid
