@@ -14,6 +14,7 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -248,9 +249,12 @@ class CheckpointRun:
             self.back_up_device()
             t.bytes = self.device.bytes
 
-    def back_up_device(self) -> None:
-        """The backup phase's work (a set's rollback also does it for a member left locked between
-        the members' backups: core/processset.py)."""
+    def back_up_device(self, again: bool = False) -> None:
+        """The backup phase's work. again: a set's rollback backs up a member left locked between
+        the members' backups (core/processset.py); what an interrupted export of its left in our
+        staging goes first (the device still holds the data)."""
+        if again and self.direct and self.device_dir.is_dir():
+            shutil.rmtree(self.device_dir)
         if self.sub:
             self.device_dir.mkdir(0o700, exist_ok=True)
         self.device_files = self.backend.backup(self.device_dir)

@@ -226,7 +226,7 @@ class SetCheckpoint:
         if State.BACKED_UP not in states.values():
             return
         locked = {pid for pid, state in states.items() if state == State.LOCKED}
-        failed = self._at_once(lambda m: m.back_up_device() if m.pid in locked else None)
+        failed = self._at_once(lambda m: m.back_up_device(again=True) if m.pid in locked else None)
         for m in self.members:
             if m.pid in failed:
                 warn(self.progress, f"rollback: backing up the locked HCCL rank failed: {failed[m.pid]}")
