@@ -4,7 +4,8 @@ unless its environment variable is set.
 * NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit (NPUSNAP_TEST_PAUSE_S): the checkpoint
   pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline).
 * NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline
-  fails there with an injected error, as if that phase had failed (tests/processset).
+  fails there with an injected error, as if that phase had failed (tests/processset);
+  after:export@PID: the direct path's device files written, the process not yet backed up.
 * NPUSNAP_TEST_JOB_FAIL=POINT@NODE / NPUSNAP_TEST_JOB_PAUSE=POINT@NODE: a job worker on NODE
   fails (or announces the point and waits, as above) at POINT: lock (before its set starts),
   vote, committed, restore (tests/job).
@@ -38,9 +39,14 @@ def pause(point: str, until: Callable[[], bool] = lambda: False) -> None:
         time.sleep(0.05)
 
 
-def fail(point: str) -> None:
-    """NPUSNAP_TEST_FAIL=point: raise an injected failure here."""
-    if os.environ.get("NPUSNAP_TEST_FAIL") == point:
+_failed: set[str] = set()
+
+
+def fail(point: str, once: bool = False) -> None:
+    """NPUSNAP_TEST_FAIL=point: raise an injected failure here (once: only the first time, as a
+    Ctrl-C lands once, for a point that the rollback passes again)."""
+    if os.environ.get("NPUSNAP_TEST_FAIL") == point and not (once and point in _failed):
+        _failed.add(point)
         raise NpusnapError(f"test failure injected at {point}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from .. import testhooks
 from ..errors import NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
 from ..image.prefetch import Prefetch
@@ -56,6 +57,7 @@ class DirectBackend(AgentBackend):
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
         exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None)
+        testhooks.fail(f"after:export@{self.pid}", once=True)  # as a Ctrl-C: files written, not backed up
         self._referenced = exported.referenced_bytes
         self._images = (device_dir, exported.files)
         self._call("backup", external=True)

@@ -114,10 +114,12 @@ def test_every_in_place_restore_of_a_set_brings_every_rank_back(n: int, data_pat
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
     path = ("--data-path", data_path)
-    # A failure between the members' backups (the first backed up, the others still locked), after
-    # the last backup, before a member's dump, after every dump: rolled back (exit 3).
-    for i, point in enumerate([f"after:backup@{pids[0]}", f"after:backup@{pids[-1]}", f"before:dump@{pids[0]}",
-                               "after:dump"]):
+    # A failure between the members' backups (the first backed up, the others still locked; the last
+    # one's device files written, as a Ctrl-C would leave them), after the last backup, before a
+    # member's dump, after every dump: rolled back (exit 3).
+    points = [f"after:backup@{pids[0]}", *([f"after:export@{pids[-1]}"] if data_path == "direct" else []),
+              f"after:backup@{pids[-1]}", f"before:dump@{pids[0]}", "after:dump"]
+    for i, point in enumerate(points):
         assert_rolled_back(workers, short_dir / f"fail{i}", env, point, *path)
     # A commit that fails: DIR appears while the set is sealed (nothing is ever replaced).
     target = short_dir / "commit"
