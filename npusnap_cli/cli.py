@@ -200,8 +200,10 @@ def _main(argv: Optional[list[str]]) -> Any:
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # a bug: one line unless asked for more
-        if _interrupted[0] or isinstance(e.__context__, KeyboardInterrupt):
-            _fail(Interrupted())  # e.g. an extension module whose init the Ctrl-C cut short
+        # e.g. an extension module whose init the Ctrl-C cut short (pybind11: ImportError from it;
+        # inside a pipeline its own handler raised Interrupted, and the rollback has run)
+        if _interrupted[0] or isinstance(e.__context__, (KeyboardInterrupt, Interrupted)):
+            _fail(Interrupted())
         if _debug_env():
             raise
         from .output import shown

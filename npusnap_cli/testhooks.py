@@ -7,13 +7,16 @@ unless its environment variable is set.
 * NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline
   fails there with an injected error, as if that phase had failed (tests/processset);
   during:write-behind fails a --live checkpoint's copy to disk after its first file.
+  after:export@PID: the direct path's device files written, the process not yet backed up.
 * NPUSNAP_TEST_JOB_FAIL=POINT@NODE / NPUSNAP_TEST_JOB_PAUSE=POINT@NODE: a job worker on NODE
   fails (or announces the point and waits, as above) at POINT: lock (before its set starts),
   vote, committed, restore (tests/job).
 * NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a
   process driven by the shim as a CUDA process (real ones are found by /dev/nvidia* mappings).
 
-NPUSIM_CTL_FAULT (fault injection in npusim's daemon) is read by the native code only.
+NPUSIM_CTL_FAULT (fault injection in npusim's by-pid control listener) and
+NPUSIM_TEST_HCCL_LEAVE_MS (npusimd notices a rank's closed HCCL connection that late, as on a
+loaded host) are read by the native code only.
 """
 
 from __future__ import annotations
@@ -39,9 +42,14 @@ def pause(point: str, until: Callable[[], bool] = lambda: False) -> None:
         time.sleep(0.05)
 
 
-def fail(point: str) -> None:
-    """NPUSNAP_TEST_FAIL=point: raise an injected failure here."""
-    if os.environ.get("NPUSNAP_TEST_FAIL") == point:
+_failed: set[str] = set()
+
+
+def fail(point: str, once: bool = False) -> None:
+    """NPUSNAP_TEST_FAIL=point: raise an injected failure here (once: only the first time, as a
+    Ctrl-C lands once, for a point that the rollback passes again)."""
+    if os.environ.get("NPUSNAP_TEST_FAIL") == point and not (once and point in _failed):
+        _failed.add(point)
         raise NpusnapError(f"test failure injected at {point}")
 
 

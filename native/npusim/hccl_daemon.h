@@ -17,7 +17,8 @@ void start();
 // Starts the listener if it is not running yet: on want_port (0: any free port) and the configured
 // address. Reports where it listens; HCCL_E_PARA if it already listens on another port than want_port.
 int32_t listen_once(uint16_t want_port, uint32_t *ipv4, uint16_t *port);
-// Registers a communicator this daemon is the root of (replaces one of that id nobody is in).
+// Registers a communicator this daemon is the root of (replaces one of that id nobody is in; waits,
+// 10 s at most, for the ranks of one that were locking to be seen leaving: a restore re-forms it).
 void register_comm(uint64_t id, const uint8_t secret[32]);
 // Serves one HCCL request (Op::HcclRootInfo .. Op::HcclLockQuery) of a joined session; reads its
 // own trailing bytes. false: the connection is unusable.

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -43,6 +44,7 @@ namespace {
 constexpr uint32_t kMaxRanks = 4096;
 constexpr uint64_t kMaxFrameBytes = 16ULL << 30;
 constexpr auto kPoll = std::chrono::milliseconds(100);
+constexpr auto kLeaving = std::chrono::seconds(10);  // bound on register_comm's wait for locked ranks to leave
 
 enum RankState : uint8_t { kAbsent = 0, kJoined, kLeft };
 
@@ -287,6 +289,16 @@ LockReply lock_report(Core &c, const JoinMsg &j) {
   return rep;
 }
 
+// NPUSIM_TEST_HCCL_LEAVE_MS (tests only): a member's closed connection is noticed this late, as on a
+// loaded host where the thread serving it is not scheduled at once.
+void late_leave() {
+  static const long ms = [] {
+    const char *env = std::getenv("NPUSIM_TEST_HCCL_LEAVE_MS");
+    return env != nullptr ? std::max(0L, std::atol(env)) : 0L;
+  }();
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 void serve_member(int fd) {
   timeval tv{5, 0};  // a join must arrive promptly; afterwards a member may stay quiet for long
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -338,6 +350,7 @@ void serve_member(int fd) {
     if (!wire::send_all(fd, &res, sizeof(res)) || !wire::send_all(fd, out.data(), out.size())) break;
     if (rc != HCCL_SUCCESS) break;  // the member gives the communicator up
   }
+  late_leave();
   leave(*c, j.rank);
   ::close(fd);
 }
@@ -417,14 +430,32 @@ void register_comm(uint64_t id, const uint8_t secret[32]) {
   auto c = std::make_shared<Core>();
   c->id = id;
   std::memcpy(c->secret, secret, 32);
-  std::lock_guard<std::mutex> g(root().mu);
-  auto &slot = root().comms[id];
-  if (slot) {
-    std::lock_guard<std::mutex> cg(slot->mu);
-    for (uint8_t st : slot->ranks)
-      if (st == kJoined) return;  // in use: keep it
+  const auto deadline = std::chrono::steady_clock::now() + kLeaving;
+  std::unique_lock<std::mutex> g(root().mu);
+  for (;;) {
+    auto &slot = root().comms[id];
+    bool in_use = false, leaving = false;
+    if (slot) {
+      std::lock_guard<std::mutex> cg(slot->mu);
+      for (uint32_t i = 0; i < slot->ranks.size(); ++i)
+        if (slot->ranks[i] == kJoined) {
+          in_use = true;
+          leaving = leaving || (i < slot->locking.size() && slot->locking[i]);
+        }
+    }
+    if (!in_use) {
+      slot = c;
+      return;
+    }
+    // A restore re-forms a communicator under its id: its ranks backed up (their connections are
+    // closed), but on a loaded host the threads serving them may not have seen it yet. A rank that
+    // was locking is leaving: wait for it, or the old communicator stays, whose secret no restored
+    // rank knows. One that runs on (a peer of a rank checkpointed alone) keeps it in use.
+    if (!leaving || std::chrono::steady_clock::now() >= deadline) return;
+    g.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    g.lock();
   }
-  slot = c;
 }
 
 }  // namespace npusim::hccl

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from .. import testhooks
 from ..errors import NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
 from ..image.prefetch import Prefetch
@@ -69,6 +70,7 @@ class DirectBackend(AgentBackend):
         # Not fsync'd here: the seal does it, after CRIU's dump, which runs while the disk writes them.
         exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None,
                                  sync=False, keep=self.keep)
+        testhooks.fail(f"after:export@{self.pid}", once=True)  # as a Ctrl-C: files written, not backed up
         self._referenced = exported.referenced_bytes
         self._images = (device_dir, exported.files)
         started = time.monotonic()

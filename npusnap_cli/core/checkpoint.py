@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -322,16 +323,24 @@ class CheckpointRun:
             if self.direct:
                 self.progress(BytesExpected("backup", self.device_dir, self.backend.describe().bytes,
                                             self.phase.member))
-            if self.sub:
-                self.device_dir.mkdir(0o700, exist_ok=True)
             if self.parent is not None:
                 self._check_layout(self.parent)
-            self.device_files = self.backend.backup(self.device_dir)
-            if self.sub:  # the backend names its files as in a single checkpoint
-                self.device_files = [in_member(f, self.pid) for f in self.device_files]
-            self.device = self.backend.describe()
+            self.back_up_device()
             t.bytes = self.device.bytes
             t.add_parts(getattr(self.backend, "parts", {}))
+
+    def back_up_device(self, again: bool = False) -> None:
+        """The backup phase's work. again: a set's rollback backs up a member left locked between
+        the members' backups (core/processset.py); what an interrupted export of its left in our
+        staging goes first (the device still holds the data)."""
+        if again and self.direct and self.device_dir.is_dir():
+            shutil.rmtree(self.device_dir)
+        if self.sub:
+            self.device_dir.mkdir(0o700, exist_ok=True)
+        self.device_files = self.backend.backup(self.device_dir)
+        if self.sub:  # the backend names its files as in a single checkpoint
+            self.device_files = [in_member(f, self.pid) for f in self.device_files]
+        self.device = self.backend.describe()
 
     def _check_layout(self, parent: tuple[Path, Manifest]) -> None:
         from ..errors import ImageInvalid

@@ -236,10 +236,33 @@ class SetCheckpoint:
     def _devices_back(self) -> None:
         """The set's device rollback: every member's at once (an HCCL rank's restore waits for its
         peers' in the set's rendezvous directory); each failure reported, none stops the others."""
+        self._back_up_locked_ranks()
         failed = self._at_once(lambda m: m._device_rollback())
         for m in self.members:
             if m.pid in failed:
                 warn(self.progress, f"rollback: device rollback failed: {failed[m.pid]}")
+
+    def _back_up_locked_ranks(self) -> None:
+        """A failure or Ctrl-C between the members' backups leaves some HCCL ranks backed up (gone
+        from their communicators) and others only locked (still in them). A backed-up rank's restore
+        re-forms its communicators, which needs every peer to rejoin: so the locked ranks are backed
+        up too, and the rollback's restores then re-form the communicators together."""
+        if self.meet is None:
+            return
+        states: dict[int, Optional[State]] = {}
+        for m in self.members:
+            try:
+                if any(c.ranks > 1 for c in communicators.held_by(m.backend)):
+                    states[m.pid] = m.backend.state()
+            except NpusnapError:  # its own rollback reports it
+                states[m.pid] = None
+        if State.BACKED_UP not in states.values():
+            return
+        locked = {pid for pid, state in states.items() if state == State.LOCKED}
+        failed = self._at_once(lambda m: m.back_up_device(again=True) if m.pid in locked else None)
+        for m in self.members:
+            if m.pid in failed:
+                warn(self.progress, f"rollback: backing up the locked HCCL rank failed: {failed[m.pid]}")
 
     def _work(self) -> Manifest:
         try:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from npusnap_cli import cli
 from npusnap_cli.cli import main
-from npusnap_cli.errors import EXIT_CODES
+from npusnap_cli.errors import EXIT_CODES, Interrupted
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
@@ -62,6 +63,22 @@ def test_zombie(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         assert rc == 4 and "zombie" in one_line(err)
     finally:
         p.wait()
+
+
+def test_an_import_that_a_pipelines_interrupt_cut_short_reports_the_interrupt(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C in a checkpoint (the pipeline's handler raises Interrupted) landing in an extension
+    module's init comes out of the import as ImportError (pybind11's "initialization failed"): the
+    interrupt it is (exit 130, one line), not an internal error."""
+    def cut_short(**kwargs: object) -> None:
+        try:
+            raise Interrupted()
+        except Interrupted as e:
+            raise ImportError("initialization failed") from e
+
+    monkeypatch.setattr(cli.app, "main", cut_short)
+    rc, _, err = run(capsys, "status", "1")
+    assert rc == 130 and "interrupted" in one_line(err), err
 
 
 def test_usage_errors_exit_2_as_in_click(capsys: pytest.CaptureFixture[str]) -> None:

@@ -106,6 +106,17 @@ def test_signal_at_commit_point_keeps_the_checkpoint(leave_running, npusim_daemo
         w.stop()
 
 
+def wait_lease_lost(pid: int, bound: float = 60) -> None:
+    """Until the agent says the lease ran out: in the process's run time, which a loaded host's
+    ticker counts late (at most 100 ms a wakeup, agent.c), so no fixed sleep is sure to outlast it."""
+    from npusnap_cli.platform.agent import AgentClient
+
+    deadline = time.monotonic() + bound
+    while not AgentClient(pid).status().lease_lost:
+        assert time.monotonic() < deadline, f"the lease of process {pid} did not run out in {bound} s"
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
 def test_cli_stopped_past_its_lease_stops_and_says_so(data_path, npusim_daemon, reference, tmp_path):
     """Ctrl-Z of the CLI after the device backup, longer than the lease: the CLI that lost the
@@ -119,7 +130,7 @@ def test_cli_stopped_past_its_lease_stops_and_says_so(data_path, npusim_daemon, 
         cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path],
                         "after:backup", env)
         os.kill(cli.proc.pid, signal.SIGSTOP)
-        time.sleep(4)  # the workload runs on (locked): well past its 1 s lease
+        wait_lease_lost(w.pid)  # the workload runs on (locked) past its 1 s lease
         os.kill(cli.proc.pid, signal.SIGCONT)
         r = _finish(cli)
         line = assert_failed_cleanly(r, {9})

@@ -1,12 +1,13 @@
 """In-place restores of a set of HCCL ranks (issue #16's data-loss gap): every way a set checkpoint
 puts its members' devices back without a `npusnap restore` -- the rollback after Backup (an
-injected failure after the backup, before or after a member's dump, a commit that fails, SIGINT at
-random instants), --leave-running after the commit, and the agents' own restores when the CLI's
-lease runs out -- brings every rank back running and unlocked, with its communicator re-formed
-through the set's rendezvous directory: the training loop (hccl_ranks train, data-parallel with an
-AllReduce of the gradients each step) goes on, bit-identical to an uninterrupted run. No rank is
-left stopped, locked or orphaned. 2 and 4 ranks; `make faults` runs more SIGINTs
-(NPUSNAP_FAULT_HCCL_SIGINT)."""
+injected failure between the members' backups or after them, before or after a member's dump, a
+commit that fails, SIGINT at random instants), --leave-running after the commit, and the agents'
+own restores when the CLI's lease runs out -- brings every rank back running and unlocked, with its
+communicator re-formed through the set's rendezvous directory: the training loop (hccl_ranks
+train, data-parallel with an AllReduce of the gradients each step) goes on, bit-identical to an
+uninterrupted run. No rank is left stopped, locked or orphaned. 2 and 4 ranks; `make faults` runs
+more SIGINTs (NPUSNAP_FAULT_HCCL_SIGINT). A daemon slow to notice ranks leave at their backup
+(NPUSIM_TEST_HCCL_LEAVE_MS) changes none of it."""
 
 from __future__ import annotations
 
@@ -76,6 +77,16 @@ def checkpoint(pids, target: Path, env: dict[str, str], *extra: object, fail: st
                    timeout=180)
 
 
+def assert_rolled_back(workers, target: Path, env: dict[str, str], point: str, *extra: object) -> None:
+    """A set checkpoint failing at point: rolled back (exit 3), every rank's device back, running on."""
+    r = checkpoint([w.pid for w in workers], target, env, *extra, fail=point)
+    assert r.returncode == 3, (point, r.returncode, r.stderr)
+    assert f"test failure injected at {point}" in one_error_line(r.stderr), r.stderr
+    assert "device rollback" not in r.stderr, r.stderr  # every rank's came back
+    assert not (target / "manifest.yaml").exists()
+    assert_all_run_on(workers, env, point)
+
+
 def private_tmp(short_dir: Path, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
     """The CLI's TMPDIR, where the set's rendezvous directory is made: ours alone to look into."""
     tmp = short_dir / "tmp"
@@ -103,15 +114,13 @@ def test_every_in_place_restore_of_a_set_brings_every_rank_back(n: int, data_pat
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
     path = ("--data-path", data_path)
-    # A failure after the backup, before a member's dump, after every dump: rolled back (exit 3).
-    for i, point in enumerate([f"after:backup@{pids[-1]}", f"before:dump@{pids[0]}", "after:dump"]):
-        target = short_dir / f"fail{i}"
-        r = checkpoint(pids, target, env, *path, fail=point)
-        assert r.returncode == 3, (point, r.returncode, r.stderr)
-        assert f"test failure injected at {point}" in one_error_line(r.stderr), r.stderr
-        assert "device rollback" not in r.stderr, r.stderr  # every rank's came back
-        assert not (target / "manifest.yaml").exists()
-        assert_all_run_on(workers, env, point)
+    # A failure between the members' backups (the first backed up, the others still locked; the last
+    # one's device files written, as a Ctrl-C would leave them), after the last backup, before a
+    # member's dump, after every dump: rolled back (exit 3).
+    points = [f"after:backup@{pids[0]}", *([f"after:export@{pids[-1]}"] if data_path == "direct" else []),
+              f"after:backup@{pids[-1]}", f"before:dump@{pids[0]}", "after:dump"]
+    for i, point in enumerate(points):
+        assert_rolled_back(workers, short_dir / f"fail{i}", env, point, *path)
     # A commit that fails: DIR appears while the set is sealed (nothing is ever replaced).
     target = short_dir / "commit"
     cli = PausedCli(["checkpoint", *pids, "-D", target, *path], "after:seal", {**env, "NPUSNAP_TEST_PAUSE_S": "2"})
@@ -133,6 +142,23 @@ def test_every_in_place_restore_of_a_set_brings_every_rank_back(n: int, data_pat
     assert_all_run_on(workers, env, "--leave-running")
     no_meeting_left(tmp)
     assert_bit_identical(workers, daemon, ranks, short_dir, n)
+
+
+def test_a_daemon_slow_to_see_the_ranks_leave_still_has_them_re_form(daemons, ranks, short_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollback right after the backups, on a daemon that notices the ranks' closed connections
+    2 s late (as on a loaded host): rank 0's restore waits for the old communicator's ranks to leave
+    instead of keeping it (whose secret no restored rank knows), and every rank re-forms it."""
+    monkeypatch.setenv("NPUSIM_TEST_HCCL_LEAVE_MS", "2000")  # read by the daemon only
+    (daemon,) = daemons(1)
+    tmp, env = private_tmp(short_dir, cli_env(daemon, ranks))
+    workers = start_training(ranks, daemon, 2, str(short_dir / "train.info"), env=LONG)
+    for w in workers:
+        w.wait_for_line("step 2", timeout=60)
+    for i, point in enumerate(["after:backup", f"after:backup@{workers[0].pid}"]):
+        assert_rolled_back(workers, short_dir / f"fail{i}", env, point)
+    no_meeting_left(tmp)
+    assert_bit_identical(workers, daemon, ranks, short_dir, 2)
 
 
 @pytest.mark.parametrize("n", [2, 4])

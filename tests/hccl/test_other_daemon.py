@@ -29,7 +29,9 @@ def test_ranks_restored_onto_another_daemon_use_it(daemons, ranks, short_dir: Pa
     want = uninterrupted(2, daemons, ranks, short_dir)
     a, b = daemons(2)
     env = {**a.env, "LD_LIBRARY_PATH": ranks.ld_path}  # the ranks' and this npusnap's: daemon A
-    workers = start_training(ranks, a, 2, str(short_dir / "moved.info"))
+    # Slow steps (the results do not depend on them): the restored ranks still train for seconds
+    # when asked whose clients they are, however slowly a loaded host runs that question.
+    workers = start_training(ranks, a, 2, str(short_dir / "moved.info"), env={"HCCL_TRAIN_SLEEP_US": "150000"})
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
     ck = short_dir / "set"

@@ -10,10 +10,12 @@ every rank running on unlocked; the Recv still gets the data."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from pathlib import Path
 
+from npusnap_cli._protocol import CTL_CMD_STATE, CTL_SOCKET_PREFIX
 from tests.helpers import npusnap
 from tests.pipeline.support import under_agent
 
@@ -27,6 +29,30 @@ def _start(ranks, daemons, short_dir: Path, mode: str = "sendlate"):
     workers[0].wait_for_line("sent" if mode == "sendlate" else "waiting", timeout=60)
     workers[1].wait_for_line("waiting" if mode == "sendlate" else "queued", timeout=60)
     return cli_env(daemon, ranks), workers
+
+
+def runtime_state(pid: int) -> str:
+    """A rank's runtime state from npusim's by-pid control listener (native/npusim/ctl.cpp), which
+    answers while a lock is in flight (the agent serves one command at a time)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect("\0" + CTL_SOCKET_PREFIX + str(pid))
+        s.sendall(CTL_CMD_STATE.encode() + b"\n")
+        return s.makefile().readline().split()[1]
+
+
+def go_once_locking(workers, go: Path) -> threading.Thread:
+    """Touch go once every rank's lock has begun (its runtime LOCKED, the free pass open): the Send
+    or Recv it releases comes while the locks wait, however late a loaded host starts them."""
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(runtime_state(w.pid) != "LOCKED" for w in workers):
+            time.sleep(0.02)
+        go.touch()  # past the deadline too: the ranks then end instead of waiting for it
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
 
 
 def test_a_send_never_received_ends_in_the_lock_timeout(daemons, ranks, short_dir: Path) -> None:
@@ -53,12 +79,9 @@ def test_a_send_never_received_ends_in_the_lock_timeout(daemons, ranks, short_di
 
 def test_a_recv_issued_while_locking_passes_and_the_lock_completes(daemons, ranks, short_dir: Path) -> None:
     env, workers = _start(ranks, daemons, short_dir)
-    go = threading.Timer(1.0, (short_dir / "root.info.go").touch)  # the Recv comes once the locks wait
-    go.start()
-    try:
-        done = on_all([w.pid for w in workers], "lock", "ITEM", "--timeout", "30", env=env)
-    finally:
-        go.cancel()
+    go = go_once_locking(workers, short_dir / "root.info.go")  # the Recv comes once the locks wait
+    done = on_all([w.pid for w in workers], "lock", "ITEM", "--timeout", "60", env=env)
+    go.join(timeout=60)
     for w, r in zip(workers, done):
         assert r.returncode == 0, (w.pid, r.returncode, r.stderr)
         status = json.loads(npusnap("status", w.pid, "--json", env=env).stdout)
@@ -77,12 +100,9 @@ def test_a_send_that_a_queued_recv_waits_for_passes_and_the_lock_completes(daemo
     """The other way round: rank 1's Recv is queued (its synchronize waits) when the locks come, and
     rank 0 issues the Send only then: the Send passes its gate, and both locks complete."""
     env, workers = _start(ranks, daemons, short_dir, mode="recvfirst")
-    go = threading.Timer(1.0, (short_dir / "root.info.go").touch)
-    go.start()
-    try:
-        done = on_all([w.pid for w in workers], "lock", "ITEM", "--timeout", "30", env=env)
-    finally:
-        go.cancel()
+    go = go_once_locking(workers, short_dir / "root.info.go")
+    done = on_all([w.pid for w in workers], "lock", "ITEM", "--timeout", "60", env=env)
+    go.join(timeout=60)
     for w, r in zip(workers, done):
         assert r.returncode == 0, (w.pid, r.returncode, r.stderr)
         status = json.loads(npusnap("status", w.pid, "--json", env=env).stdout)
