@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import copies, cpuonly, device, incremental, latency, limits, report
+from . import copies, cpuonly, device, incremental, latency, lazy, limits, report
 from .config import PRESETS, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
@@ -88,6 +88,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
             incr = incremental.measure(res, workdir, incr_bytes)
 
+            lazy_host, lazy_dev = min(sizes.host_bytes, 256 << 20), min(sizes.limit_bytes, 1 << 30)
+            progress(f"lazy restore: {human(lazy_host)} host + {human(lazy_dev)} device, first step after it "
+                     "(python -m bench.lazy for a bigger job)")
+            why = lazy.fits(workdir, lazy_host, lazy_dev)
+            lazy_doc = {"skipped": why} if why else lazy.measure(res, workdir, lazy_host, lazy_dev, repeat)
+
             progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
             copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
 
@@ -106,6 +112,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "latency": {"agent_ping": ping, "help": helps},
                 "npusim_copies": copy,
                 "incremental": incr,
+                "lazy_restore": lazy_doc,
                 "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),
                 "budget": {"seconds": budget_s, "cut": budget.cut},
                 "duration_s": round(time.monotonic() - started, 1),

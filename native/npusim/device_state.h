@@ -22,6 +22,9 @@ namespace npusim {
 namespace kernels {
 struct SessionKernels;
 }
+namespace lazy {
+struct Fill;
+}
 
 // One device allocation: memory of the daemon (anonymous, or a memfd once its client uses kernels),
 // known to clients only by its address.
@@ -47,6 +50,9 @@ struct Buffer {
   // Per chunk of dirty::kChunk bytes, the epoch of its last write (dirty.cpp); null for an alias,
   // whose writes land in its backing buffer's chunks.
   std::unique_ptr<std::atomic<uint64_t>[]> gens;
+  // A lazy restore's chunks still to come from the image (lazy.h); null when all is in. Set only
+  // while its client is locked (an import), read by every task that touches the buffer.
+  std::shared_ptr<lazy::Fill> lazy;
 };
 
 // A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the

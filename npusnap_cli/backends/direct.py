@@ -18,7 +18,7 @@ from .base import BackendName, DataPath, State
 
 
 def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                   socket: Optional[str] = None, chain: Sequence[Path] = ()) -> TransferResult:
+                   socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False) -> TransferResult:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
     device memory back (the undo of `backup external`, and the restore's device phase)."""
     expected = None if expected is None else list(expected)
@@ -29,7 +29,7 @@ def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[I
             client.restore(external=True)
     except AgentProblem as e:
         raise agent_error(e, f"device restore (external) of process {pid}") from e
-    return import_device(pid, device_dir, expected, socket, chain)
+    return import_device(pid, device_dir, expected, socket, chain, lazy)
 
 
 class DirectBackend(AgentBackend):
@@ -39,6 +39,7 @@ class DirectBackend(AgentBackend):
         super().__init__(pid, name)
         self._images: Optional[tuple[Path, list[FileEntry]]] = None
         self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
+        self.lazy = False  # restore --lazy: the import returns before the data is in (lazy_status)
         self._referenced = 0
 
     def use_chain(self, device_dirs: Sequence[Path]) -> None:
@@ -69,7 +70,7 @@ class DirectBackend(AgentBackend):
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
         restore_direct(self.client, self.pid, device_dir, list(files) if files else None, self.daemon,
-                       chain=self.chain)
+                       chain=self.chain, lazy=self.lazy)
 
     def back_to_running(self) -> None:
         state = self.state()
