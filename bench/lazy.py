@@ -12,6 +12,7 @@ issue's target: lazy <= 0.2x full), and the full restore's command time beside i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -81,13 +82,13 @@ def _drop_cache(ckpt: Path) -> None:
 def _one(res: Resources, ckpt: Path, out: Path, env: dict[str, str], workdir: Path, lazy: bool) -> dict[str, Any]:
     size = os.path.getsize(out)
     _drop_cache(ckpt)
-    args = ["restore", ckpt, "--detach", "--pidfile", workdir / "lazy.pid"] + (["--lazy"] if lazy else [])
+    args = ["restore", ckpt, "--detach", "--json", "--pidfile", workdir / "lazy.pid"] + (["--lazy"] if lazy else [])
     t0 = time.time()
     proc = subprocess.Popen([*npusnap_exe(), *map(str, args)], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         first = _wait_line(out, "step ", size, timeout=900) - t0
-        _, err = proc.communicate(timeout=900)
+        data, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -102,7 +103,9 @@ def _one(res: Resources, ckpt: Path, out: Path, env: dict[str, str], workdir: Pa
     reap(pid)
     with open(out, "r+b") as f:
         f.truncate(size)
-    return {"first_step_s": first, "command_s": command}
+    doc = json.loads(data)
+    return {"first_step_s": first, "command_s": command,
+            "phases": {p["name"]: round(float(p["seconds"]), 3) for p in doc.get("phases", [])}}
 
 
 def measure(res: Resources, workdir: Path, host_bytes: int, device_bytes: int, repeat: int = 2) -> dict[str, Any]:
@@ -131,8 +134,10 @@ def measure(res: Resources, workdir: Path, host_bytes: int, device_bytes: int, r
         l_first = median([s["first_step_s"] for s in lazy])
         return {
             "host_bytes": host_bytes, "device_bytes": device_bytes, "samples": repeat,
-            "full": {"first_step_s": f_first, "command_s": median([s["command_s"] for s in full])},
-            "lazy": {"first_step_s": l_first, "command_s": median([s["command_s"] for s in lazy])},
+            "full": {"first_step_s": f_first, "command_s": median([s["command_s"] for s in full]),
+                     "phases": full[-1]["phases"]},
+            "lazy": {"first_step_s": l_first, "command_s": median([s["command_s"] for s in lazy]),
+                     "phases": lazy[-1]["phases"]},
             "first_step_ratio": round(l_first / f_first, 4) if f_first else None,
             "target_ratio": 0.2,
         }
@@ -170,6 +175,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"bench.lazy: error: {e}", file=sys.stderr)
         return 1
     print(row(doc))
+    print(json.dumps(doc, indent=1))
     return 0
 
 

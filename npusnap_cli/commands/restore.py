@@ -43,7 +43,8 @@ from .criu_flags import restore_flags
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            lazy: bool, criu_only: bool, rendezvous: Optional[Path], device_socket: Optional[str], device_map: tuple[str, ...],
+            lazy: bool, criu_only: bool, rendezvous: Optional[Path], device_socket: Optional[str],
+            device_map: tuple[str, ...],
             criu_path: Optional[str],
             criu_opts: CriuOptions,
             require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
