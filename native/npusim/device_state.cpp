@@ -46,8 +46,11 @@ namespace {
 // memory speed instead of taking page faults. It is anonymous memory (huge pages where possible)
 // until its client uses kernels; then it is a memfd (fd set), which the client's kernel runner maps
 // (kernel_host.cpp). Shared memory gets huge pages only where the system's shmem THP setting
-// allows, so only clients that need it pay for it.
-char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
+// allows, so only clients that need it pay for it. populate false: memory a restore re-creates,
+// which its data commits as it comes in (an import writes every chunk, a lazy one in the
+// background): committing it first would zero every page before the data overwrites it, and for
+// a lazy restore delay the workload's start by that much (seconds per GiB on a loaded machine).
+char *map_device_memory(uint64_t size, size_t *mapped, int *fd, bool populate = true) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   *mapped = (size + page - 1) / page * page;
   void *p = MAP_FAILED;
@@ -65,7 +68,7 @@ char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
   };
   if (p == MAP_FAILED) return fail();
   if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);
-  if (::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
+  if (populate && ::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
     ::munmap(p, *mapped);  // out of memory: the device is full
     return fail();
   }
@@ -176,11 +179,13 @@ int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
+int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent,
+                           bool populate) {
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   size_t mapped = lent != nullptr ? lent->mapped : 0;
   int fd = lent != nullptr ? lent->fd : -1;
-  char *base = lent != nullptr ? lent->base : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr);
+  char *base = lent != nullptr ? lent->base
+                               : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr, populate);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);
   s.allocs[va]->lent = lent != nullptr;
@@ -222,7 +227,7 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     auto prev = std::prev(next);
     if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
-  return place(s, device, va, size, lent);
+  return place(s, device, va, size, lent, false);  // a restore's: its data commits it
 }
 
 int32_t DeviceState::share_memory(Session &s) {

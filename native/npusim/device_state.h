@@ -205,7 +205,7 @@ class DeviceState {
 
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);
-  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent);
+  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool populate = true);
   int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
   void release_locked(Session &s);
 
