@@ -21,6 +21,7 @@
 #include "export.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -67,21 +68,6 @@ std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s, bool with_
 }
 
 namespace xfer {
-namespace {
-
-constexpr int kThreads = 3;           // writers / readers
-constexpr size_t kInFlight = 8;       // chunks queued or in transfer
-constexpr uint64_t kWindow = 32ULL << 20;
-constexpr size_t kMaxRequest = 64 << 10;
-constexpr uint64_t kMaxIndex = 1ULL << 30;
-
-struct Failure {
-  int32_t code;
-  int err;  // errno, 0 if not an OS error
-  std::string msg;
-};
-
-[[noreturn]] void fail(int32_t code, int err, std::string msg) { throw Failure{code, err, std::move(msg)}; }
 
 std::string hex(uint64_t v) {
   char b[24];
@@ -105,6 +91,24 @@ std::string json_string(const std::string &s) {
   }
   return out + "\"";
 }
+
+namespace {
+
+constexpr int kThreads = 3;           // writers / readers
+constexpr size_t kInFlight = 8;       // chunks queued or in transfer
+constexpr uint64_t kWindow = 32ULL << 20;
+constexpr size_t kMaxRequest = 64 << 10;
+constexpr uint64_t kMaxIndex = 1ULL << 30;
+
+struct Failure {
+  int32_t code;
+  int err;  // errno, 0 if not an OS error
+  std::string msg;
+};
+
+[[noreturn]] void fail(int32_t code, int err, std::string msg) { throw Failure{code, err, std::move(msg)}; }
+
+
 
 std::string digest_hex(XXH3_state_t *st) {
   XXH128_canonical_t c;
@@ -952,6 +956,10 @@ FileResult import_file(int fd, const std::string &name, const Expected *want, co
     tot.file_bytes += size;
     return {name, size, ""};  // its XXH3-128 is checked by the background fill
   }
+  // Restored allocations are not committed (DeviceState::malloc_at): a full import commits them
+  // first, in one call each, rather than page by page under its readers.
+  for (Buffer *b : targets)
+    if (b->mapped > 0) ::madvise(b->base, b->mapped, MADV_POPULATE_WRITE);
   Hasher h;
   h.update(&hdr, sizeof(hdr));
   Importer im(fd, path, jobs, data_chunks, sizeof(hdr), ft.index_offset);

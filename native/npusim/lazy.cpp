@@ -18,9 +18,13 @@
 #include "acl/acl_base.h"
 #include "acl/error_codes/rt_error_codes.h"
 #include "device_state.h"
+#include "export.h"
 
 namespace npusim::lazy {
 namespace {
+
+using xfer::hex;
+using xfer::json_string;
 
 constexpr uint64_t kChunk = dirty::kChunk;
 constexpr size_t kMaxErrors = 8;
@@ -30,22 +34,6 @@ constexpr auto kTouchWait = std::chrono::seconds(120);  // a chunk another threa
 std::mutex g_mu;
 // Never destroyed: a daemon exiting with a fill running must not join (or terminate on) it.
 auto &g_imports = *new std::map<pid_t, std::shared_ptr<Import>>;
-
-std::string hex(uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof(b), "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
-std::string json_string(const std::string &s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    out += c;
-  }
-  return out + "\"";
-}
 
 // pread of exactly n bytes; false with errno (0: the file is shorter) otherwise.
 bool read_exact(int fd, char *p, size_t n, uint64_t off) {
@@ -68,16 +56,13 @@ bool cancelled(Import &imp) {
   return imp.cancel;
 }
 
+// Hex of a file's XXH3-128 as npusnap's manifest writes it (big-endian: Python's hexdigest()).
 std::string digest_hex(XXH3_state_t *st) {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
-  std::string out;
-  char b[3];
-  for (unsigned char byte : c.digest) {
-    std::snprintf(b, sizeof(b), "%02x", byte);
-    out += b;
-  }
-  return out;
+  const XXH128_hash_t d = XXH3_128bits_digest(st);
+  char b[40];
+  std::snprintf(b, sizeof(b), "%016llx%016llx", static_cast<unsigned long long>(d.high64),
+                static_cast<unsigned long long>(d.low64));
+  return b;
 }
 
 // The background: every file front to back, loading what no touch has, and the whole file's
