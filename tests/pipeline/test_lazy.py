@@ -75,7 +75,8 @@ class Lazy:
 
     def popen(self, *extra: str) -> "subprocess.Popen[str]":
         rewind_to_checkpoint(self.ck, self.w.out)
-        return subprocess.Popen([*npusnap_cmd(), "restore", str(self.ck), "--lazy", *extra], env=self.env,
+        return subprocess.Popen([*npusnap_cmd(), "restore", str(self.ck), "--lazy", *extra],
+                                env={**self.env, "PYTHONFAULTHANDLER": "1"},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def flip_device_byte(self) -> None:
@@ -171,6 +172,9 @@ def test_sigint_at_random_instants_of_a_lazy_restore(lazy, reference) -> None:  
         cli.send_signal(signal.SIGINT)
         try:
             code = cli.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            cli.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: where it hangs, on stderr
+            raise AssertionError(f"seed {seed} trial {trial}: restore hangs: {cli.communicate(timeout=30)[1]}") from None
         finally:
             if cli.poll() is None:
                 cli.kill()
