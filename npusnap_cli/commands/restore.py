@@ -58,10 +58,11 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     code in member order; --pidfile gets one pid a line.
 
     --lazy: the process runs as soon as CRIU has restored it, and its memory comes in
-    behind it. The command stays until all of it is in (--pidfile is written at once): an
-    interrupt or a failed page server until then kills the process; a device chunk that
-    fails its checksum fails the process's access to it (ACL_ERROR_RT_DEVICE_MEM_ERROR), is
-    reported, and makes the command exit 8 (in the foreground, after the process exits).
+    behind it. The command stays until all of it is in (--pidfile is written at once; an
+    interrupt is ignored meanwhile: the memory must not be cut off); a failed page server
+    kills the process; a device chunk that fails its checksum fails the process's access to
+    it (ACL_ERROR_RT_DEVICE_MEM_ERROR), is reported, and makes the command exit 8 (in the
+    foreground, after the process exits).
     """
     from .. import warmup
     from ..core.restore import RestoreOptions, wait_exit_code

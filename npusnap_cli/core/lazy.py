@@ -4,10 +4,11 @@ and background fill (npusim lazy.h); both check what they hand over (the page im
 verified before the restore, every device chunk against its checksum as it is loaded).
 
 LazyRestore owns what brings the memory in until it is all in: finish() waits for both and says
-how it went. Until then the restored tree depends on them: should the page server fail, or
-should we be interrupted, the tree is killed (a process whose pages can no longer come would run
-on zero pages); a device chunk that fails its checksum fails the workload's access with
-ACL_ERROR_RT_DEVICE_MEM_ERROR and is reported, and the workload decides."""
+how it went. Until then the restored tree depends on them: an interrupt is ignored (the restore
+committed: the pipeline's Signals stay settled), and should the page server fail, the tree is
+killed (a process whose pages can no longer come would run on zero pages); a device chunk that
+fails its checksum fails the workload's access with ACL_ERROR_RT_DEVICE_MEM_ERROR and is
+reported, and the workload decides."""
 
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ class LazyRestore:
             self.pages.kill()
 
     def finish(self) -> LazyOutcome:
-        """Waits until every page and device chunk is in (or the workload is gone). On an interrupt,
-        or a page server that failed or hangs, the tree is killed and ImageInvalid/Interrupted raised."""
+        """Waits until every page and device chunk is in (or the workload is gone). A page server
+        that failed or hangs kills the tree (ImageInvalid), as would an interrupt that got through."""
         out = LazyOutcome(0.0)
         deadline = self.started + self.deadline_s
         try:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
-from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
+from ..errors import CriuFailed, EnvironmentProblem, ImageInvalid, Interrupted, NpusnapError, WrongState
 from ..image import signing
 from ..image.chain import ancestors, device_dirs, verify_chain
 from ..image.checksums import BulkVerifier, page_entries
@@ -79,6 +79,10 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     services.device_fits(on_daemon(manifest.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
+    if opts.lazy and not criu.features().get("lazy_pages"):  # userfaultfd, as CRIU probes it
+        raise EnvironmentProblem("this kernel or CRIU cannot restore lazily (CRIU's lazy_pages feature check "
+                                 "failed: userfaultfd missing or not allowed)",
+                                 "restore without --lazy; `criu check --feature uffd-noncoop` says more")
     try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
         log_dir = restore_log_dir(root)
     except (OSError, ImageInvalid):

@@ -38,6 +38,8 @@ class CriuDriver(Protocol):
 
     def lazy_pages(self, images_dir: Path, log_dir: Path) -> Any: ...  # platform.criu.LazyPages, started
 
+    def features(self) -> dict[str, bool]: ...
+
     def release_network_lock(self, images_dir: Path, method: Optional[str], pids: list[int],
                              warn: Callable[[str], None]) -> None: ...
 
