@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import copies, cpuonly, device, incremental, latency, limits, live, report
+from . import copies, cpuonly, device, incremental, latency, lazy, limits, live, report
 from .config import PRESETS, Sizes, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
@@ -132,6 +132,12 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
     progress(f"live: {human(live_bytes)} of device memory, downtime of --live vs a full --leave-running")
     live_run = live.measure(res, workdir, tmpfs_dir, min(sizes.host_bytes, 64 << 20), live_bytes, min(repeat, 2))
 
+    lazy_host, lazy_dev = min(sizes.host_bytes, 256 << 20), min(sizes.limit_bytes, 1 << 30)
+    progress(f"lazy restore: {human(lazy_host)} host + {human(lazy_dev)} device, first step after it "
+             "(python -m bench.lazy for a bigger job)")
+    why = lazy.fits(workdir, lazy_host, lazy_dev)
+    lazy_doc = {"skipped": why} if why else lazy.measure(res, workdir, lazy_host, lazy_dev, repeat)
+
     progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
     copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
 
@@ -151,6 +157,7 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
         "npusim_copies": copy,
         "incremental": incr,
         "live": live_run,
+        "lazy_restore": lazy_doc,
     }
 
 

@@ -219,6 +219,11 @@ def print_tables(doc: dict[str, Any]) -> None:
         console.print(f"incremental (D={human(inc['device_bytes'])}, {inc['changed_fraction']:.0%} changed): "
                       f"second/first device bytes {inc['bytes_ratio']}, time {inc['time_ratio']} "
                       f"(checkpoint phases {inc['phases_time_ratio']}, backup {inc['backup_time_ratio']})")
+    lz = doc.get("lazy_restore")
+    if lz and "skipped" not in lz:  # bench/lazy.py
+        from .lazy import row
+
+        console.print(row(lz))
     met = sum(tg["met"] for tg in doc["targets"])
     console.print(f"{met}/{len(doc['targets'])} targets met; results in {doc.get('output', 'results.json')}")
 

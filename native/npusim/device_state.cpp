@@ -15,6 +15,7 @@
 #include "acl/acl_base.h"
 #include "builtin_tasks.h"
 #include "kernel_host.h"
+#include "lazy.h"
 #include "va.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -145,6 +146,7 @@ void DeviceState::leave(const std::shared_ptr<Session> &s) {
   }
   streams::stop_all(*s);
   kernels::release(*s);
+  lazy::cancel(s->pid);  // its memory is gone: no fill for it any more
 }
 
 void DeviceState::release(Session &s) {
@@ -154,6 +156,7 @@ void DeviceState::release(Session &s) {
   }
   streams::stop_all(s);
   kernels::release(s);
+  lazy::cancel(s.pid);
 }
 
 void DeviceState::release_locked(Session &s) {
@@ -313,6 +316,8 @@ int32_t DeviceState::share_memory(Session &s) {
     for (auto &[va, b] : s.allocs)
       if (b->fd < 0 && !b->backing) anonymous.push_back(b);  // an alias's memory moves with its backing
   }
+  // A lazy restore's chunks still to come would land in the old pages: all in first.
+  if (int32_t rc = lazy::ensure_all(anonymous); rc != ACL_SUCCESS) return rc;
   for (auto &b : anonymous)
     if (!move_to_memfd(*b)) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   return ACL_SUCCESS;

@@ -22,6 +22,9 @@ namespace npusim {
 namespace kernels {
 struct SessionKernels;
 }
+namespace lazy {
+struct Fill;
+}
 
 // One device allocation: memory of the daemon (anonymous, or a memfd once its client uses kernels),
 // known to clients only by its address.
@@ -50,6 +53,9 @@ struct Buffer {
   // Re-created for an import (kMallocForImport) and not yet committed: the import commits each
   // chunk (MADV_POPULATE_WRITE) as it fills it, and leaves its zero chunks as the kernel gives them.
   bool uncommitted = false;
+  // A lazy restore's chunks still to come from the image (lazy.h); null when all is in. Set only
+  // while its client is locked (an import), read by every task that touches the buffer.
+  std::shared_ptr<lazy::Fill> lazy;
 };
 
 // A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the

@@ -87,10 +87,11 @@ class Tool {
   ~Tool() { ::close(fd_); }
   // Sends op with body and fds; returns the reply's code and payload.
   aclError call(proto::Op op, const std::string &body, const std::vector<int> &fds, std::string *payload,
-                uint32_t flags = 0) {
+                uint32_t flags = 0, uint64_t value1 = 0) {
     proto::Request rq = wire::request(op);
     rq.flags = flags;
     rq.value[0] = static_cast<uint64_t>(pid_);
+    rq.value[1] = value1;
     rq.size = body.size();
     proto::Reply rp{};
     const bool ok = wire::send_all(fd_, &rq, sizeof(rq)) &&
@@ -206,7 +207,7 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
 // Import: open the expected files (or every devN.img) ourselves, without following links, and send
 // them: the daemon reads only what we could read.
 aclError do_import(const char *socketPath, int pid, const char *dir, const char *expected, const char *ancestors,
-                   std::string *json) {
+                   std::string *json, bool lazy = false) {
   Tool tool(socketPath, pid);
   Opened d;
   d.fds.push_back(open_dir(dir));
@@ -236,7 +237,7 @@ aclError do_import(const char *socketPath, int pid, const char *dir, const char 
   Opened chain_dirs;
   for (auto &a : chain) chain_dirs.fds.push_back(open_dir(a.c_str()));
   Opened files;
-  std::string body;
+  std::string body = lazy ? "! lazy\n" : "";
   for (auto &line : lines) {
     const std::string name = line.substr(0, line.find(' '));
     if (name.empty() || name.find('/') != std::string::npos)
@@ -337,6 +338,23 @@ aclError npusimDaemonImportChain(const char *socketPath, int pid, const char *di
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
   return transfer(resultJson,
                   [&](std::string *json) { return do_import(socketPath, pid, dir, expected, ancestors, json); });
+}
+
+aclError npusimDaemonImportLazy(const char *socketPath, int pid, const char *dir, const char *expected,
+                                const char *ancestors, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson,
+                  [&](std::string *json) { return do_import(socketPath, pid, dir, expected, ancestors, json, true); });
+}
+
+aclError npusimDaemonLazyStatus(const char *socketPath, int pid, int waitMs, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || waitMs < 0) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) {
+    Tool tool(socketPath, pid);
+    return tool.call(proto::Op::LazyStatus, "", {}, json, 0, static_cast<uint64_t>(waitMs));
+  });
 }
 
 }  // extern "C"

@@ -14,6 +14,7 @@
 #include "hccl_daemon.h"
 #include "kernel_host.h"
 #include "kernels.h"
+#include "lazy.h"
 
 namespace npusim {
 namespace {
@@ -116,6 +117,8 @@ int32_t execute(Work &w) {
 
 int32_t run_work(Work &w) {
   std::shared_lock<std::shared_mutex> use(memory_swap());  // DeviceState::share_memory waits for us
+  // A lazily restored chunk comes in before its first use, checked; one that failed is never read.
+  if (const int32_t rc = lazy::ensure_work(w); rc != ACL_SUCCESS) return rc;
   const int32_t rc = execute(w);
   dirty::stamp_work(w);  // after the write, and even after a failed one (it may have written part)
   return rc;

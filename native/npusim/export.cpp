@@ -47,6 +47,7 @@
 
 #include "acl/acl_base.h"
 #include "acl/acl_rt.h"
+#include "lazy.h"
 #include "wire.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -72,21 +73,6 @@ std::vector<std::shared_ptr<Buffer>> DeviceState::buffers(Session &s, bool with_
 }
 
 namespace xfer {
-namespace {
-
-constexpr int kThreads = 3;           // writers / readers
-constexpr size_t kInFlight = 8;       // chunks queued or in transfer
-constexpr uint64_t kWindow = 32ULL << 20;
-constexpr size_t kMaxRequest = 64 << 10;
-constexpr uint64_t kMaxIndex = 1ULL << 30;
-
-struct Failure {
-  int32_t code;
-  int err;  // errno, 0 if not an OS error
-  std::string msg;
-};
-
-[[noreturn]] void fail(int32_t code, int err, std::string msg) { throw Failure{code, err, std::move(msg)}; }
 
 std::string hex(uint64_t v) {
   char b[24];
@@ -110,6 +96,24 @@ std::string json_string(const std::string &s) {
   }
   return out + "\"";
 }
+
+namespace {
+
+constexpr int kThreads = 3;           // writers / readers
+constexpr size_t kInFlight = 8;       // chunks queued or in transfer
+constexpr uint64_t kWindow = 32ULL << 20;
+constexpr size_t kMaxRequest = 64 << 10;
+constexpr uint64_t kMaxIndex = 1ULL << 30;
+
+struct Failure {
+  int32_t code;
+  int err;  // errno, 0 if not an OS error
+  std::string msg;
+};
+
+[[noreturn]] void fail(int32_t code, int err, std::string msg) { throw Failure{code, err, std::move(msg)}; }
+
+
 
 std::string digest_hex(XXH3_state_t *st) {
   XXH128_canonical_t c;
@@ -562,6 +566,13 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
   const auto t0 = std::chrono::steady_clock::now();
   Transfer tr(state, pid, false);
   Session &s = tr.session();
+  {
+    // A lazily imported memory still filling: everything in (and checked) before it is written out.
+    std::shared_lock<std::shared_mutex> use(memory_swap());
+    if (lazy::ensure_all(state.buffers(s)) != ACL_SUCCESS)
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, 0, "client " + std::to_string(pid) + "'s device memory holds chunks of "
+           "a lazy restore that failed their checksum: it cannot be checkpointed (see the daemon's log)");
+  }
   auto devs = by_device(state, s);
   const size_t nl = body.find('\n');
   const std::string devices = body.substr(0, nl);
@@ -827,11 +838,71 @@ struct Ancestor {
   std::string name;
 };
 
+int dup_kept(int fd, lazy::Import &li) {
+  const int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) fail(ACL_ERROR_SNAPSHOT_RESTORE_FAILED, errno, std::string("cannot keep an image open: ") + std::strerror(errno));
+  li.fds.push_back(d);
+  return d;
+}
+
+// A lazy import's part of one checked image: where each chunk of each allocation comes from.
+void prepare_lazy(int fd, const std::string &path, const Expected *want, const FileHeader &hdr, const Image &img,
+                  const std::vector<Ancestor> &chain, const std::vector<Buffer *> &targets,
+                  const std::shared_ptr<lazy::Import> &imp,
+                  std::vector<std::pair<Buffer *, std::shared_ptr<lazy::Fill>>> *fills) {
+  lazy::Import &li = *imp;
+  lazy::File f;
+  f.name = path;
+  f.fd = dup_kept(fd, li);
+  f.expected = want != nullptr ? want->checksum : "";
+  f.head.assign(reinterpret_cast<const char *>(&hdr), sizeof(hdr));
+  f.tail = img.index + std::string(reinterpret_cast<const char *>(&img.ft), sizeof(img.ft));
+  li.names.push_back(path);
+  const std::string *fname = &li.names.back();
+  std::vector<int> anc;
+  std::vector<const std::string *> anames;
+  for (const auto &a : chain) {
+    anc.push_back(dup_kept(a.fd, li));
+    li.names.push_back(a.name);
+    anames.push_back(&li.names.back());  // a deque: its elements stay where they are
+  }
+  for (size_t a = 0; a < img.recs.size(); ++a) {
+    std::vector<lazy::Src> src;
+    for (uint64_t c = 0; c < img.recs[a].nchunks; ++c) {
+      const size_t idx = img.recs[a].first_chunk + c;
+      const ChunkRec &r = img.chunks[idx];
+      lazy::Src x;
+      x.length = r.length;
+      x.index = idx;
+      x.file = fname;
+      if (r.flags & kChunkRef) {
+        x.fd = anc[ref_depth(r.flags) - 1];
+        x.file = anames[ref_depth(r.flags) - 1];
+      } else if (!(r.flags & kChunkZero)) {
+        x.fd = f.fd;
+      }
+      if (x.fd >= 0) {
+        x.offset = r.offset;
+        x.hash = r.hash;
+      }
+      src.push_back(x);
+    }
+    auto fill = std::make_shared<lazy::Fill>(imp, targets[a]->base, targets[a]->va, std::move(src));
+    f.fills.push_back(fill);
+    fills->emplace_back(targets[a], std::move(fill));
+  }
+  li.files.push_back(std::move(f));
+}
+
 // Reads fd, a file the tool opened with its own rights and sent, under the name it gave; its
 // references are read from the ancestors' files (chain[0] the parent).
+// li: a lazy import (lazy.h): the structure is checked and each allocation gets its Fill (into
+// fills), but no data is read here.
 FileResult import_file(int fd, const std::string &name, const Expected *want, const std::vector<Ancestor> &chain,
                        const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
-                       std::map<uint64_t, bool> &covered, Totals &tot, uint64_t *export_id) {
+                       std::map<uint64_t, bool> &covered, Totals &tot, uint64_t *export_id,
+                       const std::shared_ptr<lazy::Import> &li,
+                       std::vector<std::pair<Buffer *, std::shared_ptr<lazy::Fill>>> *fills) {
   const std::string &path = name;
   const int32_t bad = ACL_ERROR_INVALID_FILE;
   struct stat st{};
@@ -915,6 +986,11 @@ FileResult import_file(int fd, const std::string &name, const Expected *want, co
       }
     }
   }
+  if (li) {
+    prepare_lazy(fd, path, want, hdr, img, chain, targets, li, fills);
+    tot.file_bytes += size;
+    return {name, size, ""};  // its XXH3-128 is checked by the background fill
+  }
   Hasher h;
   h.update(&hdr, sizeof(hdr));
   Importer im(fd, path, jobs, data_chunks, sizeof(hdr), ft.index_offset);
@@ -934,8 +1010,15 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
   const auto t0 = std::chrono::steady_clock::now();
   // "NAME [SIZE CHECKSUM]" lines, one per file sent: exactly these files, with these checksums;
   // after one, "^ LABEL" lines for its ancestors' files (parent first), named LABEL in messages.
+  // A first line "! lazy": the data comes in after the reply (lazy.h).
   std::istringstream in(request);
   std::string line;
+  std::shared_ptr<lazy::Import> li;
+  if (request.rfind("! lazy\n", 0) == 0) {
+    li = std::make_shared<lazy::Import>();
+    li->pid = pid;
+    std::getline(in, line);
+  }
   std::vector<std::pair<std::string, std::optional<Expected>>> names;
   std::vector<std::vector<Ancestor>> chains;
   size_t nfds = 0;
@@ -969,10 +1052,11 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
   Totals tot;
   std::vector<FileResult> files;
   std::set<uint64_t> ids;
+  std::vector<std::pair<Buffer *, std::shared_ptr<lazy::Fill>>> fills;
   for (size_t i = 0, k = 0; i < names.size(); ++i) {
     const auto &[n, want] = names[i];
     uint64_t id = 0;
-    files.push_back(import_file(fds[k], n, want ? &*want : nullptr, chains[i], allocs, covered, tot, &id));
+    files.push_back(import_file(fds[k], n, want ? &*want : nullptr, chains[i], allocs, covered, tot, &id, li, &fills));
     ids.insert(id);
     k += 1 + chains[i].size();
   }
@@ -988,8 +1072,19 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
     s.base_id = ids.size() == 1 ? *ids.begin() : 0;
     s.base_epoch = dirty::close_epoch();
   }
+  // Only now, all of it checked: the lazy chunks (a full import: none, from an earlier lazy one).
+  lazy::cancel(pid);
+  for (auto &[va, b] : allocs) b->lazy = nullptr;
+  for (auto &[b, fill] : fills) b->lazy = fill;
+  if (li) {
+    li->hold.reserve(allocs.size());
+    for (auto &[va, b] : allocs) li->hold.push_back(b);
+    lazy::start(li);
+  }
   tr.imported();
-  return transfer_json(files, tot, "read_bytes", t0);
+  std::string out = transfer_json(files, tot, "read_bytes", t0);
+  if (li) out.insert(out.size() - 1, ", \"lazy\": true");
+  return out;
 }
 
 }  // namespace
@@ -1005,6 +1100,7 @@ bool serve(DeviceState &state, int fd, pid_t /*peer*/, const proto::Request &rq,
     if (pid <= 0) fail(ACL_ERROR_INVALID_PARAM, EINVAL, "invalid client pid");
     check_peer(fd, pid);
     if (rq.op == proto::Op::ExportDevices) *payload = do_export_devices(state, pid);
+    else if (rq.op == proto::Op::LazyStatus) *payload = lazy::status(pid, static_cast<int64_t>(rq.value[1]));
     else if (rq.op == proto::Op::Export) *payload = do_export(state, pid, body, sent.fds, rq.flags);
     else *payload = do_import(state, pid, body, sent.fds);
     rp.code = ACL_SUCCESS;

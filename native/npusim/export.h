@@ -80,6 +80,10 @@ struct Footer {
 };
 static_assert(sizeof(Footer) == 80);
 
+// Messages and JSON (lazy.cpp too): an address as 0x..., a string quoted and escaped.
+std::string hex(uint64_t v);
+std::string json_string(const std::string &s);
+
 // Serves an Export or Import request on a tool's connection (server.cpp). Reads the request's
 // trailing bytes (rq.size of them) from fd; sets rp.code and fills payload with the reply's JSON
 // ({"files": [...], stats} or {"error": "...", "errno": N}). Returns false if the connection broke.

@@ -93,6 +93,9 @@ enum class Op : uint32_t {
   HostRegister,   // device, addr (0: any; else there: restore), size, value[0]: the caller's memfd (its fd number) -> value[0]=addr
   // cann-last
   StreamAbort,    // stream, flags: 0 stop (aclrtStreamStop), 1 abort (the next synchronize reports ACL_ERROR_RT_STREAM_ABORT)
+  // lazy restore: a tool's question (like Export: value[0] the client's pid, no Hello) about the
+  // lazy import of that client (lazy.h); value[1]: ms to wait for its end. Reply payload: JSON.
+  LazyStatus,
 };
 
 enum class TaskKind : uint32_t {

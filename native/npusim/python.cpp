@@ -324,7 +324,7 @@ class AclError(RuntimeError):
      "{files: [{path, size, checksum}], allocations, bytes, nonzero_bytes, referenced_bytes, written_bytes, seconds}");
   m.def("import_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
                                              std::optional<std::vector<std::tuple<std::string, uint64_t, std::string>>> expected,
-                                             const py::object &ancestors) {
+                                             const py::object &ancestors, bool lazy) {
     const std::string d = abspath(dir);
     std::string lines, chain;
     if (expected)
@@ -335,13 +335,26 @@ class AclError(RuntimeError):
     int rc;
     {
       py::gil_scoped_release nogil;
-      rc = npusimDaemonImportChain(socket.c_str(), pid, d.c_str(), expected ? lines.c_str() : nullptr, chain.c_str(), &json);
+      rc = (lazy ? npusimDaemonImportLazy : npusimDaemonImportChain)(socket.c_str(), pid, d.c_str(),
+                                                                     expected ? lines.c_str() : nullptr, chain.c_str(), &json);
     }
     return transfer("npusim.import_client", py::none(), rc, json);
   }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"), py::arg("expected") = py::none(),
-     py::arg("ancestors") = py::none(),
+     py::arg("ancestors") = py::none(), py::arg("lazy") = false,
      "read device images from directory into the (re-created, locked) allocations of client pid; "
-     "expected: [(name, size, xxh3_128 hex)] to read exactly those files and refuse any mismatch");
+     "expected: [(name, size, xxh3_128 hex)] to read exactly those files and refuse any mismatch; "
+     "lazy: return before the data is in (chunks come on first touch and in the background, checked)");
+  m.def("lazy_status", [transfer](const std::string &socket, int pid, int wait_ms) {
+    char *json = nullptr;
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = npusimDaemonLazyStatus(socket.c_str(), pid, wait_ms, &json);
+    }
+    return transfer("npusim.lazy_status", py::none(), rc, json);
+  }, py::arg("socket_path"), py::arg("pid"), py::arg("wait_ms") = 0,
+     "the lazy import of client pid: {state: none|filling|done|failed, chunks, ready, bad, bytes, seconds, errors}, "
+     "waiting up to wait_ms for its end");
   m.def("snapshot_set_data_path", [](bool external) {
     call("npusimSnapshotSetDataPath", [&] { return npusimSnapshotSetDataPath(external ? 1 : 0); });
   }, py::arg("external"));

@@ -132,7 +132,7 @@ bool serve_connection(DeviceState &state, int fd) {
     } else if (rq.op == Op::Shutdown) {
       ::unlink(state.socket_path().c_str());  // gone before the ack: the caller may start a new daemon
       shutdown = true;
-    } else if (rq.op == Op::Export || rq.op == Op::Import || rq.op == Op::ExportDevices) {
+    } else if (rq.op == Op::Export || rq.op == Op::Import || rq.op == Op::ExportDevices || rq.op == Op::LazyStatus) {
       if (!xfer::serve(state, fd, peer_pid(fd), rq, rp, &payload)) break;  // reads its own trailing bytes
     } else if (!session) {
       rp.code = ACL_ERROR_UNINITIALIZE;

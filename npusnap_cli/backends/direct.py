@@ -22,7 +22,7 @@ Parts = dict[str, tuple[float, int]]  # a step's (seconds, bytes), for its phase
 
 
 def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                   socket: Optional[str] = None, chain: Sequence[Path] = ()) -> Parts:
+                   socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False) -> Parts:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
     device memory back (the undo of `backup external`, and the restore's device phase). Returns
     the two steps' (seconds, bytes)."""
@@ -36,7 +36,7 @@ def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[I
     except AgentProblem as e:
         raise agent_error(e, f"device restore (external) of process {pid}") from e
     recreated = time.monotonic() - started
-    imported = import_device(pid, device_dir, expected, socket, chain)
+    imported = import_device(pid, device_dir, expected, socket, chain, lazy)
     return {"restore-external": (recreated, 0), "import": (imported.seconds, imported.file_bytes)}
 
 
@@ -47,6 +47,7 @@ class DirectBackend(AgentBackend):
         super().__init__(pid, name)
         self._images: Optional[tuple[Path, list[FileEntry]]] = None
         self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
+        self.lazy = False  # restore --lazy: the import returns before the data is in (lazy_status)
         self._referenced = 0
         self.parts: Parts = {}  # the last backup's or restore's steps
         # --live: the daemon keeps the memory across the backup, so the resume right after the dump
@@ -87,7 +88,7 @@ class DirectBackend(AgentBackend):
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
         self.parts = restore_direct(self.client, self.pid, device_dir, list(files) if files else None,
-                                    self.daemon, chain=self.chain)
+                                    self.daemon, chain=self.chain, lazy=self.lazy)
 
     def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
         if self.keep and self.state() == State.BACKED_UP:

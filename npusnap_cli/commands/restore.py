@@ -11,6 +11,7 @@ from ..criuopts import CriuOptions
 from ..output import Terminal
 
 if TYPE_CHECKING:
+    from ..core.lazy import LazyRestore
     from ..core.restore import RestoreOptions
 from . import Command, criu_option, json_option, trust_options
 from .criu_flags import restore_flags
@@ -21,6 +22,10 @@ from .criu_flags import restore_flags
 @click.option("-d", "--detach", is_flag=True, help="Return once the process runs instead of waiting for it.")
 @click.option("--pidfile", type=click.Path(path_type=Path), help="Write the restored pid here.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum pass (faster; trusts the files).")
+@click.option("--lazy", is_flag=True,
+              help="Run the process before its memory is back: host pages on first touch (CRIU lazy-pages), "
+                   "device memory on first touch and in the background (npusim, direct data path), all of it "
+                   "checked. Returns (--detach) or waits for the process once all memory is in.")
 @click.option("--criu-only", is_flag=True,
               help="Runbook: stop after CRIU RESTORE (run device-restore and unlock next).")
 @click.option("--rendezvous", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
@@ -38,7 +43,8 @@ from .criu_flags import restore_flags
 @json_option
 @click.pass_context
 def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional[Path], no_verify: bool,
-            criu_only: bool, rendezvous: Optional[Path], device_socket: Optional[str], device_map: tuple[str, ...],
+            lazy: bool, criu_only: bool, rendezvous: Optional[Path], device_socket: Optional[str],
+            device_map: tuple[str, ...],
             criu_path: Optional[str],
             criu_opts: CriuOptions,
             require_signature: bool, trusted_keys: tuple[Path, ...]) -> None:
@@ -50,6 +56,13 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     A set (`npusnap checkpoint PID PID ...`) comes back whole or not at all: in the
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
+
+    --lazy: the process runs as soon as CRIU has restored it, and its memory comes in
+    behind it. The command stays until all of it is in (--pidfile is written at once; an
+    interrupt is ignored meanwhile: the memory must not be cut off); a failed page server
+    kills the process; a device chunk that fails its checksum fails the process's access to
+    it (ACL_ERROR_RT_DEVICE_MEM_ERROR), is reported, and makes the command exit 8 (in the
+    foreground, after the process exits).
     """
     from .. import warmup
     from ..core.restore import RestoreOptions, wait_exit_code
@@ -61,8 +74,13 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     opts = RestoreOptions(directory, criu_path, verify=not no_verify, criu_only=criu_only, device_map=mapping,
                           criu=criu_opts, require_signature=require_signature, trusted_keys=list(trusted_keys),
                           rendezvous=rendezvous.absolute() if rendezvous else None,
-                          daemon_socket=os.path.abspath(device_socket) if device_socket else None)
+                          daemon_socket=os.path.abspath(device_socket) if device_socket else None, lazy=lazy)
     is_set, shell_job = _peek(directory)
+    if is_set and lazy:
+        from ..errors import WrongState
+
+        raise WrongState(f"{directory} holds a process set; --lazy restores one process",
+                         "restore the set without --lazy")
     if is_set:
         _restore_set(ctx, term, opts, detach, pidfile, shell_job)
         return
@@ -71,19 +89,44 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     if pidfile:
         _write_pidfile(pidfile, result.pid)
     phases = [p.__dict__ for p in result.phases]
+    doc: dict[str, object] = {"directory": str(directory), "pid": result.pid, "phases": phases}
+    failure = None
+    if result.lazy is not None:
+        failure = _finish_lazy(term, result.pid, result.lazy, doc)
     if detach:
         if term.json_mode:
-            term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases,
-                                  "warnings": term.warnings})
-        else:
+            term.data("restore", {**doc, "warnings": term.warnings})
+        elif failure is None:
             term.success(f"restored process {result.pid} from {directory}")
+        if failure is not None:
+            raise failure
         return
     term.info(f"restored process {result.pid}; waiting for it to exit")
     code = wait_exit_code(result.pid)
     if term.json_mode:
-        term.data("restore", {"directory": str(directory), "pid": result.pid, "phases": phases, "exit_code": code,
-                              "warnings": term.warnings})
+        term.data("restore", {**doc, "exit_code": code, "warnings": term.warnings})
+    if failure is not None:
+        raise failure
     ctx.exit(code)
+
+
+def _finish_lazy(term: Terminal, pid: int, lazy: "LazyRestore", doc: dict[str, object]) -> "Optional[Exception]":
+    """Waits until all memory of a lazy restore is in; the failure to report once the rest is done."""
+    from ..errors import ImageInvalid
+
+    term.info(f"process {pid} runs; its memory comes in lazily")
+    out = lazy.finish()
+    doc["lazy"] = {"seconds": round(out.seconds, 3), "pages_status": out.pages_status, "device": out.device,
+                   "workload_exited": out.workload_exited, "problems": out.problems}
+    if out.failed:
+        for p in out.problems:
+            term.warn(p)
+        return ImageInvalid(out.problems[0], "the checkpoint is damaged: restore another one (npusnap verify DIR)")
+    if out.workload_exited:
+        term.info(f"process {pid} exited before all its memory was in")
+    else:
+        term.info(f"all memory of process {pid} is in ({out.seconds:.2f} s after the restore)")
+    return None
 
 
 def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", detach: bool,

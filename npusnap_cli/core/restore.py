@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
-from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
+from ..errors import CriuFailed, EnvironmentProblem, ImageInvalid, Interrupted, NpusnapError, WrongState
 from ..image import signing
 from ..image.chain import ancestors, device_views, verify_chain
 from ..image.checksums import BulkVerifier, page_entries
@@ -37,6 +37,7 @@ from ..image.store import assembled, packed_entries, verify
 from ..platform.criu import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
+from .lazy import LazyRestore
 from .progress import Phases, Progress, info, quiet, warn
 from .services import REAL, Services
 from .signals import Signals
@@ -58,6 +59,8 @@ class RestoreOptions:
     # sim: the npusim daemon the restored runtimes reconnect to (a job worker's own node's), whatever
     # socket they started with; None: each its old one (the manifest's endpoint)
     daemon_socket: Optional[str] = None
+    # --lazy (lazy.py): the workload runs before its memory is back; RestoreResult.lazy brings it in
+    lazy: bool = False
 
 
 @dataclass
@@ -65,6 +68,7 @@ class RestoreResult:
     pid: int
     manifest: Manifest
     phases: list[PhaseTiming] = field(default_factory=list)
+    lazy: Optional[LazyRestore] = None  # --lazy: the caller must finish() it (or kill() it)
 
 
 def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services = REAL) -> RestoreResult:
@@ -72,9 +76,15 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     root = opts.directory.absolute()
     phase = Phases(progress)
     manifest, pages = _verified(root, opts, phase)
+    if opts.lazy:
+        _refuse_lazy(root, manifest, opts)
     services.device_fits(on_daemon(manifest.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
+    if opts.lazy and not criu.features().get("lazy_pages"):  # userfaultfd, as CRIU probes it
+        raise EnvironmentProblem("this kernel or CRIU cannot restore lazily (CRIU's lazy_pages feature check "
+                                 "failed: userfaultfd missing or not allowed)",
+                                 "restore without --lazy; `criu check --feature uffd-noncoop` says more")
     try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
         log_dir = restore_log_dir(root)
     except (OSError, ImageInvalid):
@@ -84,18 +94,23 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     pids = [p.pid for p in manifest.processes]
     restored = [manifest.pid]  # the root to kill on failure: CRIU's answer once it has one
     guardian = services.guardian(None, manifest.pid)
+    lazy_pages = None
     try:
         with Signals() as signals, services.images_view() as view, assembled(root, manifest) as images:
             try:
                 guardian.kill_if_dead(pids)
                 with phase("criu-restore") as t, signals.critical():
+                    images_dir = view.enter(images, lambda m: warn(progress, m))
+                    if opts.lazy:  # its page server first: CRIU's restore connects to it
+                        lazy_pages = criu.lazy_pages(images_dir, log_dir)
                     started = time.monotonic()
                     try:
-                        restored[0] = criu.restore(view.enter(images, lambda m: warn(progress, m)),
+                        restored[0] = criu.restore(images_dir,
                                                    log_dir, shell_job=bool(manifest.options.get("shell_job")),
                                                    tcp_established=bool(manifest.options.get("tcp_established")),
                                                    extra=_restore_options(manifest, opts),
-                                                   started=guardian.wait_for_criu, leave_stopped=pages is not None)
+                                                   started=guardian.wait_for_criu, leave_stopped=pages is not None,
+                                                   lazy_pages=opts.lazy)
                     except NpusnapError:
                         if pages is not None:
                             pages.result()  # a corrupt page image explains CRIU's failure best
@@ -116,10 +131,18 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                 # The image stays valid on disk; a half-restored process must not run on.
                 signals.rolling_back = True
                 processes.kill_tree(restored[0], list(dict.fromkeys([restored[0], *pids])))
+                if lazy_pages is not None:
+                    lazy_pages.kill()
                 raise
     finally:
         guardian.release()
-    return RestoreResult(restored[0], manifest, phase.timings)
+    lazy = None
+    if opts.lazy:
+        device = on_daemon(manifest.device, opts)
+        lazy = LazyRestore(restored[0], pids, lazy_pages,
+                           device.endpoint if device.backend == BackendName.SIM else None,
+                           manifest.device.bytes + sum(f.size for f in page_entries(manifest)))
+    return RestoreResult(restored[0], manifest, phase.timings, lazy)
 
 
 def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest, Optional[BulkVerifier]]:
@@ -135,7 +158,9 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
             return manifest, None
         # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
         direct = manifest.device.method == DataPath.DIRECT
-        pages = [e for e in page_entries(manifest) if not e.chunks] if _can_wait_stopped(root, manifest) else []
+        # --lazy: the page server hands pages over as they are touched, so all are checked first.
+        wait_stopped = not opts.lazy and _can_wait_stopped(root, manifest)
+        pages = [e for e in page_entries(manifest) if not e.chunks] if wait_stopped else []
         # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
         later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
@@ -153,6 +178,19 @@ def _can_wait_stopped(root: Path, manifest: Manifest) -> bool:
         return not stopped_at_dump(root / CRIU_DIR, [p.pid for p in manifest.processes])
     except (OSError, ValueError):
         return False  # verify() says what is wrong with them
+
+
+def _refuse_lazy(root: Path, manifest: Manifest, opts: RestoreOptions) -> None:
+    """--lazy needs what brings the memory in later: the direct data path for device memory."""
+    if opts.criu_only:
+        raise WrongState("--lazy and --criu-only do not go together",
+                         "a lazy restore brings the device memory in itself: drop one of them")
+    if manifest.is_set:
+        raise WrongState(f"{root} holds a process set; --lazy restores one process")
+    if manifest.device.backend != BackendName.NONE and manifest.device.method != DataPath.DIRECT:
+        raise WrongState(f"{root}'s device memory was saved by the {manifest.device.method} data path; "
+                         "--lazy needs the direct one (npusim's daemon brings chunks in on first touch)",
+                         "restore it without --lazy, or checkpoint with the direct data path")
 
 
 def _refuse_pids_in_use(manifest: Manifest) -> None:
@@ -218,6 +256,8 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
             if manifest.parent is not None:
                 _use_chain(backend, root, manifest, views)
+            if opts.lazy:
+                _use_lazy(backend)
             # compressed images (--compress) reassembled first, each chunk checked
             backend.restore(views.enter_context(assembled(root, manifest, DEVICE_DIR)), images)
             t.bytes = manifest.device.bytes
@@ -226,6 +266,13 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             backend.unlock()
     finally:
         backend.release()
+
+
+def _use_lazy(backend: Backend) -> None:
+    from ..backends.direct import DirectBackend
+
+    if isinstance(backend, DirectBackend):  # _refuse_lazy let only the direct path through
+        backend.lazy = True
 
 
 def _use_chain(backend: Backend, root: Path, manifest: Manifest, views: contextlib.ExitStack) -> None:

@@ -33,7 +33,12 @@ class CriuDriver(Protocol):
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False, tcp_established: bool = False,
                 log_level: int = 4, extra: Optional[CriuOptions] = None,
-                started: Optional[Callable[[int], None]] = None, leave_stopped: bool = False) -> int: ...
+                started: Optional[Callable[[int], None]] = None, leave_stopped: bool = False,
+                lazy_pages: bool = False) -> int: ...
+
+    def lazy_pages(self, images_dir: Path, log_dir: Path) -> Any: ...  # platform.criu.LazyPages, started
+
+    def features(self) -> dict[str, bool]: ...
 
     def release_network_lock(self, images_dir: Path, method: Optional[str], pids: list[int],
                              warn: Callable[[str], None]) -> None: ...

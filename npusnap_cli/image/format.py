@@ -38,7 +38,7 @@ LOG_DIR = "logs"
 CHECKSUMMED_DIRS = (CRIU_DIR, DEVICE_DIR)
 # What may sit in logs/ besides restore-* directories: dump's logs, and those of restores
 # made before restores got their own directory. Never written through: see restore_log_dir.
-LOG_NAMES = frozenset({"dump.log", "stats-dump", "restore.log", "stats-restore"})
+LOG_NAMES = frozenset({"dump.log", "stats-dump", "restore.log", "stats-restore", "lazy-pages.log"})
 MEMBER_LOG = re.compile(r"^(dump-[0-9]+\.log|stats-dump-[0-9]+)$")  # a set member's dump logs
 RESTORE_LOG_DIR = re.compile(r"^restore-[A-Za-z0-9_]{8}$")
 CHUNK = 8 << 20

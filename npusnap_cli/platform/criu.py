@@ -384,14 +384,17 @@ class Criu:
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False,
                 tcp_established: bool = False, log_level: int = 4, extra: Optional[CriuOptions] = None,
-                started: Optional[Callable[[int], None]] = None, leave_stopped: bool = False) -> int:
+                started: Optional[Callable[[int], None]] = None, leave_stopped: bool = False,
+                lazy_pages: bool = False) -> int:
         """Restore the tree; returns the root pid. The restored root becomes our
         child once `criu swrk` exits, because main() made us a child subreaper. With
-        leave_stopped every restored process is left stopped (SIGSTOP) for the caller to resume."""
+        leave_stopped every restored process is left stopped (SIGSTOP) for the caller to resume.
+        lazy_pages: memory pages come from the LazyPages daemon serving log_dir (userfaultfd)."""
         rpc = rpc_messages()
         opts = rpc.criu_opts(images_dir_fd=-1)
         opts.shell_job = shell_job
         opts.leave_stopped = leave_stopped
+        opts.lazy_pages = lazy_pages
         opts.tcp_established = tcp_established
         opts.log_level = log_level
         opts.log_file = "restore.log"
@@ -414,12 +417,79 @@ class Criu:
     def dumped_tree(self, images_dir: Path) -> list[tuple[int, int, int]]:
         return dumped_tree(images_dir)
 
+    def lazy_pages(self, images_dir: Path, log_dir: Path) -> "LazyPages":
+        """`criu lazy-pages` for images_dir, listening in log_dir for a restore with lazy_pages."""
+        return LazyPages(self.binary.path, images_dir, log_dir)
+
     def release_network_lock(self, images_dir: Path, method: Optional[str], pids: list[int],
                              warn: Callable[[str], None]) -> None:
         """Before a dumped tree runs on: undo the network lock CRIU keeps for a tree it leaves stopped."""
         from .. import netlock
 
         netlock.release(images_dir, method, pids, warn=warn)
+
+
+LAZY_SOCKET = "lazy-pages.socket"  # CRIU's name, in the work directory of both sides
+LAZY_READY_S = 30.0  # for `criu lazy-pages` to listen (a loaded machine takes seconds to start it)
+
+
+class LazyPages:
+    """`criu lazy-pages`: serves a lazily restored tree its memory pages from the images over
+    userfaultfd, on first touch and in the background, and exits by itself once every page is
+    in (or the tree is gone). Started before the restore, in log_dir (where the restore looks for
+    its socket); ours to reap: finish() waits for it, kill() ends it."""
+
+    def __init__(self, binary: str, images_dir: Path, log_dir: Path) -> None:
+        self.log = log_dir / "lazy-pages.log"
+        self.socket = log_dir / LAZY_SOCKET  # log_dir: a directory the restore made just now
+        with _dir_fds(images_dir, log_dir) as (images_fd, log_fd):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(LAZY_SOCKET, dir_fd=log_fd)  # a stale one from an earlier restore
+            try:
+                # The directories as our own descriptors: no path CRIU resolves can be a planted link.
+                self.proc = subprocess.Popen(
+                    [binary, "lazy-pages", "-D", f"/proc/self/fd/{images_fd}", "-W", f"/proc/self/fd/{log_fd}",
+                     "-o", "lazy-pages.log", "-v4"],
+                    pass_fds=(images_fd, log_fd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True, env=clean_env())
+            except OSError as e:
+                raise CriuFailed(f"cannot run {binary} lazy-pages: {e}", INSTALL_HINT) from e
+            deadline = time.monotonic() + LAZY_READY_S
+            while not _is_socket(log_fd, LAZY_SOCKET):
+                if self.proc.poll() is not None or time.monotonic() >= deadline:
+                    self.kill()
+                    raise CriuFailed("CRIU's lazy-pages daemon did not start", f"see {self.log}")
+                time.sleep(0.01)
+
+    def finish(self, timeout: float) -> Optional[int]:
+        """Its exit status once every page is in (None if it is still serving after timeout)."""
+        try:
+            wait_exit(self.proc, timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._gone()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._gone()
+
+    def _gone(self) -> None:
+        """Its socket, which it leaves behind (not a log: a checkpoint's logs/ holds only files)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)
+
+
+def _is_socket(dir_fd: int, name: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISSOCK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager

@@ -147,11 +147,12 @@ def export_device(pid: int, device_dir: Path, socket: Optional[str] = None,
 
 
 def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                  socket: Optional[str] = None, chain: Sequence[Path] = ()) -> TransferResult:
+                  socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False) -> TransferResult:
     """Have the daemon read exactly the expected device files (manifest entries, paths
     "device/devN.img") into process pid's re-created allocations (after `restore external`),
     verifying sizes, chunk checksums and each file's xxh3_128 while reading. chain: an incremental
-    image's ancestors' device directories, parent first (each referenced chunk checked as read)."""
+    image's ancestors' device directories, parent first (each referenced chunk checked as read).
+    lazy: only the structure is checked now; the data comes after (lazy_status)."""
     import npusim
 
     wanted: Optional[list[tuple[str, int, str]]] = None if expected is None else []
@@ -163,7 +164,18 @@ def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEn
         wanted.append((parts[1], int(f.size), f.checksum))
     try:
         data = npusim.import_client(daemon_socket(pid, socket), pid, os.fspath(device_dir), wanted,
-                                    [os.fspath(p) for p in chain] or None)
+                                    [os.fspath(p) for p in chain] or None, lazy)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device import into process {pid}") from e
     return _result(data, "read_bytes")
+
+
+def lazy_status(pid: int, socket: Optional[str] = None, wait_s: float = 0.0) -> dict[str, Any]:
+    """The daemon's background fill of a lazy import into process pid (state none, filling, done
+    or failed; chunks, ready, bad, errors), waiting up to wait_s for its end."""
+    import npusim
+
+    try:
+        return dict(npusim.lazy_status(daemon_socket(pid, socket), pid, int(wait_s * 1000)))
+    except (OSError, npusim.AclError) as e:
+        raise _error(e, f"the lazy device restore of process {pid}") from e

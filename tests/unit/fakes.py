@@ -147,7 +147,7 @@ class FakeCriu:
 
     def restore(self, images_dir: Path, log_dir: Path, shell_job: bool = False, tcp_established: bool = False,
                 log_level: int = 4, extra: object = None, started: Optional[Callable[[int], None]] = None,
-                leave_stopped: bool = False) -> int:
+                leave_stopped: bool = False, lazy_pages: bool = False) -> int:
         """The restored process stops itself first when leave_stopped (as CRIU leaves it), and
         once running it writes `ran` beside the checkpoint: a test can tell whether it ever ran."""
         self.script.at("criu-restore")

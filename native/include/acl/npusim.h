@@ -100,6 +100,16 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int
 #define NPUSIM_EXPORT_KEEP 2u
 ACL_FUNC_VISIBILITY aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir,
                                                      const char *parentDir, unsigned flags, char **resultJson);
+/* Lazy restore: npusimDaemonImportLazy checks the images' structure like npusimDaemonImportChain and
+ * returns before their data is in ("lazy": true in the result): the client may unlock and run at
+ * once, each chunk is read and checked against its XXH3-64 on the first task that touches it (or by
+ * the daemon's background fill, which also checks each file's XXH3-128), and a chunk that fails
+ * makes every task touching it fail with ACL_ERROR_RT_DEVICE_MEM_ERROR. npusimDaemonLazyStatus
+ * reports that fill, waiting up to waitMs for its end: {"state": "none"|"filling"|"done"|"failed",
+ * "chunks", "ready", "bad", "bytes", "seconds", "errors": [...]}. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonImportLazy(const char *socketPath, int pid, const char *dir,
+                                                    const char *expected, const char *ancestors, char **resultJson);
+ACL_FUNC_VISIBILITY aclError npusimDaemonLazyStatus(const char *socketPath, int pid, int waitMs, char **resultJson);
 
 /* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
  * generates for an AscendC kernel library. binary (binarySize bytes, embedded in the library) is the
