@@ -115,3 +115,14 @@ def sigkill(pids: list[int]) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
+    """The coordinator's stderr lines up to the first one that matches pattern."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    while not re.search(pattern, "".join(lines)):
+        line = proc.stderr.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    return lines

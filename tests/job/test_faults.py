@@ -23,7 +23,7 @@ from tests.cluster.fixtures import ensure_up
 from tests.cluster.support import Cluster, poll
 from tests.users import as_user, other_user
 
-from .support import RankJob, no_checkpoint_left, npusnap, sigkill, workers
+from .support import RankJob, no_checkpoint_left, npusnap, read_until, sigkill, workers
 
 ABORTED = 15
 BUSY = 11  # WrongState: another job checkpoint of the job runs
@@ -100,17 +100,6 @@ def test_a_worker_killed_mid_checkpoint_aborts_within_the_deadline(ranks: RankJo
     assert f"lost the worker on {node}" in err.strip().splitlines()[-1], err
     no_checkpoint_left(target)
     ranks.assert_all_run_on(timeout=90)  # the killed worker's ranks: its guardian and the agents' lease
-
-
-def read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
-    """The coordinator's stderr lines up to the first one that matches pattern."""
-    assert proc.stderr is not None
-    lines: list[str] = []
-    while not re.search(pattern, "".join(lines)):
-        line = proc.stderr.readline()
-        assert line, "".join(lines)
-        lines.append(line)
-    return lines
 
 
 def _attack(address: str, pattern: str) -> dict[str, Any]:
