@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from ... import testhooks
 from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem
 from ...image.format import MANIFEST, Manifest
+from . import owners
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
 from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored
 
 if TYPE_CHECKING:
+    from ..progress import Event
     from ..restore import RestoreOptions
 
 
@@ -93,6 +95,14 @@ def _checkpoint_lock(job: str, node: str) -> int:
         os.close(fd)
         raise JobBusy(f"another `npusnap job checkpoint` of job {job} is running on {node}") from None
     return fd
+
+
+def _warnings(event: "Event") -> None:
+    """The set's warnings on the worker's lines (a rank whose rollback failed says so there)."""
+    from ..progress import Level, Message
+
+    if isinstance(event, Message) and event.level == Level.WARNING:
+        say(event.text)
 
 
 def _failed(ch: Channel, node: str, e: NpusnapError) -> None:
@@ -198,6 +208,12 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         if not ranks:
             ch.send("failed", node=node, error=f"no rank of job {opts.job} runs on {node}")
             return JobAborted.exit_code
+        try:  # they share the attempt's rendezvous directory, the job's user's
+            owners.one_user([r.pid for r in ranks], f"of job {opts.job} on {node}", opts.rendezvous)
+        except NpusnapError as e:
+            say(f"refused: {e.message}")
+            _failed(ch, node, e)
+            return e.exit_code
         directory = opts.staging / "nodes" / node
         # Slurm's tasks are process-group leaders, not session leaders: CRIU needs --shell-job.
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
@@ -208,7 +224,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         gate = _Gate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
-            checkpoint_set([r.pid for r in ranks], copts, gate=gate)
+            checkpoint_set([r.pid for r in ranks], copts, progress=_warnings, gate=gate)
         except JobAborted as e:
             if gate.set_committed:
                 _recover_after_commit(ranks, directory)
