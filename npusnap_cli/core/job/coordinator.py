@@ -103,9 +103,9 @@ _KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProble
                                                "PermissionProblem": PermissionProblem}
 
 
-def _worker_failure(stage: str, node: str, msg: dict[str, Any]) -> NpusnapError:
+def _worker_failure(stage: str, node: str, msg: dict[str, Any], note: str = "") -> NpusnapError:
     kind = _KEPT_KINDS.get(str(msg.get("error_kind")), JobAborted)
-    return kind(f"{stage}: the worker on {node} failed: {msg.get('error')}",
+    return kind(f"{stage}: the worker on {node} failed: {msg.get('error')}{note}",
                 kind.default_hint if kind is JobBusy else JobAborted.default_hint)
 
 
@@ -195,10 +195,11 @@ class Session:
         while waiting:
             lost = sorted(waiting & set(self.lost))
             if lost:
-                raise JobAborted(f"{stage}: {self.lost[lost[0]]}")
+                raise JobAborted(f"{stage}: {self.lost[lost[0]]}{self._job_ended()}")
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                why = self.step_ended or f"no answer within {timeout:.0f} s (--{stage}-timeout)"
+                why = (self.step_ended + self._job_ended()) if self.step_ended else \
+                    f"no answer within {timeout:.0f} s (--{stage}-timeout)"
                 raise JobAborted(f"{stage}: {', '.join(sorted(waiting))}: {why}")
             try:
                 ev = self.events.get(timeout=left)
@@ -211,11 +212,19 @@ class Session:
             elif ev.msg is None:
                 self.lost[ev.node] = ev.why
             elif ev.msg["type"] == "failed":
-                raise _worker_failure(stage, ev.node, ev.msg)
+                raise _worker_failure(stage, ev.node, ev.msg, self._job_ended())
             elif ev.msg["type"] == wanted and ev.node in waiting:
                 waiting.discard(ev.node)
                 got[ev.node] = ev.msg
         return got
+
+    def _job_ended(self) -> str:
+        """Why the workers went when it is because the job itself ended (its ranks finished, or
+        it was cancelled): Slurm ends every step of a job that ends, the workers' too."""
+        state = slurm.job_state(self.job)
+        if state == "RUNNING":
+            return ""
+        return f"; job {self.job} ended meanwhile ({state or 'no longer known to Slurm'}), and Slurm ended its workers"
 
     def broadcast(self, kind: str, **fields: Any) -> None:
         with self._lock:

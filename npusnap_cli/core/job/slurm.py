@@ -44,6 +44,15 @@ def job_nodes(job: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", out[1]]).split()
 
 
+def job_state(job: str) -> str:
+    """The job's state as squeue says it ("" once Slurm no longer knows it)."""
+    try:
+        out = _run(["squeue", "-h", "-j", job, "-o", "%T"]).split()
+    except WrongState:
+        return ""
+    return out[0] if out else ""
+
+
 def job_user(job: str) -> tuple[int, int]:
     """The uid and gid the job's tasks run as (its ranks' user)."""
     out = _run(["squeue", "-h", "-j", job, "-o", "%U %G"]).split()
