@@ -1,8 +1,8 @@
-"""A job checkpoint of HCCL ranks across nodes that ends after the ranks were locked, on the real
+"""A job checkpoint of HCCL ranks across nodes that ends after the ranks were backed up, on the real
 test cluster: the 2 nodes x 2 ranks training job of test_hccl.py, whose one communicator spans
 both nodes. Aborted after the backup (a worker failing after its ranks were dumped, or after its
 node's set committed; the coordinator failing its commit after every node's set committed), one
-node's worker SIGKILLed after its ranks' lock, backup, dump (its guardian recovers them, the
+node's worker SIGKILLed after its ranks' backup, after their dump (its guardian recovers them, the
 coordinator's abort rolls the other node's back: they meet in the attempt's rendezvous
 directory), and checkpointed with --leave-running: each time every rank is restored in place and
 its communicator re-formed across the nodes through the attempt's one rendezvous directory on the
@@ -35,7 +35,9 @@ ABORTS = [  # (variable, value with {node} filled in): each after every rank of 
     ("NPUSNAP_TEST_FAIL", "job-commit"),  # the coordinator, every node's set committed: all recovered
 ]
 
-KILLS = [  # (the worker's stage, the hook that holds it there with {pid} / {node} filled in)
+# (the worker's stage, the hook that holds it there with {pid} / {node} filled in). Not after the
+# lock alone: see docs/cluster.md, "Not yet".
+KILLS = [
     ("backup", {"NPUSNAP_TEST_PAUSE": "after:backup@{pid}"}),  # its last rank backed up
     ("dump", {"NPUSNAP_TEST_JOB_PAUSE": "vote@{node}"}),  # its ranks dumped (stopped), not voted
 ]
