@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from tests.cann.conftest import device_env  # noqa: F401  (the fixtures hccl_ran
 from tests.cluster.support import Cluster, poll
 from tests.hccl.conftest import hccl_ranks  # noqa: F401
 
-from .support import as_json, no_checkpoint_left, npusnap, read_until, sigkill, wait_finished, workers
+from .support import as_json, held_checkpoint, no_checkpoint_left, npusnap, sigkill, wait_finished, workers
 from .test_hccl import HcclJob
 
 STEPS = 2500  # at 30 ms a step the job outlives seven checkpoint attempts
@@ -100,19 +99,9 @@ def killed_after(job: HcclJob, node: str, stage: str, hook: dict[str, str]) -> N
     assert len(ranks) == 2, ranks
     env = {k: v.format(pid=ranks[-1].pid, node=node) for k, v in hook.items()}
     target = c.shared / f"ck-kill-{stage}-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.Popen(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job.id],
-                            env={**c.env, **env, "NPUSNAP_TEST_PAUSE_S": "120"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=c.shared, stdin=subprocess.DEVNULL)
-    try:
-        lines = read_until(proc, "test pause " + re.escape(next(iter(env.values()))))
-        sigkill(workers(node))
-        _, err = proc.communicate(timeout=240)  # the other node's rollback: bounded by HCCL's connect timeout
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    err = "".join(lines) + err
-    assert proc.returncode == ABORTED and f"lost the worker on {node}" in err.strip().splitlines()[-1], \
+    rc, err = held_checkpoint(c, target, job.id, {**env, "NPUSNAP_TEST_PAUSE_S": "120"},
+                              "test pause " + re.escape(next(iter(env.values()))), lambda: sigkill(workers(c, node)))
+    assert rc == ABORTED and f"lost the worker on {node}" in err.strip().splitlines()[-1], \
         f"{stage}: {err}" + _logs(c)
     assert "could not be recovered" not in err and "rollback failed" not in err, err + _ranks(job) + _logs(c)
     try:

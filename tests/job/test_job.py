@@ -6,11 +6,10 @@ views. Real Slurm, real CRIU, real daemons."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 from tests.cluster.support import Cluster
 
-from .support import RankJob, as_json, no_checkpoint_left, npusnap, read_until, reference, wait_finished
+from .support import RankJob, as_json, held_checkpoint, no_checkpoint_left, npusnap, reference, wait_finished
 
 STEPS = 200  # at 150 ms a step: two checkpoints mid-run fit however late a loaded machine locks the ranks
 
@@ -87,21 +86,10 @@ def test_a_job_that_ends_during_its_checkpoint_is_named_as_the_cause(live_cluste
     job = RankJob(c, steps=100000, sleep_ms=100)
     job.wait_steps(2)
     target = c.shared / f"ck-ended-{job.id}"
-    proc = subprocess.Popen(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job.id],
-                            env={**c.env, "NPUSNAP_TEST_PAUSE": "before:lock", "NPUSNAP_TEST_PAUSE_S": "120"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.shared,
-                            stdin=subprocess.DEVNULL)
-    try:
-        lines = read_until(proc, "test pause before:lock")
-        c.run("scancel", job.id)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    err = "".join(lines) + err
+    rc, err = held_checkpoint(c, target, job.id, {"NPUSNAP_TEST_PAUSE": "before:lock", "NPUSNAP_TEST_PAUSE_S": "120"},
+                              "test pause before:lock", lambda: c.run("scancel", job.id))
     last = err.strip().splitlines()[-1]
-    assert proc.returncode == 15 and f"job {job.id} ended meanwhile (C" in last, err  # CANCELLED, COMPLETING
+    assert rc == 15 and f"job {job.id} ended meanwhile (C" in last, err  # CANCELLED, COMPLETING
     assert "Traceback" not in err, err
     wait_finished(c, job.id)
     no_checkpoint_left(target)
