@@ -46,7 +46,8 @@ namespace {
 // until its client uses kernels; then it is a memfd (fd set), which the client's kernel runner maps
 // (kernel_host.cpp). Shared memory gets huge pages only where the system's shmem THP setting
 // allows, so only clients that need it pay for it.
-char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
+// commit: fault every page in now (the kernel zeroes them), so that a full host fails here, cleanly.
+char *map_device_memory(uint64_t size, size_t *mapped, int *fd, bool commit = true) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   *mapped = (size + page - 1) / page * page;
   void *p = MAP_FAILED;
@@ -64,7 +65,7 @@ char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
   };
   if (p == MAP_FAILED) return fail();
   if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);
-  if (::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
+  if (commit && ::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
     ::munmap(p, *mapped);  // out of memory: the device is full
     return fail();
   }
@@ -173,14 +174,16 @@ int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
+int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool commit) {
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   size_t mapped = lent != nullptr ? lent->mapped : 0;
   int fd = lent != nullptr ? lent->fd : -1;
-  char *base = lent != nullptr ? lent->base : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr);
+  commit = commit || lent != nullptr;
+  char *base = lent != nullptr ? lent->base : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr, commit);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);
   s.allocs[va]->lent = lent != nullptr;
+  s.allocs[va]->uncommitted = !commit;
   used_[device] += size;
   return ACL_SUCCESS;
 }
@@ -206,7 +209,8 @@ int32_t DeviceState::malloc(Session &s, uint32_t device, uint64_t size, uint64_t
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
+int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent,
+                               bool commit) {
   if (device >= device_count() || !va::is_device(va) || va::device_of(va) != device)
     return ACL_ERROR_RT_INVALID_DEVICEID;
   size = va::round_size(size);
@@ -219,7 +223,7 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     auto prev = std::prev(next);
     if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
-  return place(s, device, va, size, lent);
+  return place(s, device, va, size, lent, commit);
 }
 
 int32_t DeviceState::share_memory(Session &s) {

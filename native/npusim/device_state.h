@@ -47,6 +47,9 @@ struct Buffer {
   // Per chunk of dirty::kChunk bytes, the epoch of its last write (dirty.cpp); null for an alias,
   // whose writes land in its backing buffer's chunks.
   std::unique_ptr<std::atomic<uint64_t>[]> gens;
+  // Re-created for an import (kMallocForImport) and not yet committed: the import commits each
+  // chunk (MADV_POPULATE_WRITE) as it fills it, and leaves its zero chunks as the kernel gives them.
+  bool uncommitted = false;
 };
 
 // A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the
@@ -167,7 +170,8 @@ class DeviceState {
   };
   // lent: the allocation is that memory (the buffer owns it from then on) instead of new memory.
   int32_t malloc(Session &s, uint32_t device, uint64_t size, uint64_t *va, const Lent *lent = nullptr);
-  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent = nullptr);
+  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent = nullptr,
+                    bool commit = true);
   int32_t free(Session &s, uint64_t va);
   int32_t mem_info(uint32_t device, uint64_t *free, uint64_t *total);
   // Resolves the task's device addresses against the session's allocations.
@@ -199,7 +203,7 @@ class DeviceState {
 
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);
-  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent);
+  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool commit = true);
   int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
   void release_locked(Session &s);
 

@@ -31,7 +31,9 @@ int64_t sync_timeout(const proto::Request &rq) {
 int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::Reply &rp) {
   switch (rq.op) {
     case Op::Malloc: return state.malloc(s, static_cast<uint32_t>(rq.device), rq.size, &rp.value[0]);
-    case Op::MallocAt: return state.malloc_at(s, static_cast<uint32_t>(rq.device), rq.addr, rq.size);
+    case Op::MallocAt:
+      return state.malloc_at(s, static_cast<uint32_t>(rq.device), rq.addr, rq.size, nullptr,
+                             (rq.flags & proto::kMallocForImport) == 0);
     case Op::Free: return state.free(s, rq.addr);
     case Op::HostRegister: return host_mem::lend(state, s, rq, &rp.value[0]);
     case Op::MemInfo: return state.mem_info(static_cast<uint32_t>(rq.device), &rp.value[0], &rp.value[1]);

@@ -10,14 +10,14 @@ from ..criuopts import CriuOptions
 from ..image.codecs import COMPRESS
 from ..numbers import Seconds
 from ..output import Terminal, human_bytes
-from . import criu_option, json_option
+from . import Command, criu_option, json_option
 from .criu_flags import dump_flags
 
 if TYPE_CHECKING:
     from ..image.format import Manifest
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("pids", metavar="PID...", nargs=-1, required=True)
 @click.option("-D", "--directory", "directory", required=True, type=click.Path(path_type=Path),
               help="Where to write the checkpoint (created; must not hold one unless --replace).")

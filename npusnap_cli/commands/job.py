@@ -31,6 +31,12 @@ def _deadline_options(f: F) -> F:
     return f
 
 
+def _absolute(ctx: click.Context, param: click.Parameter, value: Optional[Path]) -> Optional[Path]:
+    if value is not None and not value.is_absolute():
+        raise click.BadParameter("must be an absolute path: it names a directory on every node")
+    return value
+
+
 @click.group()
 def job() -> None:
     """Checkpoint and restore every rank of a multi-node Slurm job."""
@@ -46,12 +52,16 @@ def job() -> None:
               help="How long each rank's device work may take to quiesce.")
 @click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
               help="Bound on each CRIU dump (default: CRIU's).")
+@click.option("--stage", metavar="DIR", default=None, type=click.Path(path_type=Path), callback=_absolute,
+              help="Dump each node's ranks into a fresh directory under this node-local DIR first, then copy "
+                   "them to DIRECTORY before the node votes (with --leave-running the ranks run on before "
+                   "the copy).")
 @_deadline_options
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], leave_running: bool,
-               shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], connect_timeout: float,
-               prepare_timeout: float, commit_timeout: float) -> None:
+               shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], stage: Optional[Path],
+               connect_timeout: float, prepare_timeout: float, commit_timeout: float) -> None:
     """Checkpoint every rank of the job on every node into DIRECTORY, all or nothing.
 
     One worker per node (srun --overlap) locks, backs up and dumps its node's ranks and votes;
@@ -62,12 +72,13 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
 
     opts = JobCheckpointOptions(directory=directory, job=job, listen=listen, leave_running=leave_running,
                                 shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout))
+                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout), stage=stage)
     r = checkpoint_job(opts, term.info)
     m = r.manifest
     if term.json_mode:
         term.data("job-checkpoint", {"directory": str(r.directory), "job": m.slurm_job_id,
-                                     "left_running": leave_running, "seconds": round(r.seconds, 6),
+                                     "left_running": leave_running, "stage": str(stage) if stage else None,
+                                     "seconds": round(r.seconds, 6),
                                      "stages": r.stages, "nodes": [n.__dict__ for n in m.nodes],
                                      "ranks": [x.__dict__ for x in m.ranks]})
         return
@@ -208,15 +219,16 @@ def _worker_options(f: F) -> F:
 @click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0)
 @click.option("--criu-timeout", type=Seconds(min=1), default=None)
 @click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
+@click.option("--stage", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
                       leave_running: bool, shell_job: bool, lock_timeout: float,
-                      criu_timeout: Optional[float], rendezvous: Optional[Path]) -> None:
+                      criu_timeout: Optional[float], rendezvous: Optional[Path], stage: Optional[Path]) -> None:
     from ..core.job.worker import WorkerOptions, checkpoint_worker
 
     raise SystemExit(checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
         leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-        rendezvous=rendezvous)))
+        rendezvous=rendezvous, stage=stage)))
 
 
 @worker.command("restore")

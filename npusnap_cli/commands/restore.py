@@ -12,11 +12,11 @@ from ..output import Terminal
 
 if TYPE_CHECKING:
     from ..core.restore import RestoreOptions
-from . import criu_option, json_option, trust_options
+from . import Command, criu_option, json_option, trust_options
 from .criu_flags import restore_flags
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("-d", "--detach", is_flag=True, help="Return once the process runs instead of waiting for it.")
 @click.option("--pidfile", type=click.Path(path_type=Path), help="Write the restored pid here.")

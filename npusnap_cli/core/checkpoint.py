@@ -70,6 +70,9 @@ class CheckpointOptions:
     # the set's HCCL ranks meet their peers of every node in each in-place restore (rollback, running
     # on); None: a private one of the set's own
     rendezvous: Optional[Path] = None
+    # a job's node staged on local storage with --leave-running: the set runs on as soon as it is
+    # sealed, before its write-behind to the shared storage and its vote (core/processset.py)
+    run_on_at_seal: bool = False
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -252,6 +255,7 @@ class CheckpointRun:
                 self.device_files = [in_member(f, self.pid) for f in self.device_files]
             self.device = self.backend.describe()
             t.bytes = self.device.bytes
+            t.add_parts(getattr(self.backend, "parts", {}))
 
     def _check_layout(self, parent: tuple[Path, Manifest]) -> None:
         from ..errors import ImageInvalid
@@ -297,6 +301,7 @@ class CheckpointRun:
                     pass
             self.files = self.staging.seal(known=self.device_files, packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
+            t.add_parts(self.staging.parts)
 
     @property
     def packs(self) -> bool:
@@ -314,14 +319,16 @@ class CheckpointRun:
         self.run_on_after_commit()
         self.device_after_commit()
 
-    def run_on_after_commit(self) -> None:
-        """--leave-running: the tree runs on (a set resumes every member's before any device restore)."""
-        self._run_on(self._in(self.staging.final / CRIU_DIR))
+    def run_on_after_commit(self, root: Optional[Path] = None) -> None:
+        """--leave-running: the tree runs on (a set resumes every member's before any device restore).
+        root: where its images are (default: the committed directory; a set that runs on at its
+        seal: the staging path)."""
+        self._run_on(self._in((root or self.staging.final) / CRIU_DIR))
 
-    def device_after_commit(self) -> None:
+    def device_after_commit(self, root: Optional[Path] = None) -> None:
         """--leave-running: the device restored and unlocked, from the committed directory (the
-        staging path has moved)."""
-        self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
+        staging path has moved), or from root."""
+        self.backend.finish_after_commit(self._in((root or self.staging.final) / DEVICE_DIR), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
         """The device files as the backend named them (a set member's without their PID/)."""

@@ -28,6 +28,8 @@ while True:
         break
     data += chunk
 words = data.decode().split()
+if words[-1:] == ["done"]:
+    os._exit(0)  # the usual end, which every command waits for: no interpreter teardown (~8 ms)
 
 def tree(roots):
     # the roots and every descendant now alive: children forked before CRIU froze them count too

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, Sequence
@@ -135,6 +136,9 @@ class SetCheckpoint:
         self.phase = Phases(self.progress)
         self.undos = UndoStack(lambda text: warn(self.progress, text))
         self.signals = Signals()
+        self.locked_at = 0.0  # monotonic: when the members' locks began
+        self.downtime: dict[int, float] = {}  # each member that ran on: seconds from the lock to running
+        self.ran_on = False  # opts.run_on_at_seal: every member runs on already
 
     def _refuse_overlaps(self) -> None:
         """A member inside another member's tree would be dumped twice (and CRIU refuses a
@@ -233,6 +237,8 @@ class SetCheckpoint:
                 self._dump(m)
         self._seal()
         manifest = self._manifest()
+        if self.opts.run_on_at_seal:
+            self._run_on_at_seal()
         if self.gate is not None:
             self.gate.prepared(manifest)
         return commit(self.staging, self.signals, manifest)
@@ -241,6 +247,7 @@ class SetCheckpoint:
         """Every member's lock at once. Signals wait until every lock has returned (each is
         bounded by --lock-timeout): an undo must never race a lock still in flight."""
         self.undos.push("device rollback", self._devices_back)
+        self.locked_at = time.monotonic()
         with self.phase("lock"), self.signals.critical():
             failed = self._at_once(lambda m: m.lock_device())
             for m in self.members:
@@ -301,12 +308,8 @@ class SetCheckpoint:
 
         if not self.opts.leave_running:
             each(lambda m: m.finish_checkpoint(manifest))
-        else:
-            # Every tree runs before any device restore: an HCCL rank's waits for its peers'.
-            each(lambda m: m.run_on_after_commit())
-            stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
-            for pid, e in self._at_once(lambda m: None if m.pid in stuck else m.device_after_commit()).items():
-                failed.setdefault(pid, e)
+        elif not self.ran_on:
+            failed.update(self._run_all_on(None))
         first: Optional[BaseException] = None
         for m in self.members:
             if m.pid in failed:
@@ -314,6 +317,46 @@ class SetCheckpoint:
                 first = first or failed[m.pid]
         if first is not None:
             raise first
+
+    def _run_all_on(self, root: Optional[Path]) -> dict[int, BaseException]:
+        """Every member runs on, its device restored and unlocked from root's images (None: the
+        committed directory); the failures by pid. Every tree runs before any device restore (an
+        HCCL rank's waits for its peers'). Each member that runs on gets a `resume` phase and
+        its downtime (from the set's lock until it runs, unlocked)."""
+        failed: dict[int, BaseException] = {}
+        started = time.monotonic()
+        for m in self.members:
+            try:
+                with self._member(m):
+                    m.run_on_after_commit(root)
+            except Exception as e:
+                failed[m.pid] = e
+        stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
+
+        def device(m: CheckpointRun) -> None:
+            if m.pid in stuck:
+                return
+            m.device_after_commit(root)
+            now = time.monotonic()
+            m.phase.timings.append(PhaseTiming("resume", round(now - started, 6)))
+            self.downtime[m.pid] = round(now - self.locked_at, 6)
+
+        for pid, error in self._at_once(device).items():
+            failed.setdefault(pid, error)
+        return failed
+
+    def _run_on_at_seal(self) -> None:
+        """A job's node staged locally with --leave-running: every member runs on from the sealed
+        staging directory, before its write-behind and its vote, so the ranks' downtime does not
+        include the shared storage. An abort after this has nothing left to undo on the members
+        (running on, unlocked, is what an abort leaves them in; their work since goes on): their
+        undos are spent, only the cleanup of the checkpoint is left."""
+        failed = self._run_all_on(self.staging.path)
+        for m in self.members:
+            if m.pid in failed:  # rolled back: the members that run on already are left as they are
+                raise failed[m.pid]
+        self.ran_on = True
+        self.undos.keep_only("cleanup")
 
     def _discard(self) -> None:
         kept = [m.pid for m in self.members if m.keeps_device_data()]  # every member warns for itself

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import signal
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -86,7 +87,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
         with Signals() as signals, services.images_view() as view, assembled(root, manifest) as images:
             try:
                 guardian.kill_if_dead(pids)
-                with phase("criu-restore"), signals.critical():
+                with phase("criu-restore") as t, signals.critical():
+                    started = time.monotonic()
                     try:
                         restored[0] = criu.restore(view.enter(images, lambda m: warn(progress, m)),
                                                    log_dir, shell_job=bool(manifest.options.get("shell_job")),
@@ -97,8 +99,11 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                         if pages is not None:
                             pages.result()  # a corrupt page image explains CRIU's failure best
                         raise
+                    t.add_parts({"criu": (time.monotonic() - started, 0)})
                     if pages is not None:  # the tree is stopped, as CRIU left it: it runs only on good pages
+                        waited = time.monotonic()
                         pages.result()
+                        t.add_parts({"page-checksums-wait": (time.monotonic() - waited, pages.bytes)})
                         processes.resume(restored[0], pids)
                 _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
                 if manifest.device.backend != BackendName.NONE and not opts.criu_only:
@@ -214,6 +219,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
                 _use_chain(backend, root, manifest)
             backend.restore(root / DEVICE_DIR, images)
             t.bytes = manifest.device.bytes
+            t.add_parts(getattr(backend, "parts", {}))
         with signals.commit_point(), phase("unlock"):
             backend.unlock()
     finally:

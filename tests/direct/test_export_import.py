@@ -118,6 +118,40 @@ def test_corrupted_image_refused(npusim_daemon, client, tmp_path):
     assert c.call("contents") == before
 
 
+def test_a_retry_after_a_failed_import_writes_every_zero_chunk(npusim_daemon, client, tmp_path):
+    """An external restore re-creates allocations uncommitted and the import commits them chunk by
+    chunk, leaving zero chunks as the kernel gives them. An import that fails part-way has written
+    data into them: a retry (another image) must then write its zero chunks, not trust them."""
+    c = client()
+    addr = c.call("alloc", 0, 4 * MiB, "random", 5)  # every chunk non-zero
+    full, sparse = tmp_path / "full", tmp_path / "sparse"
+    full.mkdir()
+    sparse.mkdir()
+    c.call("lock")
+    first = npusim.export_client(npusim_daemon.socket, c.pid, full, sync=False)  # fsync left to us
+    for f in first["files"]:
+        data = (full / f["path"]).read_bytes()  # complete and as reported, fsync'd or not
+        assert len(data) == f["size"] and xxhash.xxh3_128(data).hexdigest() == f["checksum"]
+    c.call("unlock")
+    c.call("py", f"npusim.memset({addr}, 0, {3 * MiB}); npusim.memset({addr + 3 * MiB}, 7, {MiB})")
+    before = c.call("contents")
+    c.call("lock")
+    second = npusim.export_client(npusim_daemon.socket, c.pid, sparse)
+    assert second["nonzero_bytes"] == MiB  # three zero chunks, then one of data
+    c.call("backup_external")
+    c.call("restore")  # re-created uncommitted, awaiting the import
+    with open(full / "dev0.img", "r+b") as f:  # the last chunk of the full image is corrupt
+        f.seek(64 + 3 * MiB + 100)
+        b = f.read(1)
+        f.seek(64 + 3 * MiB + 100)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(npusim.AclError, match="checksum mismatch"):
+        npusim.import_client(npusim_daemon.socket, c.pid, full, _expected(first))
+    npusim.import_client(npusim_daemon.socket, c.pid, sparse, _expected(second))
+    c.call("unlock")
+    assert c.call("contents") == before  # the zero chunks are zero, not the failed import's data
+
+
 def test_export_refused_unless_locked(npusim_daemon, client, tmp_path):
     tmp_path = tmp_path / "out"
     tmp_path.mkdir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,7 +10,9 @@ import signal
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
 
 from tests.cluster.support import FINISHED, Cluster, poll
 from tests.helpers import ROOT
@@ -97,7 +100,8 @@ def workers(c: Cluster, node: str) -> list[int]:
     """The pids of the job workers running on c's node (for the kill tests). c's only: every test
     cluster on this machine names its nodes node1, node2..., and a concurrent test session's
     workers are not ours to kill (that made another session's test_hccl.py fail, `lost the
-    worker on node2`)."""
+    worker on node2`). By SLURM_CONF, which srun passes on to every task (SLURM_CLUSTER_NAME
+    is not in the environment of a step started from outside the job)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -108,7 +112,7 @@ def workers(c: Cluster, node: str) -> list[int]:
         except OSError:
             continue
         if b"worker" in cmd and b"job" in cmd and f"SLURMD_NODENAME={node}".encode() in env \
-                and f"SLURM_CLUSTER_NAME={c.name}".encode() in env:
+                and f"SLURM_CONF={c.exports['SLURM_CONF']}".encode() in env:
             found.append(int(entry))
     return found
 
@@ -152,3 +156,21 @@ def held_checkpoint(c: Cluster, target: Path, job: str, env: dict[str, str], pat
             proc.kill()
             proc.communicate()
     return proc.returncode, "".join(lines) + err
+
+
+@contextlib.contextmanager
+def small_shared_dir(c: Cluster) -> Iterator[Path]:
+    """A 4 MiB tmpfs in the shared directory, where a job checkpoint runs out of space (skipped
+    where no tmpfs can be mounted); unmounted and removed after."""
+    small = c.shared / f"full-{uuid.uuid4().hex[:8]}"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        small.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield small
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+        small.rmdir()

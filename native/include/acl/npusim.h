@@ -89,6 +89,12 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonExportIncremental(const char *socketPat
                                                            const char *parentDir, char **resultJson);
 ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int pid, const char *dir,
                                                      const char *expected, const char *ancestors, char **resultJson);
+/* npusimDaemonExportIncremental with flags: NPUSIM_EXPORT_NO_SYNC leaves the files' fsync (and
+ * their directory's) to the caller, who must do it before relying on them (npusnap's seal does,
+ * while CRIU dumps meanwhile); the daemon only starts their write-back. */
+#define NPUSIM_EXPORT_NO_SYNC 1u
+ACL_FUNC_VISIBILITY aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir,
+                                                     const char *parentDir, unsigned flags, char **resultJson);
 
 /* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
  * generates for an AscendC kernel library. binary (binarySize bytes, embedded in the library) is the

@@ -76,6 +76,7 @@ class JobCheckpointOptions:
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
     deadlines: Deadlines = field(default_factory=Deadlines)
+    stage: Optional[Path] = None  # a node-local directory each worker writes its node to first (writebehind.py)
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Event:
 
 # A worker's failure of these kinds stays that kind (every rank is undone all the same): a refusal
 # because another job checkpoint runs, or for ranks of several users; a full or broken shared
-# directory, one swapped under us. Any other is JobAborted.
+# directory, one swapped under us, an unsafe --stage. Any other is JobAborted.
 _KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProblem": StorageProblem,
                                                "UnsupportedTarget": UnsupportedTarget,
                                                "PermissionProblem": PermissionProblem}
@@ -313,9 +314,11 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         stage("commit", t)
         session.broadcast("done")
         t = time.monotonic()
+        finished: dict[str, dict[str, Any]] = {}
         with contextlib.suppress(JobAborted):  # committed: a worker that ends early costs nothing
-            session.gather("finished", "finish", d.commit)
+            finished = session.gather("finished", "finish", d.commit)
         stage("finish", t)
+        _downtimes(m, finished)
         m.phases = stages
         jm.write(final, m)  # the timings of the finish too (same content otherwise)
         return CheckpointResult(m, final, time.monotonic() - started, stages)
@@ -358,7 +361,15 @@ def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path,
     if opts.criu_timeout:
         args += ["--criu-timeout", str(opts.criu_timeout)]
     args += ["--leave-running"] if opts.leave_running else []
+    args += ["--stage", str(opts.stage)] if opts.stage is not None else []
     return args + (["--shell-job"] if opts.shell_job else [])
+
+
+def _downtimes(m: jm.JobManifest, finished: dict[str, dict[str, Any]]) -> None:
+    """Each rank's downtime as its worker measured it (ranks that ran on; stopped ones have none)."""
+    for r in m.ranks:
+        seconds = finished.get(r.node, {}).get("downtime", {}).get(str(r.pid))
+        r.downtime = float(seconds) if seconds is not None else None
 
 
 def _attempt_rendezvous(final: Path, ranks_user: Optional[owners.Owner]) -> Path:

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ...errors import ImageInvalid, StorageProblem
 
@@ -38,6 +38,8 @@ class RankEntry:
     images: str  # the rank's CRIU images, relative to DIR
     device: dict[str, Any] = field(default_factory=dict)
     phases: list[dict[str, Any]] = field(default_factory=list)  # this rank's lock, backup, dump
+    # seconds from its lock until it ran again, unlocked (--leave-running); None: stopped
+    downtime: Optional[float] = None
 
 
 @dataclass
