@@ -10,7 +10,7 @@ import signal
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -96,8 +96,12 @@ def no_checkpoint_left(directory: Path) -> None:
     assert not left, f"left behind: {left}"
 
 
-def workers(node: str) -> list[int]:
-    """The pids of the job workers running on node (for the kill test)."""
+def workers(c: Cluster, node: str) -> list[int]:
+    """The pids of the job workers running on c's node (for the kill tests). c's only: every test
+    cluster on this machine names its nodes node1, node2..., and a concurrent test session's
+    workers are not ours to kill (that made another session's test_hccl.py fail, `lost the
+    worker on node2`). By SLURM_CONF, which srun passes on to every task (SLURM_CLUSTER_NAME
+    is not in the environment of a step started from outside the job)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -107,7 +111,8 @@ def workers(node: str) -> list[int]:
             env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"worker" in cmd and b"job" in cmd and f"SLURMD_NODENAME={node}".encode() in env:
+        if b"worker" in cmd and b"job" in cmd and f"SLURMD_NODENAME={node}".encode() in env \
+                and f"SLURM_CONF={c.exports['SLURM_CONF']}".encode() in env:
             found.append(int(entry))
     return found
 
@@ -118,6 +123,39 @@ def sigkill(pids: list[int]) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
+    """The coordinator's stderr lines up to the first one that matches pattern."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    while not re.search(pattern, "".join(lines)):
+        line = proc.stderr.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    return lines
+
+
+def coordinator(c: Cluster, target: Path, job: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job, *args],
+                            env={**c.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=c.shared, stdin=subprocess.DEVNULL)
+
+
+def held_checkpoint(c: Cluster, target: Path, job: str, env: dict[str, str], pattern: str,
+                    then: Callable[[], Any]) -> tuple[int, str]:
+    """`job checkpoint` held by a test hook (env): once its stderr matches pattern, then() (a kill,
+    a cancel); its exit code and its whole stderr. Reaped whatever happens."""
+    proc = coordinator(c, target, job, env)
+    try:
+        lines = read_until(proc, pattern)
+        then()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, "".join(lines) + err
 
 
 @contextlib.contextmanager

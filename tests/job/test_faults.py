@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from tests.cluster.fixtures import ensure_up
 from tests.cluster.support import Cluster, poll
 from tests.users import as_user, other_user
 
-from .support import RankJob, no_checkpoint_left, npusnap, sigkill, small_shared_dir, workers
+from .support import RankJob, coordinator, no_checkpoint_left, npusnap, read_until, sigkill, small_shared_dir, workers
 
 ABORTED = 15
 BUSY = 11  # WrongState: another job checkpoint of the job runs
@@ -78,7 +77,7 @@ def test_a_worker_killed_mid_checkpoint_aborts_within_the_deadline(ranks: RankJo
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.shared, stdin=subprocess.DEVNULL)
     try:
         lines = read_until(coordinator, f"test pause vote@{node}")  # its ranks are dumped, it is about to vote
-        sigkill(workers(node))
+        sigkill(workers(c, node))
         _, err = coordinator.communicate(timeout=60)  # the loss is noticed at once, far within 60 s
     finally:
         if coordinator.poll() is None:
@@ -89,17 +88,6 @@ def test_a_worker_killed_mid_checkpoint_aborts_within_the_deadline(ranks: RankJo
     assert f"lost the worker on {node}" in err.strip().splitlines()[-1], err
     no_checkpoint_left(target)
     ranks.assert_all_run_on(timeout=90)  # the killed worker's ranks: its guardian and the agents' lease
-
-
-def read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
-    """The coordinator's stderr lines up to the first one that matches pattern."""
-    assert proc.stderr is not None
-    lines: list[str] = []
-    while not re.search(pattern, "".join(lines)):
-        line = proc.stderr.readline()
-        assert line, "".join(lines)
-        lines.append(line)
-    return lines
 
 
 def kill_at(proc: subprocess.Popen[str], pattern: str) -> None:
@@ -158,15 +146,9 @@ def test_a_message_without_the_job_secret_is_refused(ranks: RankJob) -> None:
     ranks.assert_all_run_on()
 
 
-def coordinator(c: Cluster, target: Path, job: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job, *args],
-                            env={**c.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=c.shared, stdin=subprocess.DEVNULL)
-
-
 def no_workers_left(c: Cluster, timeout: float = 90) -> None:
     """Every job worker has ended (it holds its node's job checkpoint lock while it runs)."""
-    assert poll(lambda: not any(workers(n) for n in c.nodes), timeout), {n: workers(n) for n in c.nodes}
+    assert poll(lambda: not any(workers(c, n) for n in c.nodes), timeout), {n: workers(c, n) for n in c.nodes}
 
 
 # (stage, the test hook that holds the checkpoint there, the line that says it is there); the

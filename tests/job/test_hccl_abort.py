@@ -1,32 +1,44 @@
-"""A job checkpoint of HCCL ranks across nodes that ends after the ranks were backed up, on the
-real test cluster: the 2 nodes x 2 ranks training job of test_hccl.py, whose one communicator
-spans both nodes. Aborted after the backup (a worker failing after its ranks were dumped, or after
-its node's set committed; the coordinator failing its commit after every node's set committed),
-and checkpointed with
---leave-running: each time every rank is restored in place and its communicator re-formed across
-the nodes through the attempt's one rendezvous directory on the shared storage, so every rank
-runs on, unlocked, and the job's losses and final weights are bit-identical to an uninterrupted
-run; nothing of an attempt (its staging or rendezvous directory) is left behind."""
+"""A job checkpoint of HCCL ranks across nodes that ends after the ranks were backed up, on the real
+test cluster: the 2 nodes x 2 ranks training job of test_hccl.py, whose one communicator spans
+both nodes. Aborted after the backup (a worker failing after its ranks were dumped, or after its
+node's set committed; the coordinator failing its commit after every node's set committed), one
+node's worker SIGKILLed after its ranks' backup, after their dump (its guardian recovers them, the
+coordinator's abort rolls the other node's back: they meet in the attempt's rendezvous
+directory), and checkpointed with --leave-running: each time every rank is restored in place and
+its communicator re-formed across the nodes through the attempt's one rendezvous directory on the
+shared storage, so every rank runs on, unlocked, and the job's losses and final weights are
+bit-identical to an uninterrupted run; nothing of an attempt (its staging or rendezvous
+directory, a stopped process) is left behind."""
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from pathlib import Path
 
+from npusnap_cli.core.job.ranks import find_ranks
 from tests.cann.conftest import device_env  # noqa: F401  (the fixtures hccl_ranks needs)
 from tests.cluster.support import Cluster, poll
 from tests.hccl.conftest import hccl_ranks  # noqa: F401
 
-from .support import as_json, no_checkpoint_left, npusnap, wait_finished
+from .support import as_json, held_checkpoint, no_checkpoint_left, npusnap, sigkill, wait_finished, workers
 from .test_hccl import HcclJob
 
-STEPS = 1500  # at 30 ms a step the job outlives three checkpoint attempts
+STEPS = 2500  # at 30 ms a step the job outlives seven checkpoint attempts
 ABORTED = 15
 
 ABORTS = [  # (variable, value with {node} filled in): each after every rank of a node was backed up
     ("NPUSNAP_TEST_JOB_FAIL", "vote@{node}"),  # a worker, its ranks dumped: every node rolls back
     ("NPUSNAP_TEST_JOB_FAIL", "committed@{node}"),  # a worker, its node's set committed: recovered
     ("NPUSNAP_TEST_FAIL", "job-commit"),  # the coordinator, every node's set committed: all recovered
+]
+
+# (the worker's stage, the hook that holds it there with {pid} / {node} filled in). Not after the
+# lock alone: see docs/cluster.md, "Not yet".
+KILLS = [
+    ("backup", {"NPUSNAP_TEST_PAUSE": "after:backup@{pid}"}),  # its last rank backed up
+    ("dump", {"NPUSNAP_TEST_JOB_PAUSE": "vote@{node}"}),  # its ranks dumped (stopped), not voted
 ]
 
 
@@ -51,6 +63,8 @@ def test_hccl_ranks_across_nodes_come_back_from_every_abort_after_backup_bit_ide
     assert poll(lambda: all(job.last_step(t) >= 5 for t in range(4)), 90), \
         ([job.last_step(t) for t in range(4)], c.output(job.id))
     second = c.nodes[1]  # tasks 2 and 3 (block distribution)
+    for stage, hook in KILLS:
+        killed_after(job, second, stage, hook)
     for variable, value in ABORTS:
         point = value.format(node=second)
         target = c.shared / f"ck-abort-{uuid.uuid4().hex[:8]}"
@@ -75,6 +89,56 @@ def test_hccl_ranks_across_nodes_come_back_from_every_abort_after_backup_bit_ide
     for t in range(4):
         assert job.results(t) == want[t], f"rank {t} differs from the uninterrupted run:\n{job.lines(t)[-5:]}"
         assert job.lines(t)[-1] == "done", job.lines(t)[-3:]
+
+
+def killed_after(job: HcclJob, node: str, stage: str, hook: dict[str, str]) -> None:
+    """node's worker SIGKILLed once its ranks passed stage: the coordinator aborts the other node,
+    the killed one's guardian recovers its ranks, and all four meet again within a bounded time."""
+    c = job.c
+    ranks = find_ranks(job.id, node)
+    assert len(ranks) == 2, ranks
+    env = {k: v.format(pid=ranks[-1].pid, node=node) for k, v in hook.items()}
+    target = c.shared / f"ck-kill-{stage}-{uuid.uuid4().hex[:8]}"
+    rc, err = held_checkpoint(c, target, job.id, {**env, "NPUSNAP_TEST_PAUSE_S": "120"},
+                              "test pause " + re.escape(next(iter(env.values()))), lambda: sigkill(workers(c, node)))
+    assert rc == ABORTED and f"lost the worker on {node}" in err.strip().splitlines()[-1], \
+        f"{stage}: {err}" + _logs(c)
+    assert "could not be recovered" not in err and "rollback failed" not in err, err + _ranks(job) + _logs(c)
+    try:
+        runs_on(job, f"killed after {stage}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{err}" + _ranks(job) + _logs(c)) from None
+    stopped = [p for r in find_ranks(job.id, c.nodes[0]) + find_ranks(job.id, node) for p in _tree(r.pid)
+               if _state(p) == "T"]
+    assert not stopped, f"{stage}: processes left stopped: {stopped}"
+    no_checkpoint_left(target)  # the killed worker's guardian removed its node's part, the coordinator the rest
+    status = json.loads(npusnap(c, "job", "status", str(target), "--json").stdout)
+    assert status["state"] == "absent" and not status["partial"], status
+
+
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            todo += [int(x) for t in Path(f"/proc/{p}/task").iterdir()
+                     for x in (t / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _ranks(job: HcclJob) -> str:
+    return "".join(f"\n--- rank {t}\n" + "\n".join(job.lines(t)[-8:]) for t in range(4))
 
 
 def _logs(c: Cluster) -> str:

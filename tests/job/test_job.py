@@ -9,9 +9,9 @@ import json
 
 from tests.cluster.support import Cluster
 
-from .support import RankJob, as_json, npusnap, reference, wait_finished
+from .support import RankJob, as_json, held_checkpoint, no_checkpoint_left, npusnap, reference, wait_finished
 
-STEPS = 40
+STEPS = 200  # at 150 ms a step: two checkpoints mid-run fit however late a loaded machine locks the ranks
 
 
 def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_cluster: Cluster) -> None:
@@ -76,3 +76,20 @@ def _wrap(c: Cluster, command: str):  # type: ignore[no-untyped-def]
     script.write_text(f"#!/bin/bash\n{command}\n")
     script.chmod(0o755)
     return script
+
+
+def test_a_job_that_ends_during_its_checkpoint_is_named_as_the_cause(live_cluster: Cluster) -> None:
+    """The job is cancelled while its checkpoint is held before the lock on every node: Slurm ends
+    the job and every step of it, the workers' too; the coordinator's one error line says that the
+    job ended (not only that it lost a worker), and nothing is left behind."""
+    c = live_cluster
+    job = RankJob(c, steps=100000, sleep_ms=100)
+    job.wait_steps(2)
+    target = c.shared / f"ck-ended-{job.id}"
+    rc, err = held_checkpoint(c, target, job.id, {"NPUSNAP_TEST_PAUSE": "before:lock", "NPUSNAP_TEST_PAUSE_S": "120"},
+                              "test pause before:lock", lambda: c.run("scancel", job.id))
+    last = err.strip().splitlines()[-1]
+    assert rc == 15 and f"job {job.id} ended meanwhile (C" in last, err  # CANCELLED, COMPLETING
+    assert "Traceback" not in err, err
+    wait_finished(c, job.id)
+    no_checkpoint_left(target)

@@ -18,24 +18,24 @@ from npusnap_cli.image.format import DeviceState
 def test_each_restore_meets_in_a_fresh_private_directory(tmp_path: Path) -> None:
     parent = tmp_path / "rendezvous"
     parent.mkdir()
-    meet = _rendezvous(parent, "run1")
+    meet = _rendezvous(parent, "run1", None)
     assert meet == parent / "run1" and stat.S_IMODE(meet.stat().st_mode) == 0o700
     with pytest.raises(StorageProblem, match="cannot create the ranks' rendezvous directory"):
-        _rendezvous(parent, "run1")  # a leftover of the same run is never reused
+        _rendezvous(parent, "run1", None)  # a leftover of the same run is never reused
 
 
 def test_a_linked_rendezvous_is_refused(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "rendezvous").symlink_to(elsewhere)
-    with pytest.raises(StorageProblem, match="is not a directory"):
-        _rendezvous(tmp_path / "rendezvous", "run1")
+    with pytest.raises(StorageProblem, match="cannot open .*rendezvous: not a directory"):
+        _rendezvous(tmp_path / "rendezvous", "run1", None)
     assert list(elsewhere.iterdir()) == []
 
 
 def test_each_checkpoint_attempt_meets_in_a_fresh_private_directory_beside_dir(tmp_path: Path) -> None:
     final = tmp_path / "ck"
-    one, two = _attempt_rendezvous(final), _attempt_rendezvous(final)
+    one, two = _attempt_rendezvous(final, None), _attempt_rendezvous(final, None)
     assert one != two and one.parent == two.parent == tmp_path
     assert one.name.startswith(".ck.rendezvous-") and stat.S_IMODE(one.stat().st_mode) == 0o700
     assert list(one.iterdir()) == [] and not final.exists()
@@ -43,7 +43,7 @@ def test_each_checkpoint_attempt_meets_in_a_fresh_private_directory_beside_dir(t
 
 def test_an_attempt_rendezvous_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StorageProblem, match="cannot create the ranks' rendezvous directory"):
-        _attempt_rendezvous(tmp_path / "missing" / "ck")
+        _attempt_rendezvous(tmp_path / "missing" / "ck", None)
 
 
 class _Backend:

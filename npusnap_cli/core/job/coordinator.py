@@ -43,12 +43,13 @@ from ...errors import (
     NpusnapError,
     PermissionProblem,
     StorageProblem,
+    UnsupportedTarget,
     WrongState,
 )
 from ...image.checksums import fsync_path  # the same durability step as a single checkpoint's commit
 from ...image.format import hidden_sibling
 from . import manifest as jm
-from . import slurm
+from . import owners, slurm
 from .protocol import Channel, ProtocolError, new_secret
 
 Say = Callable[[str], None]
@@ -101,15 +102,17 @@ class Event:
 
 
 # A worker's failure of these kinds stays that kind (every rank is undone all the same): a refusal
-# because another job checkpoint runs, a full or broken shared directory. Any other is JobAborted.
+# because another job checkpoint runs, or for ranks of several users; a full or broken shared
+# directory, one swapped under us, an unsafe --stage. Any other is JobAborted.
 _KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProblem": StorageProblem,
+                                              "UnsupportedTarget": UnsupportedTarget,
                                               "PermissionProblem": PermissionProblem,  # an unsafe --stage
                                               "ImageInvalid": ImageInvalid}  # a --parent that cannot serve
 
 
-def _worker_failure(stage: str, node: str, msg: dict[str, Any]) -> NpusnapError:
+def _worker_failure(stage: str, node: str, msg: dict[str, Any], note: str = "") -> NpusnapError:
     kind = _KEPT_KINDS.get(str(msg.get("error_kind")), JobAborted)
-    return kind(f"{stage}: the worker on {node} failed: {msg.get('error')}",
+    return kind(f"{stage}: the worker on {node} failed: {msg.get('error')}{note}",
                 kind.default_hint if kind is JobBusy else JobAborted.default_hint)
 
 
@@ -199,10 +202,11 @@ class Session:
         while waiting:
             lost = sorted(waiting & set(self.lost))
             if lost:
-                raise JobAborted(f"{stage}: {self.lost[lost[0]]}")
+                raise JobAborted(f"{stage}: {self.lost[lost[0]]}{self._job_ended()}")
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                why = self.step_ended or f"no answer within {timeout:.0f} s (--{stage}-timeout)"
+                why = (self.step_ended + self._job_ended()) if self.step_ended else \
+                    f"no answer within {timeout:.0f} s (--{stage}-timeout)"
                 raise JobAborted(f"{stage}: {', '.join(sorted(waiting))}: {why}")
             try:
                 ev = self.events.get(timeout=left)
@@ -215,11 +219,19 @@ class Session:
             elif ev.msg is None:
                 self.lost[ev.node] = ev.why
             elif ev.msg["type"] == "failed":
-                raise _worker_failure(stage, ev.node, ev.msg)
+                raise _worker_failure(stage, ev.node, ev.msg, self._job_ended())
             elif ev.msg["type"] == wanted and ev.node in waiting:
                 waiting.discard(ev.node)
                 got[ev.node] = ev.msg
         return got
+
+    def _job_ended(self) -> str:
+        """Why the workers went when it is because the job itself ended (its ranks finished, or
+        it was cancelled): Slurm ends every step of a job that ends, the workers' too."""
+        state = slurm.job_state(self.job)
+        if state == "RUNNING":
+            return ""
+        return f"; job {self.job} ended meanwhile ({state or 'no longer known to Slurm'}), and Slurm ended its workers"
 
     def broadcast(self, kind: str, **fields: Any) -> None:
         with self._lock:
@@ -268,7 +280,8 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     if not final.parent.is_dir():
         raise StorageProblem(f"{final.parent} is not a directory", "create it on the shared storage first")
     parent = _check_parent(opts)
-    staging, key = _new_staging(final)
+    ranks_user = owners.hand_over(slurm.job_user(job))
+    staging, key = _staging(final, ranks_user)
     started = time.monotonic()
     stages: list[dict[str, Any]] = []
     committed = False
@@ -281,7 +294,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
 
     try:
         session = Session(job, nodes, opts.listen, key, say)
-        meet = _attempt_rendezvous(final)
+        meet = _attempt_rendezvous(final, ranks_user)
         t = time.monotonic()
         session.start_workers(_checkpoint_worker_args(job, opts, staging, meet))
         hellos = session.gather("hello", "connect", d.connect)
@@ -335,14 +348,17 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _new_staging(final: Path) -> tuple[Path, bytes]:
-    """The job checkpoint's hidden staging directory beside final, and the job's secret in it."""
+def _staging(final: Path, ranks_user: Optional[owners.Owner]) -> tuple[Path, bytes]:
+    """The attempt's staging directory (renamed to DIR at the commit) and the job's secret in it."""
     staging = hidden_sibling(final, "partial")
     try:
         staging.mkdir(0o700)
         (staging / jm.NODES_DIR).mkdir(0o700)
-        (staging / jm.RENDEZVOUS_DIR).mkdir(0o700)
+        _ranks_can_reach(staging, ranks_user)
         return staging, new_secret(staging / jm.SECRET)
+    except NpusnapError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     except OSError as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise StorageProblem(f"cannot create {staging}: {e.strerror}") from e
@@ -392,17 +408,24 @@ def _downtimes(m: jm.JobManifest, finished: dict[str, dict[str, Any]]) -> None:
         r.downtime = float(seconds) if seconds is not None else None
 
 
-def _attempt_rendezvous(final: Path) -> Path:
+def _attempt_rendezvous(final: Path, ranks_user: Optional[owners.Owner]) -> Path:
     """The attempt's rendezvous directory, on the shared storage beside DIR (0700, a fresh random
-    name: nobody plants a root there): where the HCCL ranks of every node re-form their
-    communicators when the attempt restores them in place (an abort after the backup, a rollback,
-    --leave-running). Beside the staging directory, not in it: its path outlives the commit's rename."""
+    name: nobody plants a root there; the ranks' user's): where the HCCL ranks of every node re-form
+    their communicators when the attempt restores them in place (an abort after the backup, a
+    rollback, --leave-running). Beside the staging directory, not in it: its path outlives the
+    commit's rename."""
     meet = hidden_sibling(final, "rendezvous")
     try:
-        meet.mkdir(0o700)
-    except OSError as e:
-        raise StorageProblem(f"cannot create the ranks' rendezvous directory {meet}: {e.strerror}") from e
-    return meet
+        return owners.make_dir(meet.parent, meet.name, ranks_user)
+    except StorageProblem as e:
+        raise StorageProblem(f"cannot create the ranks' rendezvous directory: {e.message}") from e
+
+
+def _ranks_can_reach(staging: Path, ranks_user: Optional[owners.Owner]) -> None:
+    """DIR/rendezvous/, where a restore's ranks meet: theirs. When they are another user's than
+    ours, DIR is 0711 for them to reach it (nothing else in it is theirs to read: 0600, 0700)."""
+    owners.make_dir(staging, jm.RENDEZVOUS_DIR, ranks_user, parent_follows=False,
+                    parent_mode=None if ranks_user is None else 0o711)
 
 
 def testhooks_commit() -> None:
@@ -484,7 +507,7 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
         key = new_secret(private / jm.SECRET)
         session = Session(job, list(place.values()), opts.listen, key, say)
         t = time.monotonic()
-        meet = _rendezvous(root / m.rendezvous, session.run)
+        meet = _rendezvous(root / m.rendezvous, session.run, owners.hand_over(slurm.job_user(job)))
         session.start_workers(["restore", "--directory", str(root), "--secret-file", str(private / jm.SECRET),
                                "--lease", str(d.lease), "--rendezvous", str(meet)])
         session.gather("hello", "connect", d.connect)
@@ -515,17 +538,13 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
             shutil.rmtree(meet, ignore_errors=True)
 
 
-def _rendezvous(parent: Path, run: str) -> Path:
+def _rendezvous(parent: Path, run: str, ranks_user: Optional[owners.Owner]) -> Path:
     """A fresh directory of this restore's own under the job checkpoint's rendezvous/ (storage
-    every node sees): the HCCL ranks of all nodes re-form their communicators there (rank 0
-    publishes its new root, the others wait for it). One per restore, so a retry never meets a
-    root left by an earlier one; removed once every node has restored."""
+    every node sees; the ranks' user's): the HCCL ranks of all nodes re-form their communicators
+    there (rank 0 publishes its new root, the others wait for it). One per restore, so a retry
+    never meets a root left by an earlier one; removed once every node has restored."""
     try:
-        if parent.is_symlink() or not parent.is_dir():
-            raise StorageProblem(f"{parent} is not a directory", "the job checkpoint is damaged: verify it")
-        meet = parent / run
-        meet.mkdir(0o700)
-    except OSError as e:
-        raise StorageProblem(f"cannot create the ranks' rendezvous directory in {parent}: {e.strerror}",
+        return owners.make_dir(parent, run, ranks_user, parent_follows=False)
+    except StorageProblem as e:
+        raise StorageProblem(f"cannot create the ranks' rendezvous directory: {e.message}",
                              "the job checkpoint's directory must be writable by whoever restores it") from e
-    return meet

@@ -44,6 +44,24 @@ def job_nodes(job: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", out[1]]).split()
 
 
+def job_state(job: str) -> str:
+    """The job's state as squeue says it ("" once Slurm no longer knows it)."""
+    try:
+        out = _run(["squeue", "-h", "-j", job, "-o", "%T"]).split()
+    except WrongState:
+        return ""
+    return out[0] if out else ""
+
+
+def job_user(job: str) -> tuple[int, int]:
+    """The uid and gid the job's tasks run as (its ranks' user)."""
+    out = _run(["squeue", "-h", "-j", job, "-o", "%U %G"]).split()
+    if len(out) != 2 or not all(x.isdigit() for x in out):
+        raise WrongState(f"squeue does not say whose job {job} is ({' '.join(out) or 'nothing'})",
+                         "check the job id with `squeue`")
+    return int(out[0]), int(out[1])
+
+
 def node_address(node: str) -> str:
     m = re.search(r"\bNodeAddr=(\S+)", _run(["scontrol", "show", "node", node]))
     return m.group(1) if m else node

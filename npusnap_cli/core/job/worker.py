@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any, Optional
 from ... import testhooks
 from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem
 from ...image.format import MANIFEST, Manifest
-from . import writebehind
+from . import owners, writebehind
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
 from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored
 
 if TYPE_CHECKING:
     from ..processset import SetCheckpoint
+    from ..progress import Event
     from ..restore import RestoreOptions
 
 
@@ -100,6 +101,14 @@ def _checkpoint_lock(job: str, node: str) -> int:
         os.close(fd)
         raise JobBusy(f"another `npusnap job checkpoint` of job {job} is running on {node}") from None
     return fd
+
+
+def _warnings(event: "Event") -> None:
+    """The set's warnings on the worker's lines (a rank whose rollback failed says so there)."""
+    from ..progress import Level, Message
+
+    if isinstance(event, Message) and event.level == Level.WARNING:
+        say(event.text)
 
 
 def _failed(ch: Channel, node: str, e: NpusnapError) -> None:
@@ -242,7 +251,6 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
     from ...backends import DataPathChoice
     from ..checkpoint import CheckpointOptions
     from ..processset import SetCheckpoint
-    from ..progress import quiet
     from ..services import REAL
 
     assert opts.staging is not None
@@ -270,6 +278,12 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         if not ranks:
             ch.send("failed", node=node, error=f"no rank of job {opts.job} runs on {node}")
             return JobAborted.exit_code
+        try:  # they share the attempt's rendezvous directory, the job's user's
+            owners.one_user([r.pid for r in ranks], f"of job {opts.job} on {node}", opts.rendezvous)
+        except NpusnapError as e:
+            say(f"refused: {e.message}")
+            _failed(ch, node, e)
+            return e.exit_code
         directory = opts.staging / "nodes" / node if local is None else local / "set"
         # Slurm's tasks are process-group leaders, not session leaders: CRIU needs --shell-job.
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
@@ -282,7 +296,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         try:
             testhooks.job_point("lock", node)
             copts.parent = None if opts.parent is None else parent_node(opts.parent, [r.pid for r in ranks])
-            gate.run(SetCheckpoint([r.pid for r in ranks], copts, quiet, REAL, gate=gate))
+            gate.run(SetCheckpoint([r.pid for r in ranks], copts, _warnings, REAL, gate=gate))
         except JobAborted as e:
             if gate.set_committed:
                 _recover_after_commit(ranks, directory)
