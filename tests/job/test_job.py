@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, poll
 
 from .support import RankJob, as_json, npusnap, reference, wait_finished
 
@@ -51,6 +51,8 @@ def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_clus
     other = next(n for n in c.nodes if n != first)
     b = c.sbatch(_wrap(c, f"npusnap job restore {ck1} --nodes {other},{first}"), "--nodes=2")
     c.wait_state(b, ["RUNNING"])
+    # Every rank restored and let go (a rank held at the gate since the first checkpoint shows no new step).
+    assert poll(lambda: "npusnap job: restored" in c.output(b), 120), c.output(b)[-1500:]
     job.wait_steps(min(max(stopped_at) + 3, job.gate.at))
     ck2 = c.shared / f"ck2-{job.id}"
     r2 = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck2), "--job", b, "--json"))
