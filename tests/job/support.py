@@ -35,10 +35,10 @@ class RankJob:
         self.out.mkdir()
         self.count = nodes * per_node
         script = self.out / "ranks.sh"
-        self.gate = StepGate(self.out / "gate", -1 if gate_at is None else gate_at)
-        script.write_text("#!/bin/bash\nexport STEP_GATE=%s\nsrun --output=%s/rank-%%t.out --input=none "
-                          "npusnap run -- %s\n" % (self.gate.env["STEP_GATE"], self.out,
-                                                   " ".join(train_argv(steps, sleep_ms))))
+        self.gate = StepGate(self.out / "gate", -1 if gate_at is None else gate_at)  # -1: never held
+        gate = f"export STEP_GATE='{self.gate.env['STEP_GATE']}'\n" if gate_at is not None else ""
+        script.write_text("#!/bin/bash\n%ssrun --output=%s/rank-%%t.out --input=none npusnap run -- %s\n"
+                          % (gate, self.out, " ".join(train_argv(steps, sleep_ms))))
         script.chmod(0o755)
         self.id = c.sbatch(script, f"--nodes={nodes}", f"--ntasks-per-node={per_node}")
 
