@@ -1,5 +1,5 @@
-"""python -m bench [--quick | --sizes tiny|quick|full] [--host-sizes 64M,1G] [--device-sizes 256M,8G]
-                   [--dir DIR] [--output FILE]"""
+"""python -m bench [--quick | --profile | --sizes tiny|quick|full|profile] [--host-sizes 64M,1G]
+                   [--device-sizes 256M,8G] [--dir DIR] [--output FILE]"""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import copies, cpuonly, device, incremental, latency, limits, report
-from .config import PRESETS, human, parse_sizes, with_sizes
+from . import copies, cpuonly, device, incremental, latency, limits, live, report
+from .config import PRESETS, Sizes, human, parse_sizes, with_sizes
 from .util import BENCH_DIR, BenchError, Budget, Resources, become_subreaper
 
 
 def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").strip())
     ap.add_argument("--quick", action="store_true", help="the quick preset (256 MiB; under 2 minutes)")
-    ap.add_argument("--sizes", choices=sorted(PRESETS), help="size preset (default: full, or quick with --quick)")
+    ap.add_argument("--profile", action="store_true",
+                    help="only the device workload (1 GiB host, or --host-sizes' first, + 1 GiB device, or "
+                         "--device-sizes): each phase's and step's seconds and bytes")
+    ap.add_argument("--sizes", choices=sorted(PRESETS),
+                    help="size preset (default: full, quick with --quick, profile with --profile)")
     ap.add_argument("--host-sizes", type=_sizes, metavar="LIST",
                     help="host RSS of the CPU-only process, swept (e.g. 64M,256M,1G,4G; default: the preset's)")
     ap.add_argument("--device-sizes", type=_sizes, metavar="LIST",
@@ -44,8 +49,11 @@ def _sizes(text: str) -> list[int]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
-    sizes = with_sizes(PRESETS[args.sizes or ("quick" if args.quick else "full")], args.host_sizes,
-                       args.device_sizes)
+    preset = args.sizes or ("quick" if args.quick else "profile" if args.profile else "full")
+    sizes = with_sizes(PRESETS[preset], args.host_sizes, args.device_sizes)
+    if args.profile:  # --host-sizes names the device workload's host memory then
+        host = args.host_sizes[0] if args.host_sizes else sizes.host_bytes
+        sizes = replace(sizes, cpu_bytes=[], host_bytes=host, plot=False)
     repeat = args.repeat or sizes.repeat
     do_plot = sizes.plot if args.plot is None else args.plot
     if os.geteuid() != 0:
@@ -76,40 +84,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress(f"physical limits ({human(sizes.limit_bytes)} buffers/files)")
             lim = limits.measure(workdir, tmpfs_dir, sizes.limit_bytes, repeat)
 
-            cpus, skipped = cpuonly.sweep(res, criu, workdir, sizes.cpu_bytes, repeat, budget, progress)
-            progress(f"tiny CPU-only process ({human(sizes.tiny_bytes)} of data): npusnap's fixed cost over bare criu")
-            tiny = cpuonly.measure(res, criu, workdir, sizes.tiny_bytes, repeat, budget, section="cpu-only-tiny")
-
-            dev_runs, dev_skipped = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes,
-                                                   repeat, sizes.zero_fraction, lim, budget, progress)
-            skipped.update(dev_skipped)
-
-            incr_bytes = min(sizes.limit_bytes, 256 << 20)
-            progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
-            incr = incremental.measure(res, workdir, incr_bytes)
-
-            progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
-            copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
-
-            progress(f"agent round trip x{sizes.pings}, `npusnap --help` x{sizes.helps}")
-            ping = latency.agent_round_trip(res, workdir, sizes.pings)
-            helps = latency.help_latency(sizes.helps)
-
-            runs: list[dict[str, Any]] = [r for c in cpus for r in c.pop("runs")] + tiny.pop("runs") + dev_runs
-            doc: dict[str, Any] = {
-                "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny),
-                "limits": lim,
-                "runs": runs,
-                "skipped": skipped,
-                "cpu_only": cpus,
-                "cpu_only_tiny": tiny,
-                "latency": {"agent_ping": ping, "help": helps},
-                "npusim_copies": copy,
-                "incremental": incr,
-                "machine": report.machine(workdir, tmpfs_dir, sizes.name, repeat),
-                "budget": {"seconds": budget_s, "cut": budget.cut},
-                "duration_s": round(time.monotonic() - started, 1),
-            }
+            doc = (profile_run if args.profile else full_run)(res, criu, workdir, tmpfs_dir, sizes, repeat, lim,
+                                                              budget, progress)
+            doc["machine"] = report.machine(workdir, tmpfs_dir, sizes.name, repeat)
+            doc["budget"] = {"seconds": budget_s, "cut": budget.cut}
+            doc["duration_s"] = round(time.monotonic() - started, 1)
     except KeyboardInterrupt:
         print("bench: interrupted; everything it started was stopped and removed", file=sys.stderr)
         return 130
@@ -125,6 +104,54 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"bench: {msg}" if msg else f"bench: plot in {png}", file=sys.stderr)
     progress("done")
     return 0
+
+
+def profile_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: Sizes, repeat: int,
+                lim: dict[str, Any], budget: Budget, progress: Any) -> dict[str, Any]:
+    """--profile: the device workload only (its per-phase breakdown is the point)."""
+    runs, skipped = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes, repeat,
+                                   sizes.zero_fraction, lim, budget, progress)
+    return {"targets": report.device_targets(lim, runs), "limits": lim, "runs": runs, "skipped": skipped}
+
+
+def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: Sizes, repeat: int,
+             lim: dict[str, Any], budget: Budget, progress: Any) -> dict[str, Any]:
+    cpus, skipped = cpuonly.sweep(res, criu, workdir, sizes.cpu_bytes, repeat, budget, progress)
+    progress(f"tiny CPU-only process ({human(sizes.tiny_bytes)} of data): npusnap's fixed cost over bare criu")
+    tiny = cpuonly.measure(res, criu, workdir, sizes.tiny_bytes, repeat, budget, section="cpu-only-tiny")
+
+    dev_runs, dev_skipped = device.measure(res, workdir, tmpfs_dir, sizes.host_bytes, sizes.device_bytes,
+                                           repeat, sizes.zero_fraction, lim, budget, progress)
+    skipped.update(dev_skipped)
+
+    incr_bytes = min(sizes.limit_bytes, 256 << 20)
+    progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
+    incr = incremental.measure(res, workdir, incr_bytes)
+
+    live_bytes = min(sizes.limit_bytes, 512 << 20)
+    progress(f"live: {human(live_bytes)} of device memory, downtime of --live vs a full --leave-running")
+    live_run = live.measure(res, workdir, tmpfs_dir, min(sizes.host_bytes, 64 << 20), live_bytes, min(repeat, 2))
+
+    progress(f"npusim host<->device copies of {human(sizes.limit_bytes)}")
+    copy = copies.measure(res, workdir, sizes.limit_bytes, repeat)
+
+    progress(f"agent round trip x{sizes.pings}, `npusnap --help` x{sizes.helps}")
+    ping = latency.agent_round_trip(res, workdir, sizes.pings)
+    helps = latency.help_latency(sizes.helps)
+
+    runs: list[dict[str, Any]] = [r for c in cpus for r in c.pop("runs")] + tiny.pop("runs") + dev_runs
+    return {
+        "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny, live_run),
+        "limits": lim,
+        "runs": runs,
+        "skipped": skipped,
+        "cpu_only": cpus,
+        "cpu_only_tiny": tiny,
+        "latency": {"agent_ping": ping, "help": helps},
+        "npusim_copies": copy,
+        "incremental": incr,
+        "live": live_run,
+    }
 
 
 def _list(sizes: list[int]) -> str:

@@ -13,7 +13,6 @@ Bytes are what reached the checkpoint directory and the store; time is the CLI's
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -21,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from statistics import median
@@ -99,20 +97,11 @@ def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=192, help="training state size (default 192)")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="npusnap-bench-chunks-") as tmp:
-        result = run(a.mib, a.repeat, Path(tmp))
-    text = json.dumps(result, indent=2)
-    if a.out:
-        a.out.write_text(text + "\n")
-    print(text)
-    for way, r in result["rows"].items():
-        print(f"{way:>7}: {r['bytes'] / 2**20:8.1f} MiB ({r['bytes_ratio']:.2f}x plain), "
-              f"{r['seconds']:.2f} s ({r['time_ratio']:.2f}x plain), codec {r['codec']}", file=sys.stderr)
+    from .util import rows_main
+
+    rows_main(__doc__ or "", "npusnap-bench-chunks-", 192, run,
+              lambda r: f"{r['bytes'] / 2**20:8.1f} MiB ({r['bytes_ratio']:.2f}x plain), "
+                        f"{r['seconds']:.2f} s ({r['time_ratio']:.2f}x plain), codec {r['codec']}")
 
 
 if __name__ == "__main__":

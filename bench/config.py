@@ -36,6 +36,9 @@ PRESETS = {
                   limit_bytes=32 * MIB, repeat=1, pings=200, helps=3),
     "quick": Sizes("quick", cpu_bytes=[64 * MIB, 256 * MIB], host_bytes=256 * MIB, device_bytes=[256 * MIB],
                    limit_bytes=256 * MIB, repeat=3, budget=110),
+    # --profile: where a device checkpoint's and restore's time goes, phase by phase (nothing else runs)
+    "profile": Sizes("profile", cpu_bytes=[], host_bytes=1 * GIB, device_bytes=[1 * GIB],
+                     limit_bytes=256 * MIB, repeat=3),
     "full": Sizes("full", cpu_bytes=[64 * MIB, 256 * MIB, 1 * GIB, 4 * GIB], host_bytes=1 * GIB,
                   device_bytes=[256 * MIB, 1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB],
                   limit_bytes=1 * GIB, repeat=3, plot=True, budget=1500),

@@ -65,6 +65,16 @@ def _phases(run_data: dict[str, Any]) -> dict[str, float]:
     return {p["name"]: float(p["seconds"]) for p in run_data.get("phases", [])}
 
 
+def _profile(run_data: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each phase's and each of its steps' ("phase/step") seconds and bytes, as the command timed them."""
+    out: dict[str, dict[str, float]] = {}
+    for p in run_data.get("phases", []):
+        out[p["name"]] = {"seconds": float(p["seconds"]), "bytes": float(p.get("bytes", 0))}
+        for step, v in (p.get("parts") or {}).items():
+            out[f"{p['name']}/{step}"] = {"seconds": float(v["seconds"]), "bytes": float(v["bytes"])}
+    return out
+
+
 class DaemonWatch(MemoryWatch):
     """The daemon's RSS growth while a command runs (it lives on: VmHWM would hold its past)."""
 
@@ -102,6 +112,7 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                 reap(pid)  # killed once committed: reap it so its pid is free for the restore
                 s["checkpoint_s"] = run.seconds
                 s["checkpoint_phases"] = _phases(run.data)
+                s["checkpoint_profile"] = _profile(run.data)
                 s["memory"] = {
                     "target_rss_before": mem.rss_before, "target_peak": mem.peak, "target_extra": mem.extra,
                     "npusnap_peak_rss": run.self_maxrss, "children_peak_rss": run.children_maxrss,
@@ -128,6 +139,7 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                     raise BenchError(f"the workload came back as pid {rpid}, not {pid}")
                 s["restore_s"] = run.seconds
                 s["restore_phases"] = _phases(run.data)
+                s["restore_profile"] = _profile(run.data)
                 # The daemon's growth on restore is the workload's device memory coming back (it
                 # was freed with the checkpointed process): not overhead, recorded but not added.
                 s["restore_memory"] = {"npusnap_peak_rss": run.self_maxrss,
@@ -235,6 +247,7 @@ def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,
             "seconds": median(secs), "samples": secs, "throughput_Bps": thr,
             "limit": limit_name, "ratio_to_limit": thr / limit if limit else float("nan"),
             "phases": phases,
+            "profile": _median_profile([s[f"{op}_profile"] for s in samples]),
         }
         if op == "checkpoint":
             run["memory"] = {k: median([s["memory"][k] for s in samples]) for k in samples[0]["memory"]}
@@ -244,3 +257,8 @@ def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,
                              for k in samples[0]["restore_memory"]}
         out.append(run)
     return out
+
+
+def _median_profile(samples: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    names = list(dict.fromkeys(k for s in samples for k in s))
+    return {n: {k: median([s[n][k] for s in samples if n in s]) for k in ("seconds", "bytes")} for n in names}

@@ -4,7 +4,9 @@ The time of `npusnap job checkpoint` (start to commit) for 1, 2 and 4 ranks of t
 each (1 node x 1, 2 nodes x 1, 2 nodes x 2), on the test cluster (scripts/test-cluster.sh,
 brought up privately and always brought down). Nodes run their stages in parallel, so the time
 should follow the largest node's state, not the job's sum: the ratios to 1 rank are printed next
-to the ranks' state ratio. Skipped, with the reason, where Slurm or root is missing."""
+to the ranks' state ratio. A staged row: 2 x 2 ranks with and without --stage (node-local dump,
+write-behind), the ranks' longest downtime and the time to commit. Skipped, with the reason,
+where Slurm or root is missing."""
 
 from __future__ import annotations
 
@@ -56,28 +58,60 @@ def measure_shape(c: Any, nodes: int, per_node: int, scratch_mb: int, repeat: in
         if not _started(out, nodes * per_node):
             raise RuntimeError(f"the ranks of job {job} did not start: {c.output(job)[-800:]}")
         for i in range(repeat):
-            target = out / f"ck{i}"
-            t0 = time.monotonic()
-            r = subprocess.run(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job, "--leave-running",
-                                "--json"], env=c.env, capture_output=True, text=True, timeout=600,
-                               stdin=subprocess.DEVNULL, cwd=c.shared)
-            wall = time.monotonic() - t0
-            if r.returncode != 0:
-                raise RuntimeError(f"npusnap job checkpoint exited {r.returncode}: {r.stderr.strip()[-800:]}")
-            doc = json.loads(r.stdout)
-            stages = {s["name"]: s["seconds"] for s in doc["stages"]}
-            to_commit = sum(stages[s] for s in ("connect", "prepare", "commit"))
-            rank_stages: dict[str, float] = {}
-            for x in doc["ranks"]:  # the slowest rank's time in each of its own stages
-                for p in x["phases"]:
-                    rank_stages[p["name"]] = max(rank_stages.get(p["name"], 0.0), p["seconds"])
-            samples.append({"to_commit_s": to_commit, "wall_s": wall, "stages": stages, "slowest_rank": rank_stages})
-            shutil.rmtree(target, ignore_errors=True)
+            samples.append(_checkpoint(c, job, out / f"ck{i}", []))
     finally:
         c.run("scancel", job, check=False)
         shutil.rmtree(out, ignore_errors=True)
     return {"nodes": nodes, "ranks_per_node": per_node, "ranks": nodes * per_node, "scratch_mb": scratch_mb,
             "to_commit_s": median([s["to_commit_s"] for s in samples]), "samples": samples}
+
+
+def _checkpoint(c: Any, job: str, target: Path, extra: list[str]) -> dict[str, Any]:
+    """One `npusnap job checkpoint --leave-running` of job into target (removed after): its time to
+    commit, the slowest rank's time in each of its own stages, the longest rank downtime."""
+    t0 = time.monotonic()
+    r = subprocess.run(["npusnap", "job", "checkpoint", "-D", str(target), "--job", job, "--leave-running",
+                        "--json", *extra], env=c.env, capture_output=True, text=True, timeout=600,
+                       stdin=subprocess.DEVNULL, cwd=c.shared)
+    wall = time.monotonic() - t0
+    shutil.rmtree(target, ignore_errors=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"npusnap job checkpoint exited {r.returncode}: {r.stderr.strip()[-800:]}")
+    doc = json.loads(r.stdout)
+    stages = {s["name"]: s["seconds"] for s in doc["stages"]}
+    to_commit = sum(stages[s] for s in ("connect", "prepare", "commit"))
+    rank_stages: dict[str, float] = {}
+    for x in doc["ranks"]:  # the slowest rank's time in each of its own stages
+        for p in x["phases"]:
+            rank_stages[p["name"]] = max(rank_stages.get(p["name"], 0.0), p["seconds"])
+    downtime = max((x["downtime"] for x in doc["ranks"] if x.get("downtime") is not None), default=None)
+    return {"to_commit_s": to_commit, "wall_s": wall, "stages": stages, "slowest_rank": rank_stages,
+            "downtime_s": downtime}
+
+
+def measure_staged(c: Any, scratch_mb: int, repeat: int) -> dict[str, Any]:
+    """2 nodes x 2 ranks checkpointed with and without --stage (a node-local directory under /tmp),
+    alternating on the one job, A then B each round, so that both see the same machine."""
+    import tempfile
+
+    out = c.shared / f"bench-{uuid.uuid4().hex[:8]}"
+    out.mkdir()
+    local = Path(tempfile.mkdtemp(prefix="npusnap-bench-stage-"))
+    job = c.sbatch(_ranks_script(out, 100000, scratch_mb), "--nodes=2", "--ntasks-per-node=2")
+    runs: dict[str, list[dict[str, Any]]] = {"shared": [], "staged": []}
+    try:
+        if not _started(out, 4):
+            raise RuntimeError(f"the ranks of job {job} did not start: {c.output(job)[-800:]}")
+        for i in range(repeat):
+            runs["shared"].append(_checkpoint(c, job, out / f"a{i}", []))
+            runs["staged"].append(_checkpoint(c, job, out / f"b{i}", ["--stage", str(local)]))
+    finally:
+        c.run("scancel", job, check=False)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)
+    return {name: {"to_commit_s": median([s["to_commit_s"] for s in samples]),
+                   "downtime_s": median([s["downtime_s"] or 0.0 for s in samples]), "samples": samples}
+            for name, samples in runs.items()}
 
 
 def measure(scratch_mb: int, repeat: int, progress: Any = print) -> dict[str, Any]:
@@ -96,6 +130,8 @@ def measure(scratch_mb: int, repeat: int, progress: Any = print) -> dict[str, An
         for nodes, per_node in SHAPES:
             progress(f"{nodes} node(s) x {per_node} rank(s) of {scratch_mb} MiB device scratch, {repeat} sample(s)")
             shapes.append(measure_shape(c, nodes, per_node, scratch_mb, repeat))
+        progress(f"2 nodes x 2 ranks with and without --stage, {repeat} sample(s) each")
+        staged = measure_staged(c, scratch_mb, repeat)
     finally:
         r = c.down()
         if r.returncode == 0:
@@ -105,7 +141,7 @@ def measure(scratch_mb: int, repeat: int, progress: Any = print) -> dict[str, An
         s["ratio_to_1_rank"] = round(s["to_commit_s"] / one, 3) if one else None
         s["largest_node_state_ratio"] = s["ranks_per_node"]  # every rank holds the same state
         s["sum_state_ratio"] = s["ranks"]
-    return {"shapes": shapes}
+    return {"shapes": shapes, "staged": staged}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -116,6 +152,11 @@ def render(doc: dict[str, Any]) -> str:
     for s in doc["shapes"]:
         lines.append(f"{s['ranks']:>5} {s['nodes']:>5} {s['to_commit_s']:>8.2f} {s['ratio_to_1_rank']:>9.2f} "
                      f"{s['largest_node_state_ratio']:>12}x {s['sum_state_ratio']:>3}x")
+    if "staged" in doc:
+        lines.append("4 ranks --leave-running, the longest rank downtime and start to commit (median):")
+        for name, what in (("shared", "dumped to the shared directory"), ("staged", "--stage, write-behind")):
+            st = doc["staged"][name]
+            lines.append(f"  {what:<32} downtime {st['downtime_s']:>6.2f}s  to commit {st['to_commit_s']:>6.2f}s")
     return "\n".join(lines)
 
 

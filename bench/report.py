@@ -23,7 +23,25 @@ def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: st
 
 def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[str, Any]],
             ping: dict[str, Any], helps: dict[str, Any], copy: dict[str, Any],
-            tiny: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+            tiny: Optional[dict[str, Any]] = None, live: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    out = device_targets(limits, runs)
+    out += cpu_targets(cpus, tiny)
+    if live and live.get("downtime_ratio") is not None:  # bench/live.py
+        out.append(target(f"live checkpoint, D={human(live['device_bytes']).replace(' ', '')}: downtime / full "
+                          "--leave-running checkpoint", live["downtime_ratio"], 0.25, "<=", "x",
+                          f"{live['live_downtime_s']:.3f} s stopped vs {live['full_s']:.3f} s "
+                          f"({live['live_total_s']:.3f} s in all)"))
+    out.append(target("agent round trip (median of pings)", ping["median_ms"], 1.0, "<=", "ms",
+                      f"p99 {ping['p99_ms']:.3f} ms over {ping['count']}"))
+    out.append(target("`npusnap --help`", helps["median_ms"], 150.0, "<=", "ms", f"median of {helps['count']}"))
+    for way, label in (("h2d", "host->device"), ("d2h", "device->host")):
+        rate = copy[f"{way}_Bps"]
+        out.append(target(f"npusim {label} copy of {human(copy['bytes'])} / memcpy", rate / limits["memcpy_Bps"], 0.7,
+                          ">=", "x", f"{human(rate)}/s vs {human(limits['memcpy_Bps'])}/s"))
+    return out
+
+
+def device_targets(limits: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     dev_runs = [r for r in runs if r["kind"] == "device"]
     for dev in sorted({r["device_bytes"] for r in dev_runs}):
@@ -61,6 +79,11 @@ def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[
         out.append(target(f"device bytes on disk / non-zero device bytes, D={d}",
                           disk["device_on_disk"] / nz if nz else 0.0, 1.01, "<=", "x",
                           f"{human(disk['device_on_disk'])} on disk for {human(nz)} non-zero of {human(dev)}"))
+    return out
+
+
+def cpu_targets(cpus: list[dict[str, Any]], tiny: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
     for cpu in cpus:
         size = human(cpu["bytes"])
         sz = size.replace(" ", "")
@@ -85,13 +108,6 @@ def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[
                           tiny["restore_overhead_s"] * 1000, 50.0, "<=", "ms",
                           f"{tiny['npusnap_restore_s']:.3f} s vs {tiny['criu_restore_s']:.3f} s; "
                           + _fixed_cost(tiny, "restore")))
-    out.append(target("agent round trip (median of pings)", ping["median_ms"], 1.0, "<=", "ms",
-                      f"p99 {ping['p99_ms']:.3f} ms over {ping['count']}"))
-    out.append(target("`npusnap --help`", helps["median_ms"], 150.0, "<=", "ms", f"median of {helps['count']}"))
-    for way, label in (("h2d", "host->device"), ("d2h", "device->host")):
-        rate = copy[f"{way}_Bps"]
-        out.append(target(f"npusim {label} copy of {human(copy['bytes'])} / memcpy", rate / limits["memcpy_Bps"], 0.7,
-                          ">=", "x", f"{human(rate)}/s vs {human(limits['memcpy_Bps'])}/s"))
     return out
 
 
@@ -182,6 +198,8 @@ def print_tables(doc: dict[str, Any]) -> None:
                   f"{human(r['throughput_Bps'])}/s", f"{ratio:.2f}" if ratio is not None else "", phases)
     console.print(t)
 
+    print_profile(console, doc["runs"])
+
     t = Table(title="targets")
     for col in ("target", "value", "goal", "met", "detail"):
         t.add_column(col, overflow="fold")
@@ -203,6 +221,31 @@ def print_tables(doc: dict[str, Any]) -> None:
                       f"(checkpoint phases {inc['phases_time_ratio']}, backup {inc['backup_time_ratio']})")
     met = sum(tg["met"] for tg in doc["targets"])
     console.print(f"{met}/{len(doc['targets'])} targets met; results in {doc.get('output', 'results.json')}")
+
+
+def print_profile(console: Any, runs: list[dict[str, Any]]) -> None:
+    """Per device run: each phase and step (phase/step) with its median seconds, bytes and rate;
+    "cli" is the rest of the command's wall time (interpreter start-up, imports, exit)."""
+    from rich.table import Table
+
+    dev = [r for r in runs if r["kind"] == "device" and r.get("profile")]
+    if not dev:
+        return
+    t = Table(title="device runs, per phase (median; phase/step: a step inside the phase)")
+    for col in ("run", "phase", "seconds", "share", "bytes", "rate"):
+        t.add_column(col, overflow="fold")
+    for r in dev:
+        label = f"{r['op']} D={human(r['device_bytes'])} H={human(r['host_bytes'])} -> {r['storage']}"
+        rows = [*r["profile"].items(), ("cli", {"seconds": r["phases"].get("cli", 0.0), "bytes": 0.0})]
+        for name, v in rows:
+            secs, nbytes = v["seconds"], v["bytes"]
+            rate = f"{human(nbytes / secs)}/s" if nbytes and secs > 0 else ""
+            t.add_row(label, name, f"{secs:.3f}", f"{secs / r['seconds']:.0%}" if r["seconds"] else "",
+                      human(nbytes) if nbytes else "", rate)
+            label = ""
+        t.add_row("", "total (wall)", f"{r['seconds']:.3f}", "", human(r["state_bytes"]),
+                  f"{human(r['throughput_Bps'])}/s", end_section=True)
+    console.print(t)
 
 
 def plot(doc: dict[str, Any], path: Path) -> Optional[str]:

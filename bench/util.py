@@ -469,3 +469,24 @@ def unfit(memory: int, disk: int = 0, disk_dir: Optional[Path] = None, tmpfs: in
     if tmpfs and tmpfs_dir is not None and tmpfs + MARGIN > free_space(tmpfs_dir):
         return f"needs {human(tmpfs)} on {tmpfs_dir} (+{human(MARGIN)}), {human(free_space(tmpfs_dir))} free"
     return None
+
+
+def rows_main(doc: str, prefix: str, default_mib: int, run: Callable[[int, int, Path], dict[str, Any]],
+              line: Callable[[dict[str, Any]], str]) -> None:
+    """The command line of a benchmark that compares rows of one run (bench.chunkstore,
+    bench.devicecompress): --mib, --repeat, --out; the JSON on stdout, one line a row on stderr."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=default_mib, help=f"state size (default {default_mib})")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        result = run(a.mib, a.repeat, Path(tmp))
+    text = json.dumps(result, indent=2)
+    if a.out:
+        a.out.write_text(text + "\n")
+    print(text)
+    for way, r in result["rows"].items():
+        print(f"{way:>7}: {line(r)}", file=sys.stderr)

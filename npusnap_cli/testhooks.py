@@ -2,9 +2,11 @@
 unless its environment variable is set.
 
 * NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit (NPUSNAP_TEST_PAUSE_S): the checkpoint
-  pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline).
+  pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline),
+  or until the file NPUSNAP_TEST_PAUSE_UNTIL exists (tests/pipeline/test_live.py).
 * NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline
-  fails there with an injected error, as if that phase had failed (tests/processset).
+  fails there with an injected error, as if that phase had failed (tests/processset);
+  during:write-behind fails a --live checkpoint's copy to disk after its first file.
 * NPUSNAP_TEST_JOB_FAIL=POINT@NODE / NPUSNAP_TEST_JOB_PAUSE=POINT@NODE: a job worker on NODE
   fails (or announces the point and waits, as above) at POINT: lock (before its set starts),
   vote, committed, restore (tests/job).
@@ -32,7 +34,8 @@ def pause(point: str, until: Callable[[], bool] = lambda: False) -> None:
     sys.stderr.write(f"npusnap: test pause {point}\n")
     sys.stderr.flush()
     deadline = time.monotonic() + float(os.environ.get("NPUSNAP_TEST_PAUSE_S") or 60)
-    while time.monotonic() < deadline and not until():
+    done = os.environ.get("NPUSNAP_TEST_PAUSE_UNTIL")
+    while time.monotonic() < deadline and not until() and not (done and os.path.exists(done)):
         time.sleep(0.05)
 
 

@@ -106,3 +106,14 @@ def npusim_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     finally:
         if cleanup is not None:
             cleanup.cleanup()
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A private directory on the tmpfs (a live checkpoint's --live-staging): what is left there
+    after a checkpoint is seen."""
+    d = Path(tempfile.mkdtemp(prefix="npusnap-test-live-", dir="/dev/shm"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -102,3 +102,34 @@ def test_the_plot_is_drawn_with_matplotlib(tmp_path: Path) -> None:
     png = tmp_path / "results.png"
     assert report.plot(_doc(), png) is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_the_profile_shows_each_phase_and_step_with_its_median_bytes_and_rate() -> None:
+    """bench --profile: per device run, each phase and step (phase/step) of the command's --json
+    with the median of its samples, its bytes and rate, and the rest of the wall time as cli."""
+    from rich.console import Console
+
+    from bench.__main__ import parse
+    from bench.device import _median_profile, _profile
+
+    def sample(export_s: float) -> dict[str, Any]:
+        return _profile({"phases": [
+            {"name": "backup", "seconds": export_s + 0.1, "bytes": GIB,
+             "parts": {"export": {"seconds": export_s, "bytes": 768 * MIB}}},
+            {"name": "dump", "seconds": 2.0, "bytes": GIB},
+        ]})
+
+    prof = _median_profile([sample(1.0), sample(3.0), sample(2.0)])
+    assert prof["backup/export"] == {"seconds": 2.0, "bytes": 768 * MIB}
+    assert prof["backup"]["seconds"] == 2.1 and prof["dump"]["bytes"] == GIB
+    run = {"kind": "device", "op": "checkpoint", "storage": "tmpfs", "device_bytes": GIB, "host_bytes": GIB,
+           "state_bytes": 2 * GIB, "seconds": 5.0, "throughput_Bps": 2 * GIB / 5.0,
+           "phases": {"backup": 2.1, "dump": 2.0, "cli": 0.9}, "profile": prof}
+    console = Console(record=True, width=200)
+    report.print_profile(console, [run, {"kind": "cpu-only"}])
+    text = console.export_text()
+    assert "backup/export" in text and "384 MiB/s" in text  # 768 MiB in 2 s
+    assert "cli" in text and "0.900" in text and "total (wall)" in text
+    args = parse(["--profile", "--host-sizes", "256M"])
+    assert args.profile and args.host_sizes == [256 * MIB]
+    assert PRESETS["profile"].device_bytes == [GIB] and PRESETS["profile"].cpu_bytes == []

@@ -3,6 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <fstream>
+
 #include <algorithm>
 #include <cstring>
 #include <atomic>
@@ -46,7 +49,8 @@ namespace {
 // until its client uses kernels; then it is a memfd (fd set), which the client's kernel runner maps
 // (kernel_host.cpp). Shared memory gets huge pages only where the system's shmem THP setting
 // allows, so only clients that need it pay for it.
-char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
+// commit: fault every page in now (the kernel zeroes them), so that a full host fails here, cleanly.
+char *map_device_memory(uint64_t size, size_t *mapped, int *fd, bool commit = true) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   *mapped = (size + page - 1) / page * page;
   void *p = MAP_FAILED;
@@ -64,7 +68,7 @@ char *map_device_memory(uint64_t size, size_t *mapped, int *fd) {
   };
   if (p == MAP_FAILED) return fail();
   if (*mapped >= (2u << 20)) ::madvise(p, *mapped, MADV_HUGEPAGE);
-  if (::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
+  if (commit && ::madvise(p, *mapped, MADV_POPULATE_WRITE) != 0) {
     ::munmap(p, *mapped);  // out of memory: the device is full
     return fail();
   }
@@ -97,6 +101,19 @@ std::string json_string(const std::string &s) {
     out += c;
   }
   return out + "\"";
+}
+
+// Field 22 of /proc/PID/stat, 0 if the process is gone: with the pid, it names one process.
+uint64_t start_time(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream in(text.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && in >> field; ++i)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
 }
 
 }  // namespace
@@ -140,8 +157,21 @@ void DeviceState::release(Session &s) {
 }
 
 void DeviceState::release_locked(Session &s) {
-  for (auto &[va, buf] : s.allocs)
-    if (!buf->backing) used_[buf->device] -= buf->size;
+  auto keeping = keeping_.find(s.pid);
+  Kept *kept = nullptr;
+  if (keeping != keeping_.end()) {
+    drop_kept_locked(s.pid);
+    kept = &kept_[s.pid];
+    kept->start = keeping->second;
+    keeping_.erase(keeping);
+  }
+  for (auto &[va, buf] : s.allocs) {
+    if (buf->backing) continue;
+    if (kept != nullptr && !buf->lent)  // lent memory is the process's own: CRIU carries it
+      kept->allocs[va] = buf;
+    else
+      used_[buf->device] -= buf->size;
+  }
   s.allocs.clear();
   s.reservations.clear();
   s.imports.clear();
@@ -173,14 +203,45 @@ int32_t DeviceState::claim_window(Session &s, uint32_t device, int window) {
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
+void DeviceState::keep(pid_t pid) {
+  std::lock_guard<std::mutex> g(mu_);
+  keeping_[pid] = start_time(pid);
+}
+
+bool DeviceState::took_back(Session &s) {
+  std::lock_guard<std::mutex> g(mu_);
+  const bool whole = s.adopted && !s.fresh && kept_.count(s.pid) == 0;
+  drop_kept_locked(s.pid);
+  keeping_.erase(s.pid);
+  s.adopted = s.fresh = false;
+  return whole;
+}
+
+void DeviceState::drop_kept_locked(pid_t pid) {
+  auto it = kept_.find(pid);
+  if (it == kept_.end()) return;
+  for (auto &[va, buf] : it->second.allocs) used_[buf->device] -= buf->size;
+  kept_.erase(it);
+}
+
+void DeviceState::drop_gone_locked() {
+  std::vector<pid_t> gone;
+  for (auto &[pid, k] : kept_)
+    if (start_time(pid) != k.start) gone.push_back(pid);
+  for (pid_t pid : gone) drop_kept_locked(pid);
+}
+
+int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool commit) {
+  if (used_[device] + size > memory_ && !kept_.empty()) drop_gone_locked();  // memory kept for nobody
   if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   size_t mapped = lent != nullptr ? lent->mapped : 0;
   int fd = lent != nullptr ? lent->fd : -1;
-  char *base = lent != nullptr ? lent->base : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr);
+  commit = commit || lent != nullptr;
+  char *base = lent != nullptr ? lent->base : map_device_memory(size, &mapped, s.shared_memory ? &fd : nullptr, commit);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);
   s.allocs[va]->lent = lent != nullptr;
+  s.allocs[va]->uncommitted = !commit;
   used_[device] += size;
   return ACL_SUCCESS;
 }
@@ -206,7 +267,8 @@ int32_t DeviceState::malloc(Session &s, uint32_t device, uint64_t size, uint64_t
   return ACL_SUCCESS;
 }
 
-int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent) {
+int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent,
+                               bool commit) {
   if (device >= device_count() || !va::is_device(va) || va::device_of(va) != device)
     return ACL_ERROR_RT_INVALID_DEVICEID;
   size = va::round_size(size);
@@ -219,7 +281,22 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     auto prev = std::prev(next);
     if (prev->first + prev->second->size > va) return ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
   }
-  return place(s, device, va, size, lent);
+  auto kept = kept_.find(s.pid);
+  if (kept != kept_.end() && lent == nullptr) {
+    auto it = kept->second.allocs.find(va);
+    // The same process (a reused pid takes nothing back), the same allocation, and memory a kernel
+    // runner can map if the session needs that already.
+    if (it != kept->second.allocs.end() && it->second->size == size && it->second->device == device &&
+        (it->second->fd >= 0 || !s.shared_memory) && start_time(s.pid) == kept->second.start) {
+      s.allocs[va] = it->second;  // still counted in used_
+      kept->second.allocs.erase(it);
+      if (kept->second.allocs.empty()) kept_.erase(kept);
+      s.adopted = true;
+      return ACL_SUCCESS;
+    }
+  }
+  s.fresh = true;
+  return place(s, device, va, size, lent, commit);
 }
 
 int32_t DeviceState::share_memory(Session &s) {

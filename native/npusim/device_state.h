@@ -47,6 +47,9 @@ struct Buffer {
   // Per chunk of dirty::kChunk bytes, the epoch of its last write (dirty.cpp); null for an alias,
   // whose writes land in its backing buffer's chunks.
   std::unique_ptr<std::atomic<uint64_t>[]> gens;
+  // Re-created for an import (kMallocForImport) and not yet committed: the import commits each
+  // chunk (MADV_POPULATE_WRITE) as it fills it, and leaves its zero chunks as the kernel gives them.
+  bool uncommitted = false;
 };
 
 // A notify: a flag set by RecordNotify and cleared by the WaitNotify that sees it. Shared by the
@@ -144,6 +147,10 @@ struct Session {
   // hold that image's data).
   uint64_t base_id = 0;
   uint64_t base_epoch = 0;
+  // A live checkpoint's restore (DeviceState::keep): MallocAt took back the memory kept across the
+  // Release (adopted) and placed none anew (fresh), so the data is in place and no import is due.
+  std::atomic<bool> adopted{false};
+  std::atomic<bool> fresh{false};
 };
 
 class DeviceState {
@@ -158,6 +165,15 @@ class DeviceState {
   void leave(const std::shared_ptr<Session> &s);
   // Drops every resource of the session now (runtime Backup/Finalize); the session stays joined.
   void release(Session &s);
+  // A live checkpoint (export.cpp, after its export): the next Release of pid's session keeps its
+  // allocations (still counted against the device), and the restore that follows takes them back
+  // at the same addresses through MallocAt, with the data in place instead of imported. What the
+  // restore does not take back is freed at its Quiesce, by an import, or once pid is gone.
+  void keep(pid_t pid);
+  // The restore's Quiesce (awaiting an import): true when all of the session's memory was taken
+  // back; what is left kept is freed either way, and so is a keep() still waiting for a Release
+  // (also called at Unlock).
+  bool took_back(Session &s);
 
   // Memory a client lends the device (host registration, host_mem.cpp): its memfd, mapped here.
   struct Lent {
@@ -167,7 +183,8 @@ class DeviceState {
   };
   // lent: the allocation is that memory (the buffer owns it from then on) instead of new memory.
   int32_t malloc(Session &s, uint32_t device, uint64_t size, uint64_t *va, const Lent *lent = nullptr);
-  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent = nullptr);
+  int32_t malloc_at(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent = nullptr,
+                    bool commit = true);
   int32_t free(Session &s, uint64_t va);
   int32_t mem_info(uint32_t device, uint64_t *free, uint64_t *total);
   // Resolves the task's device addresses against the session's allocations.
@@ -199,7 +216,7 @@ class DeviceState {
 
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);
-  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent);
+  int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool commit = true);
   int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
   void release_locked(Session &s);
 
@@ -209,6 +226,14 @@ class DeviceState {
   std::vector<uint64_t> used_;                  // per device
   std::vector<std::vector<pid_t>> window_owner_;  // [device][window]
   std::map<pid_t, std::shared_ptr<Session>> sessions_;
+  struct Kept {
+    uint64_t start = 0;  // the process's start time (/proc/PID/stat): a reused pid takes nothing back
+    std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
+  };
+  std::map<pid_t, uint64_t> keeping_;  // keep(): pid -> its start time, until its Release
+  std::map<pid_t, Kept> kept_;
+  void drop_kept_locked(pid_t pid);
+  void drop_gone_locked();
 };
 
 // Dirty tracking for incremental exports (dirty.cpp). Every write to device memory stamps the

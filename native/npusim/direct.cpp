@@ -86,8 +86,10 @@ class Tool {
   }
   ~Tool() { ::close(fd_); }
   // Sends op with body and fds; returns the reply's code and payload.
-  aclError call(proto::Op op, const std::string &body, const std::vector<int> &fds, std::string *payload) {
+  aclError call(proto::Op op, const std::string &body, const std::vector<int> &fds, std::string *payload,
+                uint32_t flags = 0) {
     proto::Request rq = wire::request(op);
+    rq.flags = flags;
     rq.value[0] = static_cast<uint64_t>(pid_);
     rq.size = body.size();
     proto::Reply rp{};
@@ -126,7 +128,8 @@ int open_dir(const char *dir) {
 // followed: we never write into a file someone planted), and let the daemon fill them.
 // With a parent directory, its devN.img files go along (read only, no links followed) for the
 // devices that have one: the daemon writes only what changed since that export.
-aclError do_export(const char *socketPath, int pid, const char *dir, const char *parent, std::string *json) {
+aclError do_export(const char *socketPath, int pid, const char *dir, const char *parent, unsigned flags,
+                   std::string *json) {
   Tool tool(socketPath, pid);
   std::string devices;
   if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices); rc != ACL_SUCCESS) {
@@ -178,9 +181,11 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
       request += " " + std::to_string(device);
     }
   }
+  if (flags & NPUSIM_EXPORT_KEEP) request += (parent != nullptr ? " keep" : "\nkeep");
   aclError rc;
   try {
-    rc = tool.call(proto::Op::Export, request, files.fds, json);
+    rc = tool.call(proto::Op::Export, request, files.fds, json,
+                   (flags & NPUSIM_EXPORT_NO_SYNC) ? proto::kExportNoSync : 0);
   } catch (...) {
     undo();
     throw;
@@ -189,7 +194,7 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
     undo();  // the daemon emptied them; never leave a partial image behind
     return rc;
   }
-  if (::fsync(d.fds[0]) != 0) {
+  if ((flags & NPUSIM_EXPORT_NO_SYNC) == 0 && ::fsync(d.fds[0]) != 0) {
     const int err = errno;
     undo();
     throw Failed{ACL_ERROR_SNAPSHOT_BACKUP_FAILED,
@@ -302,14 +307,22 @@ int npusimSnapshotGetDataPath(void) {
 aclError npusimDaemonExport(const char *socketPath, int pid, const char *dir, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, nullptr, json); });
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, nullptr, 0, json); });
 }
 
 aclError npusimDaemonExportIncremental(const char *socketPath, int pid, const char *dir, const char *parentDir,
                                        char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
-  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, json); });
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, 0, json); });
+}
+
+aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir, const char *parentDir,
+                                 unsigned flags, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr || (flags & ~(NPUSIM_EXPORT_NO_SYNC | NPUSIM_EXPORT_KEEP)) != 0)
+    return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, flags, json); });
 }
 
 aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected, char **resultJson) {

@@ -7,7 +7,8 @@
 // is no staging copy at all. At most kInFlight chunks are queued or being written, and the page
 // cache is kept bounded too: every kWindow of file data starts its writeback
 // (sync_file_range) and the window three back is waited for and dropped (FADV_DONTNEED), so a
-// 100 GiB device costs about 3 windows of dirty cache, never its size. fsync before returning.
+// 100 GiB device costs about 3 windows of dirty cache, never its size. fsync before returning,
+// unless the tool asked to do it itself (kExportNoSync: npusnap's seal, while CRIU dumps).
 //
 // Import: the index is read and checked against the client's allocations (restored at the same
 // addresses by an external Restore), then reader threads pread() each chunk straight into device
@@ -21,6 +22,7 @@
 #include "export.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,6 +48,10 @@
 #include "acl/acl_base.h"
 #include "acl/acl_rt.h"
 #include "wire.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (as in device_state.cpp)
+#endif
 
 namespace npusim {
 
@@ -402,7 +408,7 @@ std::string transfer_json(const std::vector<FileResult> &files, const Totals &to
 
 // Writes into fd, a fresh empty file the tool created (O_EXCL) and sent.
 FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_ptr<Buffer>> &bufs, const FileHeader &meta,
-                         const Parent *parent, Totals &tot) {
+                         const Parent *parent, bool sync, Totals &tot) {
   const std::string name = "dev" + std::to_string(device) + ".img";
   const std::string &path = name;
   struct stat st{};
@@ -514,9 +520,14 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
     h.update(index.data(), index.size());
     pwrite_all(fd, reinterpret_cast<const char *>(&ft), sizeof(ft), cur + index.size(), path);
     h.update(&ft, sizeof(ft));
-    if (::fsync(fd) != 0)
-      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "flushing " + path + ": " + std::strerror(errno));
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // written: no reason to keep it cached
+    if (sync) {
+      if (::fsync(fd) != 0)
+        fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, errno, "flushing " + path + ": " + std::strerror(errno));
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // written: no reason to keep it cached
+    } else {
+      // The tool fsyncs it later (kExportNoSync): the disk writes the rest meanwhile.
+      ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
     tot.file_bytes += ft.file_size;
     return {name, ft.file_size, h.hex()};
   } catch (...) {
@@ -546,7 +557,8 @@ std::string do_export_devices(DeviceState &state, pid_t pid) {
 
 // body: the client's devices ("N N ..."), then for an incremental export "\nparent N N ...": the
 // devices whose parent image follows the new files among the descriptors.
-std::string do_export(DeviceState &state, pid_t pid, const std::string &body, const std::vector<int> &fds) {
+std::string do_export(DeviceState &state, pid_t pid, const std::string &body, const std::vector<int> &fds,
+                      uint32_t flags) {
   const auto t0 = std::chrono::steady_clock::now();
   Transfer tr(state, pid, false);
   Session &s = tr.session();
@@ -554,12 +566,23 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
   const size_t nl = body.find('\n');
   const std::string devices = body.substr(0, nl);
   std::vector<uint32_t> parent_devs;
+  bool keep = false;  // "keep": a live checkpoint's, DeviceState::keep
   if (nl != std::string::npos) {
     std::istringstream in(body.substr(nl + 1));
-    std::string word;
-    in >> word;
-    if (word != "parent") fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed export request");
-    for (uint32_t d; in >> d;) parent_devs.push_back(d);
+    bool in_parent = false;
+    for (std::string word; in >> word;) {
+      if (word == "keep") {
+        keep = true;
+        in_parent = false;
+      } else if (word == "parent") {
+        in_parent = true;
+      } else if (in_parent && !word.empty() && word.size() < 10 &&
+                 word.find_first_not_of("0123456789") == std::string::npos) {
+        parent_devs.push_back(static_cast<uint32_t>(std::strtoul(word.c_str(), nullptr, 10)));
+      } else {
+        fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed export request");
+      }
+    }
   }
   if (devices != device_list(devs) || fds.size() != devs.size() + parent_devs.size())
     fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL,
@@ -610,8 +633,10 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
   size_t i = 0;
   for (auto &[device, bufs] : devs) {
     auto pit = parents.find(device);
-    files.push_back(export_device(fds[i++], device, bufs, meta, pit == parents.end() ? nullptr : &pit->second, tot));
+    files.push_back(export_device(fds[i++], device, bufs, meta, pit == parents.end() ? nullptr : &pit->second,
+                                  (flags & proto::kExportNoSync) == 0, tot));
   }
+  if (keep) state.keep(pid);  // exported whole: only now may its memory outlive the Release
   return transfer_json(files, tot, "written_bytes", t0);
 }
 
@@ -639,6 +664,7 @@ struct ImportJob {
   bool zero;
   int ref_fd = -1;                      // a reference: read from this ancestor's file
   const std::string *ref_name = nullptr;
+  bool fresh = false;  // an uncommitted allocation's: commit its pages first; zero ones are zero already
 };
 
 class Importer {
@@ -727,8 +753,13 @@ class Importer {
       }
       const ImportJob &j = jobs_[k];
       try {
+        // Committed here, on the reader threads and while the disk reads, rather than all at once
+        // before the import (CPU work: the kernel zeroes each page); a full host fails cleanly.
+        if (j.fresh && ::madvise(j.dst, j.rec->length, MADV_POPULATE_WRITE) != 0)
+          fail(ACL_ERROR_BAD_ALLOC, errno, "cannot commit device memory at " + hex(j.va) + " (offset " +
+                                               std::to_string(j.at) + "): " + std::strerror(errno));
         if (j.zero) {
-          std::memset(j.dst, 0, j.rec->length);
+          if (!j.fresh) std::memset(j.dst, 0, j.rec->length);
           continue;
         }
         if (j.ref_fd >= 0) {  // off the file's order: read where it lies in the ancestor, checked the same
@@ -862,11 +893,16 @@ FileResult import_file(int fd, const std::string &name, const Expected *want, co
     Buffer &b = *targets[a];
     tot.allocations++;
     tot.bytes += b.size;
+    // Fresh only for this import's first attempt: one that fails part-way leaves data in it, and
+    // a retry must then write every zero chunk.
+    const bool fresh = b.uncommitted;
+    b.uncommitted = false;
     for (uint64_t c = 0; c < recs[a].nchunks; ++c) {
       const size_t idx = recs[a].first_chunk + c;
       const ChunkRec &r = chunks[idx];
       const bool zero = (r.flags & kChunkZero) != 0;
       jobs.push_back({b.base + c * kChunk, &r, idx, b.va, c * kChunk, data_chunks, zero});
+      jobs.back().fresh = fresh;
       if (r.flags & kChunkRef) {
         const Ancestor &a = chain[ref_depth(r.flags) - 1];
         jobs.back().ref_fd = a.fd;
@@ -969,7 +1005,7 @@ bool serve(DeviceState &state, int fd, pid_t /*peer*/, const proto::Request &rq,
     if (pid <= 0) fail(ACL_ERROR_INVALID_PARAM, EINVAL, "invalid client pid");
     check_peer(fd, pid);
     if (rq.op == proto::Op::ExportDevices) *payload = do_export_devices(state, pid);
-    else if (rq.op == proto::Op::Export) *payload = do_export(state, pid, body, sent.fds);
+    else if (rq.op == proto::Op::Export) *payload = do_export(state, pid, body, sent.fds, rq.flags);
     else *payload = do_import(state, pid, body, sent.fds);
     rp.code = ACL_SUCCESS;
   } catch (const Failure &e) {

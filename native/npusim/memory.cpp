@@ -218,6 +218,7 @@ int32_t restore_memory(const SnapshotPass &pass) {
   Runtime &r = runtime();
   for (auto &[va, a] : all_allocs()) {
     proto::Request rq = wire::request(proto::Op::MallocAt);
+    rq.flags = pass.external ? proto::kMallocForImport : 0;  // the import commits its pages as it fills them
     rq.device = a->device;
     rq.addr = va;
     rq.size = a->size;

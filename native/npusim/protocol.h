@@ -159,6 +159,13 @@ constexpr uint32_t kQuiesceUnlocking = 0;       // about to unlock
 constexpr uint32_t kQuiesceLocked = 1;          // locked and drained (after a restore)
 constexpr uint32_t kQuiesceAwaitingImport = 2;  // locked, allocations awaiting an import (external restore)
 
+// Op::MallocAt's flags: an import fills the allocation before Unlock (an external restore), so its
+// pages are committed by the import, chunk by chunk and in parallel with its reads, not here.
+constexpr uint32_t kMallocForImport = 1;
+
+// Op::Export's flags: the tool fsyncs the files itself, later (npusnap's seal, overlapping CRIU's dump).
+constexpr uint32_t kExportNoSync = 1;
+
 // cann-rest: StreamSync / DeviceSync / EventSync with this flag wait at most timeout_ms (>= 0) and
 // fail with ACL_ERROR_RT_STREAM_SYNC_TIMEOUT / ACL_ERROR_RT_EVENT_SYNC_TIMEOUT; without it, forever.
 constexpr uint32_t kSyncTimed = 1;

@@ -31,7 +31,9 @@ int64_t sync_timeout(const proto::Request &rq) {
 int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::Reply &rp) {
   switch (rq.op) {
     case Op::Malloc: return state.malloc(s, static_cast<uint32_t>(rq.device), rq.size, &rp.value[0]);
-    case Op::MallocAt: return state.malloc_at(s, static_cast<uint32_t>(rq.device), rq.addr, rq.size);
+    case Op::MallocAt:
+      return state.malloc_at(s, static_cast<uint32_t>(rq.device), rq.addr, rq.size, nullptr,
+                             (rq.flags & proto::kMallocForImport) == 0);
     case Op::Free: return state.free(s, rq.addr);
     case Op::HostRegister: return host_mem::lend(state, s, rq, &rp.value[0]);
     case Op::MemInfo: return state.mem_info(static_cast<uint32_t>(rq.device), &rp.value[0], &rp.value[1]);
@@ -60,7 +62,13 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
       if (rc == ACL_SUCCESS) xfer::mark_drained(s);  // Lock's drain: the client is locked
       return rc;
     }
-    case Op::Quiesce: return xfer::quiesce(s, rq.flags);
+    case Op::Quiesce: {
+      // A live checkpoint's restore that took all of its memory back has its data in place; an
+      // Unlock ends any keeping (a rolled back live checkpoint's export asked for one).
+      const bool in_place = rq.flags == proto::kQuiesceAwaitingImport && state.took_back(s);
+      if (rq.flags == proto::kQuiesceUnlocking) state.took_back(s);
+      return xfer::quiesce(s, in_place ? proto::kQuiesceLocked : rq.flags);
+    }
     case Op::Release:
       hccl::release(s);  // hccl: first, or a stream worker in a collective would hold up the release
       state.release(s);

@@ -293,6 +293,7 @@ int32_t backup_physical(const SnapshotPass &pass) {
 int32_t restore_physical(const SnapshotPass &pass) {
   for (PhysObj *p : own_phys()) {
     proto::Request rq = wire::request(proto::Op::MallocAt);
+    rq.flags = pass.external ? proto::kMallocForImport : 0;  // the import commits its pages as it fills them
     rq.device = p->device;
     rq.addr = p->addr;
     rq.size = p->size;

@@ -5,6 +5,7 @@ in-process path. The file transfers themselves are platform/simimages.py."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -12,24 +13,30 @@ from ..errors import NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
 from ..image.prefetch import Prefetch
 from ..platform.agent import AgentProblem, agent_error
-from ..platform.simimages import TransferResult, export_device, import_device
+from ..platform.simimages import export_device, import_device
 from .agent import AgentBackend
 from .base import BackendName, DataPath, State
 
+Parts = dict[str, tuple[float, int]]  # a step's (seconds, bytes), for its phase's profile (PhaseTiming.parts)
+
 
 def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                   socket: Optional[str] = None, chain: Sequence[Path] = ()) -> TransferResult:
+                   socket: Optional[str] = None, chain: Sequence[Path] = ()) -> Parts:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
-    device memory back (the undo of `backup external`, and the restore's device phase)."""
+    device memory back (the undo of `backup external`, and the restore's device phase). Returns
+    the two steps' (seconds, bytes)."""
     expected = None if expected is None else list(expected)
     names = [Path(f.path).name for f in expected or ()]
+    started = time.monotonic()
     try:
         # The disk would idle while the runtime re-creates its allocations: read ahead meanwhile.
         with Prefetch(device_dir, names):
             client.restore(external=True)
     except AgentProblem as e:
         raise agent_error(e, f"device restore (external) of process {pid}") from e
-    return import_device(pid, device_dir, expected, socket, chain)
+    recreated = time.monotonic() - started
+    imported = import_device(pid, device_dir, expected, socket, chain)
+    return {"restore-external": (recreated, 0), "import": (imported.seconds, imported.file_bytes)}
 
 
 class DirectBackend(AgentBackend):
@@ -40,6 +47,10 @@ class DirectBackend(AgentBackend):
         self._images: Optional[tuple[Path, list[FileEntry]]] = None
         self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
         self._referenced = 0
+        self.parts: Parts = {}  # the last backup's or restore's steps
+        # --live: the daemon keeps the memory across the backup, so the resume right after the dump
+        # takes it back in place instead of importing it (the images are for the disk only)
+        self.keep = False
 
     def use_chain(self, device_dirs: Sequence[Path]) -> None:
         """Back up against the first (only what changed since its export is written) and restore
@@ -55,10 +66,15 @@ class DirectBackend(AgentBackend):
     def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
-        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None)
+        # Not fsync'd here: the seal does it, after CRIU's dump, which runs while the disk writes them.
+        exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None,
+                                 sync=False, keep=self.keep)
         self._referenced = exported.referenced_bytes
         self._images = (device_dir, exported.files)
+        started = time.monotonic()
         self._call("backup", external=True)
+        self.parts = {"export": (exported.seconds, exported.file_bytes),
+                      "backup-external": (time.monotonic() - started, 0)}
         return exported.files
 
     def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
@@ -68,8 +84,23 @@ class DirectBackend(AgentBackend):
             raise WrongState(f"no device images to restore process {self.pid} from",
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
-        restore_direct(self.client, self.pid, device_dir, list(files) if files else None, self.daemon,
-                       chain=self.chain)
+        self.parts = restore_direct(self.client, self.pid, device_dir, list(files) if files else None,
+                                    self.daemon, chain=self.chain)
+
+    def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
+        if self.keep and self.state() == State.BACKED_UP:
+            try:
+                self.client.restore(external=True)
+            except AgentProblem as e:
+                raise agent_error(e, f"device restore (external) of process {self.pid}") from e
+            try:
+                self.unlock()  # the daemon had all of the memory in place
+                return
+            except NpusnapError:  # not all of it (the daemon refuses the unlock): the images bring it
+                import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
+                self.unlock()
+                return
+        super().finish_after_commit(device_dir, files)
 
     def back_to_running(self) -> None:
         state = self.state()

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 @click.option("-D", "--directory", "directory", required=True, type=click.Path(path_type=Path),
               help="Where to write the checkpoint (created; must not hold one unless --replace).")
 @click.option("--leave-running", is_flag=True, help="Keep the process running after the checkpoint.")
+@click.option("--live", is_flag=True,
+              help="With --leave-running (implied): stop the process only while its images are written to memory "
+                   "(--live-staging), copy them to DIRECTORY while it runs on; an ordinary --leave-running "
+                   "checkpoint, with a warning, when they would not fit there.")
+@click.option("--live-staging", type=click.Path(path_type=Path), default=Path("/dev/shm"), show_default=True,
+              metavar="DIR", help="The tmpfs directory a --live checkpoint's images are staged in.")
 @click.option("--shell-job", is_flag=True, help="The process shares a terminal with its shell.")
 @click.option("--tcp-established", is_flag=True, help="Checkpoint established TCP connections.")
 @click.option("--device", type=click.Choice(BACKENDS), default="auto",
@@ -38,7 +44,7 @@ if TYPE_CHECKING:
 @click.option("--replace", is_flag=True, help="Atomically replace a checkpoint already in DIRECTORY.")
 @click.option("--parent", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Incremental: write only the device memory changed since checkpoint DIR of the same process "
-                   "and reference the rest (direct data path; restore needs DIR's whole chain; exit 8 if DIR "
+                   "(or set) and reference the rest (direct data path; restore needs DIR's whole chain; exit 8 if DIR "
                    "cannot be its parent).")
 @click.option("--force", is_flag=True,
               help="Checkpoint HCCL ranks whose communicators have ranks outside the set (those ranks "
@@ -47,15 +53,16 @@ if TYPE_CHECKING:
               help="Keep host pages as chunks in a store beside DIRECTORY (PARENT/.npusnap-store), each chunk "
                    "stored once: what did not change since an earlier checkpoint there costs nothing again.")
 @click.option("--compress", type=click.Choice(COMPRESS), default="none", show_default=True,
-              help="Compress host pages in the chunk store (implies --dedup); auto compresses only while "
-                   "compressing keeps up with the disk.")
+              help="Compress host pages, and direct device images, in the chunk store (implies --dedup); "
+                   "auto compresses only while compressing keeps up with the disk.")
 @dump_flags
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None, metavar="KEYFILE",
               help="Sign the manifest with this Ed25519 private key (PEM); restore/verify check it.")
 @criu_option
 @json_option
 @click.pass_obj
-def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, shell_job: bool,
+def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_running: bool, live: bool,
+               live_staging: Path, shell_job: bool,
                tcp_established: bool, device: str, data_path: str, lock_timeout: float, lease: float,
                criu_timeout: Optional[float],
                replace: bool, parent: Optional[Path], force: bool, dedup: bool, compress: str,
@@ -63,8 +70,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     """Checkpoint process PID into DIRECTORY: lock the device, back it up, dump with CRIU.
 
     By default the process is killed once the checkpoint is safely on disk (like
-    `criu dump`); with --leave-running it carries on. A failure at any point leaves
-    the process running and unlocked, and no checkpoint directory behind.
+    `criu dump`); with --leave-running it carries on, and with --live it is stopped
+    only while its state is copied to memory. A failure at any point leaves the
+    process running and unlocked, and no checkpoint directory behind.
 
     Several PIDs make one set: every process (each with its tree) is locked at once,
     backed up and dumped into the one DIRECTORY, all or nothing; `npusnap restore`
@@ -78,7 +86,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     from ..core.checkpoint import checkpoint as run_checkpoint
     from ..platform.procfs import parse_pid
 
+    leave_running = leave_running or live
     opts = CheckpointOptions(directory=directory, leave_running=leave_running, shell_job=shell_job,
+                             live=live, live_staging=live_staging,
                              tcp_established=tcp_established, device=BackendName(device),
                              data_path=DataPathChoice(data_path),
                              lock_timeout=lock_timeout,
@@ -91,10 +101,10 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
 
         signer = Signer(sign_key)  # a bad key fails before anything starts
     targets = [parse_pid(p) for p in pids]
-    if len(targets) > 1 and (dedup or compress != "none"):
-        raise click.UsageError("--dedup and --compress apply to one process for now, not to a set")
-    if parent is not None and len(targets) > 1:
-        raise click.UsageError("--parent is for one process, not a set")
+    if live and len(targets) > 1:
+        raise click.UsageError("--live is for one process for now, not a set")
+    if live and compress != "none":
+        raise click.UsageError("--live and --compress both stage the images in memory: give one of them")
     with term.reporter(live=not shell_job) as report:
         if len(targets) == 1:
             m = run_checkpoint(targets[0], opts, progress=report)
@@ -116,10 +126,13 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
                                  "left_running": leave_running, "bytes": size,
                                  "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases],
                                  "parent": None if parent is None else str(parent.absolute()),
+                                 "downtime_s": (m.options.get("live") or {}).get("downtime_s"),
                                  "warnings": term.warnings})
         return
     phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
     term.success(f"checkpointed {m.pid} into {directory} ({human_bytes(size)}; {phases})")
+    if m.options.get("live"):
+        term.info(f"live: process {m.pid} was stopped for {m.options['live']['downtime_s']:.2f}s")
     if m.parent is not None:
         term.info(f"incremental: {human_bytes(m.device.referenced)} of device memory referenced in {parent}")
     if not leave_running:

@@ -92,6 +92,13 @@ def render_tree(ins: Inspection) -> Tree:
                       f"{human_bytes(_num(hp.get('new_bytes')))} new (codec {_clean(str(hp.get('codec')))}), "
                       f"{human_bytes(_num(hp.get('referenced_bytes')))} referenced (stored before), "
                       f"of {human_bytes(_num(hp.get('raw_bytes')))}"))
+    di = ins.device_images
+    if di:
+        images.add(_t(f"device images in the chunk store: {human_bytes(_num(di.get('raw_bytes')))} raw, "
+                      f"{human_bytes(_num(di.get('new_bytes')))} stored (codec {_clean(str(di.get('codec')))}), "
+                      f"{human_bytes(_num(di.get('referenced_bytes')))} referenced (stored before)"
+                      + (f", {human_bytes(_num(di.get('plain_bytes')))} left as plain files (compressing did not pay)"
+                         if di.get("plain_bytes") else "")))
     largest = sorted(ins.images.files, key=lambda f: (-f.size, f.path))
     for f in largest[:LARGEST_IMAGES]:
         images.add(_t(f"{_clean(f.path)}  {human_bytes(f.size)}"))

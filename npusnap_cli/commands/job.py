@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import click
 
+from ..image.codecs import COMPRESS
 from ..numbers import Seconds
 from ..output import Terminal, human_bytes
 from . import json_option
@@ -31,6 +32,12 @@ def _deadline_options(f: F) -> F:
     return f
 
 
+def _absolute(ctx: click.Context, param: click.Parameter, value: Optional[Path]) -> Optional[Path]:
+    if value is not None and not value.is_absolute():
+        raise click.BadParameter("must be an absolute path: it names a directory on every node")
+    return value
+
+
 @click.group()
 def job() -> None:
     """Checkpoint and restore every rank of a multi-node Slurm job."""
@@ -46,11 +53,29 @@ def job() -> None:
               help="How long each rank's device work may take to quiesce.")
 @click.option("--criu-timeout", type=Seconds(min=1), default=None, metavar="SECONDS",
               help="Bound on each CRIU dump (default: CRIU's).")
+@click.option("--dedup", is_flag=True,
+              help="Keep every rank's host pages as chunks, each stored once, in DIRECTORY/nodes/.npusnap-store.")
+@click.option("--compress", type=click.Choice(COMPRESS), default="none", show_default=True,
+              help="Compress every rank's host pages (with the in-process data path: its device memory too; "
+                   "with --data-path direct: its device images) in that store (implies --dedup); auto only "
+                   "while compressing keeps up with the disk.")
+@click.option("--data-path", type=click.Choice(["in-process", "direct"]), default="in-process", show_default=True,
+              help="How device memory is saved: through each rank (in-process) or by the daemon (direct, which "
+                   "--parent needs; the ranks are then restored on the nodes that hold their daemons' state).")
+@click.option("--parent", type=click.Path(path_type=Path), default=None, metavar="JOBDIR",
+              help="Incremental: each rank writes only the device memory changed since its images in job "
+                   "checkpoint JOBDIR (the same ranks, taken with --data-path direct) and references the rest "
+                   "(implies --data-path direct; exit 8 if JOBDIR cannot be its parent).")
+@click.option("--stage", metavar="DIR", default=None, type=click.Path(path_type=Path), callback=_absolute,
+              help="Dump each node's ranks into a fresh directory under this node-local DIR first, then copy "
+                   "them to DIRECTORY before the node votes (with --leave-running the ranks run on before "
+                   "the copy).")
 @_deadline_options
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], leave_running: bool,
-               shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], connect_timeout: float,
+               shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], dedup: bool, compress: str,
+               data_path: str, parent: Optional[Path], stage: Optional[Path], connect_timeout: float,
                prepare_timeout: float, commit_timeout: float) -> None:
     """Checkpoint every rank of the job on every node into DIRECTORY, all or nothing.
 
@@ -60,14 +85,20 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
     """
     from ..core.job.coordinator import Deadlines, JobCheckpointOptions, checkpoint_job
 
+    if stage is not None and (dedup or compress != "none" or parent is not None):
+        # the store and the parent chain are named relative to where a node's set is written
+        raise click.UsageError("--stage does not combine with --dedup, --compress or --parent yet")
+
     opts = JobCheckpointOptions(directory=directory, job=job, listen=listen, leave_running=leave_running,
                                 shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout))
+                                deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout), stage=stage,
+                                dedup=dedup, compress=compress, direct=data_path == "direct", parent=parent)
     r = checkpoint_job(opts, term.info)
     m = r.manifest
     if term.json_mode:
         term.data("job-checkpoint", {"directory": str(r.directory), "job": m.slurm_job_id,
-                                     "left_running": leave_running, "seconds": round(r.seconds, 6),
+                                     "left_running": leave_running, "stage": str(stage) if stage else None,
+                                     "seconds": round(r.seconds, 6),
                                      "stages": r.stages, "nodes": [n.__dict__ for n in m.nodes],
                                      "ranks": [x.__dict__ for x in m.ranks]})
         return
@@ -156,19 +187,32 @@ def inspect(term: Terminal, directory: Path) -> None:
 
     root = directory.absolute()
     m = jm.verify(root, deep=False)
-    sizes = {n.name: sum(f.size for f in load_manifest(root / n.dir).files) for n in m.nodes}
+    nodes = {n.name: load_manifest(root / n.dir) for n in m.nodes}
+    sizes = {name: sum(f.size for f in nm.files) for name, nm in nodes.items()}
+    stored = {name: _stored(nm.options) for name, nm in nodes.items()}
     if term.json_mode:
-        term.data("job-inspect", {"directory": str(root), **m.to_dict(), "node_bytes": sizes})
+        term.data("job-inspect", {"directory": str(root), **m.to_dict(), "node_bytes": sizes,
+                                  "node_stored_bytes": stored})
         return
     term.success(f"job {m.slurm_job_id}: {len(m.ranks)} ranks on {len(m.nodes)} nodes, created {m.created}")
+    if m.parent is not None:
+        term.info(f"  incremental: parent job checkpoint {m.parent} (every rank's device images reference its)")
     for n in m.nodes:
-        term.info(f"  node {n.name} ({n.address}): {n.dir}, {human_bytes(sizes[n.name])}, "
+        packed = "" if stored[n.name] is None else f" ({human_bytes(stored[n.name] or 0)} new in the chunk store)"
+        term.info(f"  node {n.name} ({n.address}): {n.dir}, {human_bytes(sizes[n.name])}{packed}, "
                   f"manifest sha256 {n.manifest_sha256[:16]}...")
         for r in m.ranks_of(n.name):
             dev = r.device.get("backend", "none")
             term.info(f"    rank {r.rank} (step {r.step} task {r.procid}): pid {r.pid}, {r.images}, device {dev} "
                       f"{human_bytes(int(r.device.get('bytes', 0)))}")
     term.info("  stages: " + ", ".join(f"{s['name']} {s['seconds']:.2f}s" for s in m.phases))
+
+
+def _stored(options: dict[str, Any]) -> Optional[int]:
+    """What a node's checkpoint added to the chunk store (--dedup, --compress), or None."""
+    parts = [options.get(k) for k in ("host_pages", "device_images")]
+    figures = [int(p.get("new_bytes", 0)) for p in parts if isinstance(p, dict)]
+    return sum(figures) if figures else None
 
 
 @job.command("verify")
@@ -178,13 +222,19 @@ def inspect(term: Terminal, directory: Path) -> None:
 def verify(term: Terminal, directory: Path) -> None:
     """Recompute every checksum of every node's checkpoint in a job checkpoint."""
     from ..core.job import manifest as jm
+    from ..image.chain import ancestors
+    from ..image.format import load_manifest
 
-    m = jm.verify(directory.absolute(), deep=True)
+    root = directory.absolute()
+    m = jm.verify(root, deep=True)  # an incremental one's chains too, every link's every file
+    chains = {n.name: [str(p) for p, _ in ancestors(root / n.dir, load_manifest(root / n.dir))] for n in m.nodes}
     if term.json_mode:
-        term.data("job-verify", {"directory": str(directory.absolute()), "valid": True,
-                                 "nodes": [n.name for n in m.nodes], "ranks": len(m.ranks)})
+        term.data("job-verify", {"directory": str(root), "valid": True,
+                                 "nodes": [n.name for n in m.nodes], "ranks": len(m.ranks), "chains": chains})
         return
-    term.success(f"{directory}: {len(m.nodes)} nodes, {len(m.ranks)} ranks, all checksums match")
+    links = max((len(c) for c in chains.values()), default=0)
+    term.success(f"{directory}: {len(m.nodes)} nodes, {len(m.ranks)} ranks, all checksums match"
+                 + (f" (and those of the {links} job checkpoints up the chain)" if links else ""))
 
 
 @job.group("worker", hidden=True)
@@ -208,15 +258,21 @@ def _worker_options(f: F) -> F:
 @click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0)
 @click.option("--criu-timeout", type=Seconds(min=1), default=None)
 @click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
+@click.option("--dedup", is_flag=True)
+@click.option("--compress", type=click.Choice(COMPRESS), default="none")
+@click.option("--direct", is_flag=True)
+@click.option("--parent", type=click.Path(path_type=Path), default=None)
+@click.option("--stage", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
                       leave_running: bool, shell_job: bool, lock_timeout: float,
-                      criu_timeout: Optional[float], rendezvous: Optional[Path]) -> None:
+                      criu_timeout: Optional[float], rendezvous: Optional[Path], dedup: bool, compress: str,
+                      direct: bool, parent: Optional[Path], stage: Optional[Path]) -> None:
     from ..core.job.worker import WorkerOptions, checkpoint_worker
 
     raise SystemExit(checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
         leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-        rendezvous=rendezvous)))
+        rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct, parent=parent, stage=stage)))
 
 
 @worker.command("restore")

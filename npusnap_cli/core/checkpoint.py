@@ -3,6 +3,8 @@ per node), written as explicit steps over an undo stack:
 
     checkpoint:  lock -> backup -> dump (tree left stopped) -> seal -> commit
                  -> kill (default) | resume + device restore + unlock (--leave-running)
+    live:        lock -> backup -> dump, both into memory (image/memstage.py) -> resume + device
+                 restore + unlock -> write-behind to disk -> seal -> commit (--live)
     dump:        (the runbook's DUMP: the device is already backed up) dump -> seal -> commit
                  -> kill | resume, still backed up
 
@@ -13,8 +15,10 @@ checkpoint is committed: a checkpoint that failed never costs the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +28,7 @@ from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
 from ..criuopts import CriuOptions
 from ..errors import WrongState
+from ..image import memstage
 from ..image.format import (
     CRIU_DIR,
     DEVICE_DIR,
@@ -34,6 +39,8 @@ from ..image.format import (
     ProcessEntry,
     in_member,
 )
+from ..image.memstage import DEFAULT_DIR as LIVE_STAGING
+from ..image.memstage import MemStage
 from ..image.staging import Staging
 from ..image.store import Packer
 from ..platform.criu import DumpOptions, page_runs
@@ -62,7 +69,7 @@ class CheckpointOptions:
     force: bool = False  # checkpoint HCCL ranks whose peers are not in the set (they will hang or fail)
     parent: Optional[Path] = None  # incremental: write only the device chunks changed since this checkpoint
     dedup: bool = False  # host pages go to the chunk store beside DIR (image/store.py)
-    compress: str = "none"  # auto | zstd | lz4 | none, for host pages (implies the chunk store)
+    compress: str = "none"  # auto | zstd | lz4 | none, for host pages and direct device images (implies the store)
     # a job's node: the set's HCCL peers on other nodes are checkpointed by their own nodes' workers at
     # the same time (their locks meet in the free pass; a peer that is not times the lock out)
     peers_elsewhere: bool = False
@@ -70,6 +77,13 @@ class CheckpointOptions:
     # the set's HCCL ranks meet their peers of every node in each in-place restore (rollback, running
     # on); None: a private one of the set's own
     rendezvous: Optional[Path] = None
+    # --live (with leave_running): stopped only while the images are written to memory, then
+    # copied to disk while the workload runs on (image/memstage.py), in a tmpfs directory here
+    live: bool = False
+    live_staging: Path = LIVE_STAGING
+    # a job's node staged on local storage with --leave-running: the set runs on as soon as it is
+    # sealed, before its write-behind to the shared storage and its vote (core/processset.py)
+    run_on_at_seal: bool = False
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -80,6 +94,13 @@ def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
     communicators.admit({pid: run.backend}, opts.force, progress)  # a rank alone: its peers are outside
     if opts.parent is not None:
         run.use_parent(opts.parent)
+    if opts.live and opts.leave_running and run.live_fits():
+        try:
+            run.go_live()
+            return run.execute([run.lock, run.backup, run.dump, run.resume_now, run.write_behind, run.seal],
+                               lambda m: None)
+        finally:
+            run.drop_live()
     return run.execute([run.lock, run.backup, run.dump, run.seal], run.finish_checkpoint)
 
 
@@ -156,6 +177,13 @@ class CheckpointRun:
         self.log_dir: Optional[Path] = None  # CRIU's logs: the staging's, or (a set member) a directory of its own
         self.parent: Optional[tuple[Path, Manifest]] = None  # incremental: the parent checkpoint
         self.packer: Optional[Packer] = None  # holds the chunk store's lock until the commit is done
+        self.live: Optional[MemStage] = None  # --live: where the images are until the write-behind
+        self.in_memory = False  # criu/ and device/ are being written in self.live, not the staging
+        self.live_kept = False  # a failed put-back left the device data in self.live: it stays
+        self.stopped_at = 0.0
+        self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
+        self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
+        self.views = contextlib.ExitStack()  # a packed parent chain's device images, reassembled
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
         """A set member: the set's staging directory, guardian, undo stack and signals."""
@@ -169,11 +197,50 @@ class CheckpointRun:
 
     @property
     def criu_dir(self) -> Path:
-        return self._in(self.staging.criu_dir)
+        return self._in(self._root / CRIU_DIR)
 
     @property
     def device_dir(self) -> Path:
-        return self._in(self.staging.device_dir)
+        return self._in(self.mem if self.mem is not None else self._root / DEVICE_DIR)
+
+    @property
+    def _root(self) -> Path:
+        """Where the images are written now: in memory (--live, until the write-behind) or the staging."""
+        return self.live.path if self.live is not None and self.in_memory else self.staging.path
+
+    def live_fits(self) -> bool:
+        """--live: whether the images fit in memory (their size is the extra host memory it costs);
+        when not, say why: the checkpoint is then an ordinary --leave-running one."""
+        need = self.backend.describe().bytes + processes.resident_bytes([p.pid for p in self.target.tree()])
+        problem = memstage.why_not(self.opts.live_staging, need)
+        if problem is not None:
+            warn(self.progress, f"not live: {problem}; the workload stays stopped for the whole checkpoint")
+        return problem is None
+
+    def go_live(self) -> None:
+        from ..backends.direct import DirectBackend
+
+        self.live = MemStage(self.opts.live_staging)
+        self.in_memory = True
+        if isinstance(self.backend, DirectBackend):  # the resume takes the device memory back in place
+            self.backend.keep = True
+        from .. import warmup
+
+        warmup.later("pycriu.images")  # the resume reads CRIU's files.img (network lock): imported while CRIU dumps
+
+    def drop_live(self) -> None:
+        if self.live is not None and not self.live_kept:
+            self.live.remove()
+
+    def stage_device_in_memory(self) -> None:
+        """--compress on the direct path: the export goes to memory, and to the store from there
+        (memstage.py); without room for it there, to the disk, uncompressed, as without --compress."""
+        if not (self.direct and self.opts.compress != "none") or self.mem is not None:
+            return
+        self.mem = memstage.create(self.backend.describe().bytes)
+        if self.mem is None:
+            warn(self.progress, f"no room in {memstage.DEFAULT_DIR} for process {self.pid}'s device images: "
+                                "they are written uncompressed")
 
     def use_parent(self, parent: Path) -> None:
         """--parent: checked before anything is locked; the backend then writes only what changed."""
@@ -187,7 +254,7 @@ class CheckpointRun:
         if os.path.abspath(parent) == os.path.abspath(self.opts.directory):
             raise WrongState("--parent cannot be the checkpoint's own directory")
         self.parent = (parent, pm)
-        self.backend.use_chain([parent / DEVICE_DIR, *chain.device_dirs(above)])
+        self.backend.use_chain(chain.device_views(self.views, [(parent, pm), *above]))
 
     def expect(self, expected: State) -> None:
         """Refuse a process whose device is not where this pipeline starts; checked before anything is locked."""
@@ -216,11 +283,23 @@ class CheckpointRun:
             self.guardian.release()
             if self.packer is not None:
                 self.packer.close()
+            self.release_staged()
+
+    def release_staged(self) -> None:
+        """The in-memory device images and reassembled parents, once the checkpoint is done (the
+        in-memory ones are kept when they are the workload's only copy: keeps_device_data)."""
+        self.views.close()
+        if not getattr(self, "kept", False):
+            memstage.remove(self.mem)
 
     # -- the steps, in order
     def lock(self) -> None:
         # Pushed before the lock: a signal may land the instant a phase returns. The undo
         # undoes whatever part of lock and backup really happened.
+        self.stopped_at = time.monotonic()
+        if self.live is not None:
+            self.guardian.remove_after(self.live.path)
+        self.stage_device_in_memory()
         self.push_device_rollback()
         self.lock_device()
         self.after_lock()
@@ -252,6 +331,7 @@ class CheckpointRun:
                 self.device_files = [in_member(f, self.pid) for f in self.device_files]
             self.device = self.backend.describe()
             t.bytes = self.device.bytes
+            t.add_parts(getattr(self.backend, "parts", {}))
 
     def _check_layout(self, parent: tuple[Path, Manifest]) -> None:
         from ..errors import ImageInvalid
@@ -273,8 +353,9 @@ class CheckpointRun:
         if self.sub:
             criu_dir.mkdir(0o700, exist_ok=True)
         log_dir = self.log_dir or self.staging.log_dir
-        with self.phase("dump") as self.dump_timing, self.signals.critical(), \
-                self.staging.follow(criu_dir, packing=self.packs):
+        # In memory (--live) nothing is hashed while CRIU writes: that would lengthen the stop.
+        follow = contextlib.nullcontext() if self.in_memory else self.staging.follow(criu_dir, packing=self.packs)
+        with self.phase("dump") as self.dump_timing, self.signals.critical(), follow:
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
             self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
@@ -287,16 +368,59 @@ class CheckpointRun:
             self.frozen = [p.pid for p in self.tree]
             self.guardian.watch(self.frozen)
 
+    def resume_now(self) -> None:
+        """--live: every image is in memory, so the workload runs on now (its device restored from
+        them, unlocked), before anything reaches the disk; from here a failure costs only the
+        checkpoint."""
+        with self.phase("resume"), self.signals.critical():
+            self._run_on(self.criu_dir)
+            self.backend.finish_after_commit(self.device_dir, self._own_files())
+            self.device_back = True
+            self.undos.keep_only("cleanup")  # resumed and unlocked: only the staging is left to undo
+            self.guardian.resumed()
+        self.downtime = round(time.monotonic() - self.stopped_at, 6)
+
+    def write_behind(self) -> None:
+        """--live: the images copied from memory into the staging directory and fsync'd; the
+        memory is given back at once. The seal and the commit follow, as for any checkpoint."""
+        assert self.live is not None
+        with self.phase("write-behind") as t:
+            t.bytes = self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
+        self.in_memory = False
+        self.live.remove()
+
     def seal(self) -> None:
         with self.phase("seal") as t:
             if self.packs and self.packer is None:
                 self.packer = Packer(self.staging.final, self.opts.compress)
                 try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
-                    self.packer.runs = page_runs(self.criu_dir)
+                    self.packer.add_runs(self.criu_dir, page_runs(self.criu_dir))
                 except (OSError, ValueError):
                     pass
-            self.files = self.staging.seal(known=self.device_files, packer=self.packer)
+            device = self.pack_device()
+            self.files = [f for f in device if f.chunks] + self.staging.seal(
+                known=[f for f in device if not f.chunks] if self.mem is not None else self.device_files,
+                packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
+            t.add_parts(self.staging.parts)
+
+    def pack_device(self) -> list[FileEntry]:
+        """--compress: the device images staged in memory go into the chunk store (their entries,
+        packed), or, once auto found that compressing does not pay here, into DIR/device as they
+        are (a plain file costs less than raw chunks). They stay in memory for --leave-running's
+        import after the commit."""
+        if self.mem is None or self.packer is None:
+            return []
+        out = []
+        for f in self.device_files:
+            src = self.mem / Path(*Path(f.path).parts[1:])
+            packed = self.packer.try_pack(src, f) if self.packer.compressing() else None
+            if packed is None:
+                memstage.copy_out(src, self.staging.path / f.path)
+                self.packer.device_stats.plain_bytes += f.size
+                self.packer.device_stats.codec = "raw"
+            out.append(packed or f)
+        return out
 
     @property
     def packs(self) -> bool:
@@ -314,14 +438,17 @@ class CheckpointRun:
         self.run_on_after_commit()
         self.device_after_commit()
 
-    def run_on_after_commit(self) -> None:
-        """--leave-running: the tree runs on (a set resumes every member's before any device restore)."""
-        self._run_on(self._in(self.staging.final / CRIU_DIR))
+    def run_on_after_commit(self, root: Optional[Path] = None) -> None:
+        """--leave-running: the tree runs on (a set resumes every member's before any device restore).
+        root: where its images are (default: the committed directory; a set that runs on at its
+        seal: the staging path)."""
+        self._run_on(self._in((root or self.staging.final) / CRIU_DIR))
 
-    def device_after_commit(self) -> None:
+    def device_after_commit(self, root: Optional[Path] = None) -> None:
         """--leave-running: the device restored and unlocked, from the committed directory (the
-        staging path has moved)."""
-        self.backend.finish_after_commit(self._in(self.staging.final / DEVICE_DIR), self._own_files())
+        staging path has moved), or from root."""
+        committed = self.mem if self.mem is not None else (root or self.staging.final) / DEVICE_DIR
+        self.backend.finish_after_commit(self._in(committed), self._own_files())
 
     def _own_files(self) -> list[FileEntry]:
         """The device files as the backend named them (a set member's without their PID/)."""
@@ -351,7 +478,10 @@ class CheckpointRun:
             command=self.target.command,
             options={"shell_job": opts.shell_job, "tcp_established": opts.tcp_established,
                      "leave_running": opts.leave_running, **self.extra.recorded(),
-                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {})},
+                     **({"live": {"downtime_s": self.downtime}} if self.downtime is not None else {}),
+                     **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {}),
+                     **({"device_images": self.packer.device_stats.recorded(opts.compress)}
+                        if self.packer and self.mem is not None else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,
@@ -373,7 +503,9 @@ class CheckpointRun:
         self.device_back = True
 
     def _discard(self) -> None:
-        if not self.keeps_device_data():
+        kept = self.keeps_device_data()
+        self.live_kept = kept and self.in_memory  # then it is the memory's copy that stays
+        if not kept or self.in_memory:
             self.staging.discard()
 
     def keeps_device_data(self) -> bool:
@@ -386,6 +518,8 @@ class CheckpointRun:
         if self.device_back or not staged or not process_exists(self.pid, zombies_count=False):
             return False  # put back, nothing staged, or nobody left to need it
         chain = "".join(f" --parent-images {p}" for p in getattr(self.backend, "chain", []))
+        self.kept = True
+        self.views.pop_all()  # the reassembled parents, too, for that command
         warn(self.progress, f"the device data of process {self.pid} stays in {self.device_dir}: "
                             f"`npusnap recover {self.pid} --device-images {self.device_dir}{chain}` puts it back")
         return True

@@ -58,7 +58,8 @@ def running(pid):
 
 if words[-1:] != ["done"]:
     import shutil, signal, subprocess, time
-    pids = [int(w) for w in words if w.isdigit()]
+    # a live checkpoint's workload that runs on already needs nothing but its staging removed
+    pids = [int(w) for w in words if w.isdigit()] if "resumed" not in words else []
     sig = signal.SIGKILL if "kill" in words else signal.SIGCONT
     # A restore that CRIU is still running: its tree is whole only once CRIU is done.
     for criu in [int(w[5:]) for w in words if w.startswith("criu:") and w[5:].isdigit()]:
@@ -73,6 +74,9 @@ if words[-1:] != ["done"]:
     recovers = [(str(pids[0]), os.path.join(staging, "device"))] if "recover" in words and pids else []
     recovers += [(w[8:], os.path.join(staging, "device", w[8:])) for w in words
                  if w.startswith("recover:") and w[8:].isdigit()]
+    # --live, --compress: the device data staged in memory (/dev/shm), removed after (images:PID:HEX, drop:HEX)
+    recovers += [(w.split(":")[1], bytes.fromhex(w.split(":")[2]).decode()) for w in words
+                 if w.startswith("images:") and w.count(":") == 2 and w.split(":")[1].isdigit()]
     # HCCL ranks: every one recovered (their lease would do it later), all at once, for each
     # rank's restore waits for its peers' in the set's rendezvous directory, removed after
     recovers += [(w[5:], None) for w in words if w.startswith("hccl:") and w[5:].isdigit()
@@ -91,8 +95,8 @@ if words[-1:] != ["done"]:
             p.kill()
             p.wait()
     for w in words:
-        if w.startswith("meet:"):
-            shutil.rmtree(bytes.fromhex(w[5:]).decode(), ignore_errors=True)
+        if w.startswith(("meet:", "remove:", "drop:")):
+            shutil.rmtree(bytes.fromhex(w.partition(":")[2]).decode(), ignore_errors=True)
     if staging != "-":
         shutil.rmtree(staging, ignore_errors=True)
 """
@@ -103,7 +107,7 @@ class Guardian:
         """staging: the partial checkpoint to remove if we die (None: a restore, nothing to remove)."""
         from ..platform.criu import clean_env
 
-        self.staging = staging
+        self.staging, self.pid = staging, pid
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging) if staging else "-", sys.executable],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -135,8 +139,15 @@ class Guardian:
         if device_dir.parent == self.staging:
             self._say("recover")
             return
-        assert self.staging is not None and device_dir.parent.parent == self.staging  # a set member's
-        self._say(f"recover:{device_dir.name}")
+        if self.staging is not None and device_dir.parent.parent == self.staging:  # a set member's
+            self._say(f"recover:{device_dir.name}")
+            return
+        # in memory (image/memstage.py): --live's, or --compress's (a set member's in a PID/ of its own)
+        member = device_dir.name.isdigit()
+        pid = device_dir.name if member else str(self.pid)
+        mem = device_dir.parent if member else device_dir
+        self._say(f"images:{pid}:{os.fsencode(os.path.abspath(device_dir)).hex()} "
+                  f"drop:{os.fsencode(os.path.abspath(mem)).hex()}")
 
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         """HCCL ranks (pids) that meet in directory: if we die, recover them all at once (their
@@ -144,6 +155,14 @@ class Guardian:
         job's belongs to its coordinator: the other nodes' ranks meet there too)."""
         words = [f"meet:{str(directory).encode().hex()}"] if owned else []
         self._say(" ".join([*words, *(f"hccl:{p}" for p in pids)]))
+
+    def remove_after(self, directory: Path) -> None:
+        """--live: if we die, remove directory too (the images in memory), after any recovery."""
+        self._say("remove:" + os.fsencode(os.path.abspath(directory)).hex())
+
+    def resumed(self) -> None:
+        """--live: the workload runs on: if we die, nothing is resumed or recovered any more."""
+        self._say("resumed")
 
     def _say(self, words: str) -> None:
         assert self.proc.stdin is not None

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, Sequence
@@ -42,6 +43,8 @@ from ..image.format import (
     set_device,
 )
 from ..image.staging import Staging
+from ..image.store import Packer, assembled
+from ..platform.criu import page_runs
 from . import communicators, processes
 from .checkpoint import CheckpointOptions, CheckpointRun, commit, transaction
 from .progress import Event, Phases, Progress, quiet, warn
@@ -129,12 +132,17 @@ class SetCheckpoint:
         for m in self.members:
             with self._member(m):
                 m.expect(State.RUNNING)
+        if opts.parent is not None:
+            self._use_parent(opts.parent)
         # Every rank of each member's HCCL communicators must be in the set (or --force).
         if not opts.peers_elsewhere:  # a job's node: its workers checkpoint the other ranks meanwhile
             communicators.admit({m.pid: m.backend for m in self.members}, opts.force, self.progress)
         self.phase = Phases(self.progress)
         self.undos = UndoStack(lambda text: warn(self.progress, text))
         self.signals = Signals()
+        self.locked_at = 0.0  # monotonic: when the members' locks began
+        self.downtime: dict[int, float] = {}  # each member that ran on: seconds from the lock to running
+        self.ran_on = False  # opts.run_on_at_seal: every member runs on already
 
     def _refuse_overlaps(self) -> None:
         """A member inside another member's tree would be dumped twice (and CRIU refuses a
@@ -147,6 +155,27 @@ class SetCheckpoint:
                         f"process {p.pid} is a descendant of process {m.pid}: it is checkpointed with "
                         f"{m.pid}'s tree and cannot be a member of the set as well",
                         f"leave {p.pid} out of the list (it comes with {m.pid})")
+
+    def _use_parent(self, parent: Path) -> None:
+        """--parent (a job's node: the parent job checkpoint's node): every member writes only what
+        changed since its own images in parent, a checkpoint of the same set; checked before anything
+        is locked. A compressed chain is reassembled once, for every member."""
+        from ..backends.direct import DirectBackend
+        from ..image import chain
+
+        for m in self.members:
+            if not isinstance(m.backend, DirectBackend):
+                raise WrongState(f"--parent needs the direct data path; process {m.pid} uses {m.backend.method}",
+                                 "incremental checkpoints are for npusim's direct path (--data-path direct)")
+        pm, above = chain.check_set_parent(parent, [m.pid for m in self.members])
+        if os.path.abspath(parent) == os.path.abspath(self.opts.directory):
+            raise WrongState("--parent cannot be the checkpoint's own directory")
+        views = chain.device_views(self.members[0].views, [(parent, pm), *above])
+        for m in self.members:
+            entry = next(e for e in pm.members if e.pid == m.pid)
+            m.parent = (parent, dataclasses.replace(pm, device=entry.device))  # its layout, checked at its backup
+            assert isinstance(m.backend, DirectBackend)
+            m.backend.use_chain([v / entry.subdir for v in views])
 
     def _member(self, m: CheckpointRun) -> contextlib.AbstractContextManager[None]:
         return _naming(m.pid, self.members.index(m), len(self.members))
@@ -168,6 +197,10 @@ class SetCheckpoint:
             for m in self.members:
                 m.backend.release()
             self.guardian.release()
+            if self.members[0].packer is not None:
+                self.members[0].packer.close()
+            for m in self.members:
+                m.release_staged()
 
     def _rendezvous(self) -> contextlib.AbstractContextManager[Optional[Path]]:
         """Where the set's HCCL ranks meet in an in-place restore: a job's directory (their peers on
@@ -233,6 +266,8 @@ class SetCheckpoint:
                 self._dump(m)
         self._seal()
         manifest = self._manifest()
+        if self.opts.run_on_at_seal:
+            self._run_on_at_seal()
         if self.gate is not None:
             self.gate.prepared(manifest)
         return commit(self.staging, self.signals, manifest)
@@ -240,7 +275,10 @@ class SetCheckpoint:
     def _lock_all(self) -> None:
         """Every member's lock at once. Signals wait until every lock has returned (each is
         bounded by --lock-timeout): an undo must never race a lock still in flight."""
+        for m in self.members:
+            m.stage_device_in_memory()
         self.undos.push("device rollback", self._devices_back)
+        self.locked_at = time.monotonic()
         with self.phase("lock"), self.signals.critical():
             failed = self._at_once(lambda m: m.lock_device())
             for m in self.members:
@@ -267,12 +305,31 @@ class SetCheckpoint:
 
     def _seal(self) -> None:
         with self.phase("seal") as t:
-            files = self.staging.seal(known=[f for m in self.members for f in m.device_files])
+            packer = self._packer()
+            device = [f for m in self.members for f in m.pack_device()]
+            kept = [f for f in device if not f.chunks]  # auto: not compressed after all, in DIR as they are
+            files = [f for f in device if f.chunks] + self.staging.seal(
+                known=[*kept, *(f for m in self.members if m.mem is None for f in m.device_files)], packer=packer)
             for m in self.members:
                 m.files = [f for f in files if f.path.startswith(f"{CRIU_DIR}/{m.pid}/")]
                 m.dump_timing.bytes = sum(f.size for f in m.files)
             t.bytes = self.dump_timing.bytes = sum(m.dump_timing.bytes for m in self.members)
             self.files = files
+
+    def _packer(self) -> Optional[Packer]:
+        """--dedup, --compress: one chunk store packer for the set, shared by its members (the
+        first member's manifest records its figures)."""
+        first = self.members[0]
+        if not first.packs:
+            return None
+        packer = Packer(self.staging.final, self.opts.compress)
+        for m in self.members:
+            m.packer = packer
+            try:  # each member's page images cut along its memory's runs of pages
+                packer.add_runs(m.criu_dir, page_runs(m.criu_dir))
+            except (OSError, ValueError):
+                pass
+        return packer
 
 
     def _manifest(self) -> Manifest:
@@ -301,12 +358,8 @@ class SetCheckpoint:
 
         if not self.opts.leave_running:
             each(lambda m: m.finish_checkpoint(manifest))
-        else:
-            # Every tree runs before any device restore: an HCCL rank's waits for its peers'.
-            each(lambda m: m.run_on_after_commit())
-            stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
-            for pid, e in self._at_once(lambda m: None if m.pid in stuck else m.device_after_commit()).items():
-                failed.setdefault(pid, e)
+        elif not self.ran_on:
+            failed.update(self._run_all_on(None))
         first: Optional[BaseException] = None
         for m in self.members:
             if m.pid in failed:
@@ -314,6 +367,46 @@ class SetCheckpoint:
                 first = first or failed[m.pid]
         if first is not None:
             raise first
+
+    def _run_all_on(self, root: Optional[Path]) -> dict[int, BaseException]:
+        """Every member runs on, its device restored and unlocked from root's images (None: the
+        committed directory); the failures by pid. Every tree runs before any device restore (an
+        HCCL rank's waits for its peers'). Each member that runs on gets a `resume` phase and
+        its downtime (from the set's lock until it runs, unlocked)."""
+        failed: dict[int, BaseException] = {}
+        started = time.monotonic()
+        for m in self.members:
+            try:
+                with self._member(m):
+                    m.run_on_after_commit(root)
+            except Exception as e:
+                failed[m.pid] = e
+        stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
+
+        def device(m: CheckpointRun) -> None:
+            if m.pid in stuck:
+                return
+            m.device_after_commit(root)
+            now = time.monotonic()
+            m.phase.timings.append(PhaseTiming("resume", round(now - started, 6)))
+            self.downtime[m.pid] = round(now - self.locked_at, 6)
+
+        for pid, error in self._at_once(device).items():
+            failed.setdefault(pid, error)
+        return failed
+
+    def _run_on_at_seal(self) -> None:
+        """A job's node staged locally with --leave-running: every member runs on from the sealed
+        staging directory, before its write-behind and its vote, so the ranks' downtime does not
+        include the shared storage. An abort after this has nothing left to undo on the members
+        (running on, unlocked, is what an abort leaves them in; their work since goes on): their
+        undos are spent, only the cleanup of the checkpoint is left."""
+        failed = self._run_all_on(self.staging.path)
+        for m in self.members:
+            if m.pid in failed:  # rolled back: the members that run on already are left as they are
+                raise failed[m.pid]
+        self.ran_on = True
+        self.undos.keep_only("cleanup")
 
     def _discard(self) -> None:
         kept = [m.pid for m in self.members if m.keeps_device_data()]  # every member warns for itself
@@ -419,17 +512,18 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
 def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions, criu: CriuDriver,
                     view: ImagesViewLike, guardian: GuardianLike, phase: Phases, signals: Signals, progress: Progress,
                     restored: list[tuple[MemberEntry, int]]) -> int:
-    images = root / CRIU_DIR / entry.subdir
     log_dir = restore_log_dir(root)  # one fresh private directory per member's restore
     restored.append((entry, entry.pid))  # CRIU restores the member under its pid: killed if it fails half-way
-    with phase("criu-restore"), signals.critical():
+    # --dedup, --compress: the member's page images reassembled from the chunk store (each chunk checked)
+    with phase("criu-restore"), signals.critical(), assembled(root, manifest, CRIU_DIR, entry.subdir) as criu_dir:
+        images = criu_dir / entry.subdir
         pid = criu.restore(view.enter(images, lambda m: warn(progress, m)), log_dir,
                                 shell_job=bool(manifest.options.get("shell_job")),
                                 tcp_established=bool(manifest.options.get("tcp_established")),
                                 extra=_restore_options(manifest, opts),
                                 started=guardian.wait_for_criu)
         restored[-1] = (entry, pid)
-    _unlock_closed_connections(images, manifest, opts, progress)
+    _unlock_closed_connections(root / CRIU_DIR / entry.subdir, manifest, opts, progress)
     return pid
 
 
@@ -490,11 +584,24 @@ def _device_restore(pid: int, entry: MemberEntry, manifest: Manifest, root: Path
         backends[-1] = None
         backend.release()
         return None
-    with phase("device-restore") as t:
+    with phase("device-restore") as t, contextlib.ExitStack() as views:
         hand_daemon(backend, entry.device, opts)
         communicators.hand(backend, meet)
         files: list[FileEntry] = [f for f in entry.files(manifest) if f.path.startswith(f"{DEVICE_DIR}/")]
-        backend.restore(root / DEVICE_DIR / entry.subdir, files)
+        if manifest.parent is not None:  # incremental: the member's images in every link up the chain
+            _member_chain(backend, root, manifest, entry, views)
+        device_dir = views.enter_context(assembled(root, manifest, DEVICE_DIR, entry.subdir))  # --compress
+        backend.restore(device_dir / entry.subdir, files)
         t.bytes = entry.device.bytes
     return backend
 
+
+
+def _member_chain(backend: Backend, root: Path, manifest: Manifest, entry: MemberEntry,
+                  views: contextlib.ExitStack) -> None:
+    from ..backends.direct import DirectBackend
+    from ..image.chain import ancestors, device_views
+
+    if not isinstance(backend, DirectBackend):
+        raise WrongState(f"{root} is incremental: its device images need the direct data path to restore")
+    backend.use_chain([v / entry.subdir for v in device_views(views, ancestors(root, manifest))])

@@ -6,10 +6,12 @@ unlock is the commit point: after it, the restore stands."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -18,7 +20,7 @@ from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, ImageInvalid, Interrupted, NpusnapError, WrongState
 from ..image import signing
-from ..image.chain import ancestors, device_dirs, verify_chain
+from ..image.chain import ancestors, device_views, verify_chain
 from ..image.checksums import BulkVerifier, page_entries
 from ..image.format import (
     CRIU_DIR,
@@ -86,7 +88,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
         with Signals() as signals, services.images_view() as view, assembled(root, manifest) as images:
             try:
                 guardian.kill_if_dead(pids)
-                with phase("criu-restore"), signals.critical():
+                with phase("criu-restore") as t, signals.critical():
+                    started = time.monotonic()
                     try:
                         restored[0] = criu.restore(view.enter(images, lambda m: warn(progress, m)),
                                                    log_dir, shell_job=bool(manifest.options.get("shell_job")),
@@ -97,8 +100,11 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                         if pages is not None:
                             pages.result()  # a corrupt page image explains CRIU's failure best
                         raise
+                    t.add_parts({"criu": (time.monotonic() - started, 0)})
                     if pages is not None:  # the tree is stopped, as CRIU left it: it runs only on good pages
+                        waited = time.monotonic()
                         pages.result()
+                        t.add_parts({"page-checksums-wait": (time.monotonic() - waited, pages.bytes)})
                         processes.resume(restored[0], pids)
                 _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
                 if manifest.device.backend != BackendName.NONE and not opts.criu_only:
@@ -206,26 +212,28 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             warn(progress, f"process {pid}'s agent finished the device restore by itself (npusnap was stopped)")
             signals.settled = True
             return
-        with phase("device-restore") as t:
+        with phase("device-restore") as t, contextlib.ExitStack() as views:
             hand_daemon(backend, manifest.device, opts)
             communicators.hand(backend, meet)
             images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
             if manifest.parent is not None:
-                _use_chain(backend, root, manifest)
-            backend.restore(root / DEVICE_DIR, images)
+                _use_chain(backend, root, manifest, views)
+            # compressed images (--compress) reassembled first, each chunk checked
+            backend.restore(views.enter_context(assembled(root, manifest, DEVICE_DIR)), images)
             t.bytes = manifest.device.bytes
+            t.add_parts(getattr(backend, "parts", {}))
         with signals.commit_point(), phase("unlock"):
             backend.unlock()
     finally:
         backend.release()
 
 
-def _use_chain(backend: Backend, root: Path, manifest: Manifest) -> None:
+def _use_chain(backend: Backend, root: Path, manifest: Manifest, views: contextlib.ExitStack) -> None:
     from ..backends.direct import DirectBackend
 
     if not isinstance(backend, DirectBackend):
         raise WrongState(f"{root} is incremental: its device images need the direct data path to restore")
-    backend.use_chain(device_dirs(ancestors(root, manifest)))
+    backend.use_chain(device_views(views, ancestors(root, manifest)))
 
 
 def on_daemon(device: DeviceState, opts: RestoreOptions) -> DeviceState:

@@ -29,6 +29,11 @@ class UndoStack:
             except Exception as e:
                 self._warn(f"rollback: {what} failed: {e}")
 
+    def keep_only(self, *names: str) -> None:
+        """Forget every undo not named: what they would undo is already undone another way (a
+        job's ranks that ran on before the commit, core/processset.py)."""
+        self._undos = [(what, undo) for what, undo in self._undos if what in names]
+
     def forget(self) -> None:
         """Committed: nothing is undone any more."""
         self._undos.clear()

@@ -12,13 +12,15 @@ refused instead of silently mixed in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
 from typing import Iterable, Optional
 
 from ..errors import ImageInvalid
-from .format import CRIU_DIR, DEVICE_DIR, MANIFEST, MANIFEST_CHECKSUM_KEY, Manifest, ParentRef, load_manifest, verify
+from .format import CRIU_DIR, DEVICE_DIR, MANIFEST, MANIFEST_CHECKSUM_KEY, Manifest, ParentRef, load_manifest
+from .store import assembled, verify
 
 MAX_CHAIN = 32  # the daemon's kMaxDepth: a chunk is never referenced further up than this
 
@@ -63,8 +65,9 @@ def ancestors(root: Path, m: Manifest) -> list[tuple[Path, Manifest]]:
         if manifest_checksum(p) != cm.parent.manifest_checksum:
             raise ImageInvalid(f"{child}: its parent {p} is not the checkpoint it was taken against "
                                "(replaced or rewritten since)", "restore a complete checkpoint")
-        if pm.pid != m.pid or pm.is_set:
-            raise ImageInvalid(f"{child}: its parent {p} is not a checkpoint of process {m.pid}")
+        if not same_processes(m, pm):
+            raise ImageInvalid(f"{child}: its parent {p} is not a checkpoint of "
+                               + (f"the same set ({_pids(m)})" if m.is_set else f"process {m.pid}"))
         out.append((p, pm))
         child, cm = p, pm
     return out
@@ -77,14 +80,56 @@ def verify_chain(root: Path, m: Manifest, deep: bool = True) -> list[tuple[Path,
     chain = ancestors(root, m)
     for p, pm in chain:
         try:
-            verify(p, pm, shallow=() if deep else (CRIU_DIR, DEVICE_DIR))
+            verify(p, pm, shallow=() if deep else (CRIU_DIR, DEVICE_DIR), deep=deep)
         except ImageInvalid as e:
             raise ImageInvalid(f"{p} (link of the chain of {root}): {e.message}", e.hint) from e
     return chain
 
 
+def _pids(m: Manifest) -> str:
+    return ", ".join(str(p) for p in sorted(e.pid for e in m.members))
+
+
+def same_processes(m: Manifest, pm: Manifest) -> bool:
+    """Whether pm is a checkpoint of the same process as m, or (a set) of the same members."""
+    if m.is_set:
+        return pm.is_set and sorted(e.pid for e in pm.members) == sorted(e.pid for e in m.members)
+    return not pm.is_set and pm.pid == m.pid
+
+
+def check_set_parent(parent: Path, pids: Iterable[int]) -> tuple[Manifest, list[tuple[Path, Manifest]]]:
+    """`checkpoint PID PID ... --parent` (and a job's node): the parent must be a complete,
+    unaltered direct checkpoint of a set of exactly these processes, with its chain intact."""
+    pm = load_manifest(parent)
+    want = sorted(pids)
+    have = sorted(e.pid for e in pm.members) if pm.is_set else [pm.pid]
+    if not pm.is_set or have != want:
+        raise ImageInvalid(f"{parent} is a checkpoint of process{'es' if len(have) > 1 else ''} "
+                           f"{', '.join(map(str, have))}, not of the set {', '.join(map(str, want))}: "
+                           "it cannot be its parent", "name a checkpoint of the same processes, or take a full one")
+    indirect = [e.pid for e in pm.members if e.device.method != "direct"]
+    if indirect:
+        raise ImageInvalid(f"{parent} holds no direct device images of process {indirect[0]} "
+                           f"(data path {next(e for e in pm.members if e.pid == indirect[0]).device.method}): "
+                           "it cannot be a parent", "take a full checkpoint with the direct data path first")
+    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR), deep=False)
+    return pm, verify_chain(parent, pm, deep=False)
+
+
 def device_dirs(chain: Iterable[tuple[Path, Manifest]]) -> list[Path]:
     return [p / DEVICE_DIR for p, _ in chain]
+
+
+def device_views(stack: contextlib.ExitStack, chain: Iterable[tuple[Path, Manifest]]) -> list[Path]:
+    """The links' device directories as the daemon reads them: a link compressed into the chunk
+    store (--compress) reassembled in a private directory (each chunk checked) until stack closes."""
+    views = []
+    for p, pm in chain:
+        try:
+            views.append(stack.enter_context(assembled(p, pm, DEVICE_DIR)))
+        except ImageInvalid as e:
+            raise ImageInvalid(f"{p} (link of a chain): {e.message}", e.hint) from e
+    return views
 
 
 def check_parent(parent: Path, pid: int) -> tuple[Manifest, list[tuple[Path, Manifest]]]:
@@ -101,7 +146,7 @@ def check_parent(parent: Path, pid: int) -> tuple[Manifest, list[tuple[Path, Man
         raise ImageInvalid(f"{parent} holds no direct device images (data path {pm.device.method}): "
                            "it cannot be a parent", "take a full checkpoint with the direct data path first")
     # Sizes only: the daemon checks the parent's index, and each chunk keeps its hash.
-    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR))
+    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR), deep=False)
     return pm, verify_chain(parent, pm, deep=False)
 
 

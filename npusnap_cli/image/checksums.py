@@ -157,6 +157,7 @@ class BulkVerifier:
                  check: Callable[[Path, FileEntry], None]) -> None:
         self.root = root
         self.entries = list(entries)
+        self.bytes = sum(e.size for e in self.entries)
         self.check = check
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, name="image-verifier", daemon=True)

@@ -60,6 +60,13 @@ class FileEntry:
     chunks: list[str] = field(default_factory=list)  # packed into the chunk store (store.py): not in DIR
 
 
+# What the chunk store may hold (store.py): CRIU's page images, and (--compress) direct device
+# images (native/npusim/export.h); a set member's in its PID/.
+PAGES = re.compile(r"criu/([0-9]+/)?pages-[0-9]+\.img")
+DEVICE_IMAGE = re.compile(r"device/([0-9]+/)?dev[0-9]+\.img")
+PACKABLE = re.compile(f"{PAGES.pattern}|{DEVICE_IMAGE.pattern}")
+
+
 @dataclass
 class ProcessEntry:
     pid: int
@@ -73,6 +80,16 @@ class PhaseTiming:
     name: str
     seconds: float
     bytes: int = 0
+
+    def __post_init__(self) -> None:
+        # The phase's steps (name -> {"seconds", "bytes"}), for profiling (`--json`, bench/): an
+        # attribute, not a field, so that asdict() and with it the manifest never holds them.
+        self.parts: dict[str, dict[str, float]] = {}
+
+    def add_parts(self, parts: dict[str, tuple[float, int]]) -> None:
+        """Steps of the phase as their performer timed them: name -> (seconds, bytes)."""
+        for name, (seconds, nbytes) in parts.items():
+            self.parts[name] = {"seconds": round(seconds, 6), "bytes": nbytes}
 
 
 @dataclass
@@ -169,8 +186,8 @@ class Manifest:
                 raise bad("a file's path or checksum", f.path)
             if not isinstance(f.size, int) or f.size < 0:
                 raise bad(f"{f.path}'s size", f.size)
-            if not isinstance(f.chunks, list) or (f.chunks and not re.fullmatch(r"criu/pages-[0-9]+\.img", f.path)):
-                raise bad(f"{f.path}'s chunks", f.chunks)
+            if not isinstance(f.chunks, list) or (f.chunks and not PACKABLE.fullmatch(f.path)):
+                raise bad(f"{f.path}'s chunks", f"{len(f.chunks)} chunks" if isinstance(f.chunks, list) else f.chunks)
         for p in self.processes:
             if not all(isinstance(v, int) for v in (p.pid, p.ppid, p.threads)):
                 raise bad("a process entry", p)
@@ -254,7 +271,8 @@ def set_device(devices: Sequence[DeviceState]) -> DeviceState:
                        devices=sorted({x for d in devices for x in d.devices}),
                        allocations=sum(d.allocations for d in devices), bytes=sum(d.bytes for d in devices),
                        method=common([d.method for d in devices]) if devices else "none",
-                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)))
+                       gpus=list(dict.fromkeys(g for d in devices for g in d.gpus)),
+                       referenced=sum(d.referenced for d in devices))  # incremental: left in the chain
 
 
 def member_summary(m: Manifest, e: MemberEntry) -> dict[str, Any]:
@@ -321,9 +339,12 @@ def checksum_file(path: Path) -> tuple[int, str]:
 def hash_fd(fd: int, h: Any, offset: int = 0, end: Optional[int] = None) -> int:
     """Feed h the bytes of fd from offset to end (default: EOF); returns how many. The buffer is
     sized to the file (most images are a few KiB: an 8 MiB buffer per file would cost more than
-    hashing them), and xxhash releases the GIL while it hashes."""
+    hashing them), and xxhash releases the GIL while it hashes. A large range is read on a thread
+    of its own while this one hashes what was read before (_hash_overlapped)."""
     if end is None:
         end = os.fstat(fd).st_size
+    if end - offset > 2 * CHUNK:
+        return _hash_overlapped(fd, h, offset, end)
     buf = bytearray(max(1, min(CHUNK, end - offset)))
     view = memoryview(buf)
     done = 0
@@ -334,6 +355,53 @@ def hash_fd(fd: int, h: Any, offset: int = 0, end: Optional[int] = None) -> int:
         h.update(view[:n])
         done += n
     return done
+
+
+def _hash_overlapped(fd: int, h: Any, offset: int, end: int) -> int:
+    """hash_fd's large ranges: the copy out of the page cache (or the disk's read) and the hash,
+    each about half of the work, run at once, on two buffers that take turns; the hash is fed in
+    file order. A read error is raised here, once the reader has stopped."""
+    import queue
+    import threading
+
+    free: "queue.Queue[bytearray]" = queue.Queue()
+    full: "queue.Queue[tuple[Optional[bytearray], int, Optional[OSError]]]" = queue.Queue()
+    for _ in range(2):
+        free.put(bytearray(CHUNK))
+    stop = threading.Event()
+
+    def read() -> None:
+        pos = offset
+        try:
+            while pos < end and not stop.is_set():
+                buf = free.get()
+                n = os.preadv(fd, [memoryview(buf)[:min(CHUNK, end - pos)]], pos)
+                if not n:
+                    break  # shorter than it was: what was read is what counts
+                full.put((buf, n, None))
+                pos += n
+        except OSError as e:
+            full.put((None, 0, e))
+            return
+        full.put((None, 0, None))
+
+    reader = threading.Thread(target=read, name="image-reader", daemon=True)
+    reader.start()
+    done = 0
+    try:
+        while True:
+            buf, n, err = full.get()
+            if buf is None:
+                if err is not None:
+                    raise err
+                return done
+            h.update(memoryview(buf)[:n])
+            done += n
+            free.put(buf)
+    finally:
+        stop.set()
+        free.put(bytearray(0))  # wakes a reader waiting for a buffer; it sees stop and ends
+        reader.join()
 
 
 def image_files(root: Path) -> Iterator[Path]:

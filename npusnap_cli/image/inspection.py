@@ -170,6 +170,7 @@ class Inspection:
     members: list[dict[str, Any]] = field(default_factory=list)  # a process set's: format.member_summary
     chain: ChainInfo = field(default_factory=lambda: ChainInfo(None, 0, 0))
     host_pages: Optional[dict[str, Any]] = None  # --dedup: page images in the chunk store, bytes new vs referenced
+    device_images: Optional[dict[str, Any]] = None  # --compress: device images in the chunk store, raw vs stored
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -231,8 +232,10 @@ def _from_manifest(root: Path, m: Manifest) -> Inspection:
             criu_version=str(m.criu_version),
             pid=int(m.pid),
             command=[str(a) for a in m.command],
-            options={k: v for k, v in m.options.items() if k != "host_pages"},
+            options={k: v for k, v in m.options.items() if k not in ("host_pages", "device_images")},
             host_pages=m.options.get("host_pages") if isinstance(m.options.get("host_pages"), dict) else None,
+            device_images=(m.options.get("device_images") if isinstance(m.options.get("device_images"), dict)
+                           else None),
             processes=[],
             memory_dumped=0,
             device=device,

@@ -9,6 +9,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -61,6 +62,7 @@ class Staging:
             raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
         self.committed = False
         self.followers: list[Follower] = []  # one per dump (a process set dumps each member apart)
+        self.parts: dict[str, tuple[float, int]] = {}  # the last seal's steps: (seconds, bytes)
 
     @property
     def criu_dir(self) -> Path:
@@ -80,10 +82,11 @@ class Staging:
 
     def seal(self, known: Sequence[FileEntry] = (), packer: Optional["Packer"] = None) -> list[FileEntry]:
         """Make images 0600, fsync them, and return their manifest entries. Files in
-        `known` were checksummed and fsync'd by whoever wrote them (the device export,
-        while streaming): they are only checked for size, never read again. Files the
+        `known` were checksummed by whoever wrote them (the device export, while streaming):
+        they are only checked for size, never read again, and fsync'd with the rest. Files the
         follower hashed while they were written are not read again either. With a packer, CRIU's
         page images move into the chunk store (store.py) instead of being fsync'd here."""
+        started = time.monotonic()
         written = {f.path: f for f in known}
         hashed: dict[str, tuple[int, str]] = {}
         for follower in self.followers:
@@ -106,6 +109,7 @@ class Staging:
                 st = os.lstat(p)
                 if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
                     raise ImageInvalid(f"{rel} changed after it was written")
+                to_sync.append(p)  # the export leaves it to us: its write-back overlapped CRIU's dump
             else:
                 size, digest = hashed.get(str(rel), (-1, ""))
                 if size != os.lstat(p).st_size:
@@ -122,7 +126,10 @@ class Staging:
         # cache flush, which concurrent fsyncs share instead of paying one each.
         if packer is not None:
             to_sync += packer.store.to_sync()
+        checked = time.monotonic()
         fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
+        self.parts = {"checksums": (checked - started, 0),
+                      "fsync": (time.monotonic() - checked, sum(e.size for e in entries))}
         return entries
 
     def commit(self, manifest: Manifest) -> Path:

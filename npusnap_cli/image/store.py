@@ -1,4 +1,5 @@
-"""The chunk store: CRIU's page images kept as content-addressed chunks, each stored once.
+"""The chunk store: CRIU's page images (and, with --compress, direct device images) kept as
+content-addressed chunks, each stored once.
 
     PARENT/.npusnap-store/          beside the checkpoints (0700, ours, never a link)
         lock                        flock: shared while a checkpoint adds or references chunks,
@@ -6,7 +7,7 @@
         chunks/AB/HEX.CODEC         one chunk: its xxh3-128 (of the raw bytes) names it; CODEC is
                                     how it is stored (raw | zstd | lz4)
 
-A packed page image is listed in the manifest with its size and checksum as before, plus its
+A packed image is listed in the manifest with its size and checksum as before, plus its
 chunks ("HEX CODEC SIZE STORED" each, in order); the file itself is not in the checkpoint.
 An unchanged page range costs nothing the second time: its chunk is already there. Restore
 reassembles the file for CRIU, checking each chunk's digest and the whole file's checksum.
@@ -32,14 +33,17 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Optional, Sequ
 from ..errors import ImageInvalid, StorageProblem
 from . import format as fmt
 from .checksums import fsync_all
-from .format import CRIU_DIR, MANIFEST, FileEntry, Manifest, load_manifest, new_hasher
+from .format import CRIU_DIR, DEVICE_IMAGE, MANIFEST, PAGES, FileEntry, Manifest, load_manifest, new_hasher
 
 STORE_NAME = ".npusnap-store"
 CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites little
 _STORED = {"none": "raw", "zstd": "zstd", "lz4": "lz4"}
 _NAME = re.compile(r"^([0-9a-f]{32})\.(raw|zstd|lz4)$")
 PAGE_IMAGE = re.compile(r"pages-[0-9]+\.img")  # CRIU's page images, the ones packed
-PAGES = re.compile(r"criu/" + PAGE_IMAGE.pattern)
+DEVICE_HEADER = 64  # cut off first, so that the device's chunks fall on our chunk boundaries
+# A device image's chunk: the daemon's own (it tracks changes per MiB), and one file (fsync'd) per
+# MiB instead of 16.
+DEVICE_CHUNK = 1 << 20
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -106,7 +110,7 @@ class Chooser:
     what it leaves beats writing raw (we write one chunk after the other, so the costs add). Its
     compress rate is watched on: should it fall, the rest is written raw."""
 
-    PROBE = 64  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
+    PROBE = 64 * CHUNK_SIZE  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
 
     def __init__(self, choice: str) -> None:
         self.fixed = None if choice == "auto" else _STORED[choice]
@@ -118,7 +122,7 @@ class Chooser:
         self.ratio = 1.0
 
     def probing(self) -> bool:
-        return self.fixed is None and self.seen < self.PROBE
+        return self.fixed is None and self.written < self.PROBE
 
     def pick(self) -> str:
         return self.fixed if self.fixed is not None else self.codec
@@ -135,7 +139,7 @@ class Chooser:
         self.write_s += time.perf_counter() - t
         self.written += len(data)
         self.seen += 1
-        if self.seen == self.PROBE:
+        if self.written >= self.PROBE:
             t = time.perf_counter()
             sync()  # as the seal does: the probe's chunks fsync'd together
             self.write_s += time.perf_counter() - t
@@ -175,7 +179,7 @@ def _own_dir(path: Path, create: bool) -> int:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _OPEN)
     except FileNotFoundError:
         raise ImageInvalid(f"the chunk store {path} is missing",
-                           "the checkpoint's host pages live there; restore it from a backup") from None
+                           "the checkpoint's packed images live there; restore it from a backup") from None
     except OSError as e:
         raise StorageProblem(f"cannot open the chunk store {path}: {e.strerror} (a symbolic link?)") from e
     st = os.fstat(fd)
@@ -344,62 +348,94 @@ class Store:
 
 @dataclass
 class PackStats:
-    raw_bytes: int = 0         # the page images' size
+    raw_bytes: int = 0         # the images' size
     new_bytes: int = 0         # what this checkpoint added to the store
     referenced_bytes: int = 0  # raw bytes of chunks that were there already
     codec: str = "raw"
+    plain_bytes: int = 0       # device images auto left as files in DIR (compressing did not pay)
 
     def recorded(self, choice: str) -> dict[str, Any]:
         return {"store": STORE_NAME, "compress": choice, "codec": self.codec, "raw_bytes": self.raw_bytes,
-                "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes}
+                "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes,
+                **({"plain_bytes": self.plain_bytes} if self.plain_bytes else {})}
+
+
+class _NotCompressing(Exception):
+    pass
 
 
 class Packer:
-    """Moves a checkpoint's page images into the store. Its lock (shared) is held from the first
+    """Moves a checkpoint's page images (and device images) into the store. Its lock (shared) is held from the first
     chunk until close(), after the commit: prune cannot collect a chunk this checkpoint found
     in the store before its manifest says so."""
 
     def __init__(self, final: Path, choice: str) -> None:
         self.choice = choice
-        self.runs: dict[str, list[tuple[int, int]]] = {}  # pages-N.img -> its runs of pages (cuts)
+        self.runs: dict[str, list[tuple[int, int]]] = {}  # a page image's path -> its runs of pages (cuts)
         self.store = Store(store_of(final), create=True)
         self.store.index()
         self.chooser = Chooser(choice)
-        self.stats = PackStats()
+        self.stats = PackStats()         # host pages
+        self.device_stats = PackStats()  # device images
 
     def close(self) -> None:
         self.store.close()
 
-    def pack(self, path: Path, entry: FileEntry) -> FileEntry:
-        """Store the file's chunks (checking the whole checksum on the way), then remove it."""
+    def compressing(self) -> bool:
+        """Whether images still go into the store compressed: a codec chosen, or auto still
+        probing (it writes raw then, timed), or chose one."""
+        return self.chooser.pick() != "raw" or self.chooser.probing()
+
+    def add_runs(self, criu_dir: Path, runs: dict[str, list[tuple[int, int]]]) -> None:
+        """The runs of pages of criu_dir's page images (platform/criu.page_runs), by image name."""
+        self.runs.update({str(criu_dir / name): r for name, r in runs.items()})
+
+    def try_pack(self, path: Path, entry: FileEntry) -> Optional[FileEntry]:
+        """A device image staged in memory: packed (and kept there), or None as soon as auto finds
+        that compressing does not pay (the caller then writes the file as it is: cheaper than raw
+        chunks; what the probe stored stays for prune to collect)."""
+        try:
+            return self.pack(path, entry, keep=True, give_up=True)
+        except _NotCompressing:
+            return None
+
+    def pack(self, path: Path, entry: FileEntry, keep: bool = False, give_up: bool = False) -> FileEntry:
+        """Store the file's chunks (checking the whole checksum on the way), then remove it
+        (keep: the caller still needs it, as a device image imported back for --leave-running)."""
         chunks = []
         whole = new_hasher()
+        device = bool(DEVICE_IMAGE.fullmatch(entry.path))
+        stats = self.device_stats if device else self.stats
+        lengths = device_cuts(entry.size) if device else cuts(self.runs.get(str(path), []), entry.size)
         fd = os.open(path, os.O_RDONLY | _OPEN)
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-                for length in cuts(self.runs.get(path.name, []), entry.size):
+                for length in lengths:
                     data = f.read(length)
                     whole.update(data)
-                    chunks.append(self._one(data))
+                    chunks.append(self._one(data, stats))
                     if len(data) < length:
                         break
+                    if give_up and not self.compressing():
+                        raise _NotCompressing()
         finally:
             os.close(fd)
         size = sum(c.size for c in chunks)
         if size != entry.size or whole.hexdigest() != entry.checksum:
             raise ImageInvalid(f"{entry.path} changed while it was moved into the chunk store")
-        os.unlink(path)
-        self.stats.raw_bytes += size
-        self.stats.codec = self.chooser.pick() if not self.chooser.probing() else "raw"
+        if not keep:
+            os.unlink(path)
+        stats.raw_bytes += size
+        stats.codec = self.chooser.pick() if not self.chooser.probing() else "raw"
         return FileEntry(entry.path, entry.size, entry.checksum, [c.text() for c in chunks])
 
-    def _one(self, data: bytes) -> Chunk:
+    def _one(self, data: bytes, stats: PackStats) -> Chunk:
         h = new_hasher()
         h.update(data)
         digest = h.hexdigest()
         found = self.store.find(digest)
         if found is not None:
-            self.stats.referenced_bytes += len(data)
+            stats.referenced_bytes += len(data)
             return Chunk(digest, found.codec, len(data), found.stored)
         if self.chooser.probing():
             self.chooser.probe(data, lambda: self.store.put(digest, "raw", data),
@@ -412,8 +448,16 @@ class Packer:
             if len(stored) >= len(data):
                 stored, codec = data, "raw"  # incompressible: stored as it is
             self.store.put(digest, codec, stored)
-        self.stats.new_bytes += len(stored)
+        stats.new_bytes += len(stored)
         return Chunk(digest, codec, len(data), len(stored))
+
+
+def device_cuts(size: int) -> list[int]:
+    """A device image's chunks: its header, then DEVICE_CHUNK pieces (the device's chunks, which
+    follow the header back to back; an allocation's last one may be shorter, and the pieces after
+    it then straddle two, which costs dedup across checkpoints only, never correctness)."""
+    head = min(DEVICE_HEADER, size)
+    return [head, *(min(DEVICE_CHUNK, size - off) for off in range(head, size, DEVICE_CHUNK))] if size else []
 
 
 def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
@@ -436,6 +480,11 @@ def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
 
 def packable(entry: FileEntry) -> bool:
     return bool(PAGES.fullmatch(entry.path))
+
+
+def packed_device(manifest: Manifest) -> bool:
+    """Whether the checkpoint's device images live in the chunk store (--compress)."""
+    return any(f.chunks and DEVICE_IMAGE.fullmatch(f.path) for f in manifest.files)
 
 
 # ---------------------------------------------------------------- restore, verify
@@ -466,29 +515,41 @@ def check_chunks(root: Path, entries: Iterable[FileEntry], deep: bool) -> None:
 
 def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = (),
            later: Collection[str] = (), deep: bool = True) -> Manifest:
-    """format.verify, and the chunks of packed page images: present (deep: and intact)."""
+    """format.verify, and the chunks of packed images: present (deep: and intact, each chunk's
+    raw bytes against its digest and the whole image against its checksum)."""
     m = manifest or load_manifest(root)
     check_chunks(root, packed_entries(m), deep)
     return fmt.verify(root, m, shallow, later, chunks_checked=True)
 
 
 @contextlib.contextmanager
-def assembled(root: Path, manifest: Manifest) -> Iterator[Path]:
-    """The directory CRIU restores from: root/criu itself, or, when page images were packed, a
-    private directory in the store holding them reassembled (every chunk checked) and links to
-    the other (verified) images. Removed on exit."""
-    packed = packed_entries(manifest)
+def assembled(root: Path, manifest: Manifest, sub: str = CRIU_DIR, member: str = "") -> Iterator[Path]:
+    """The directory CRIU (sub criu/) or the device import (sub device/) reads: root/sub itself,
+    or, when images in it were packed, a private directory in the store holding them reassembled
+    (every chunk checked, and the whole file's checksum) and links to the other (verified)
+    images. Removed on exit. member: a set member's subdirectory, the only one reassembled."""
+    packed = [e for e in packed_entries(manifest)
+              if Path(e.path).parts[0] == sub and (not member or Path(e.path).parts[1] == member)]
     if not packed:
-        yield root / CRIU_DIR
+        yield root / sub
         return
     with Store(store_of(root)) as store:
         view = Path(tempfile.mkdtemp(prefix="restore-", dir=store.path))
         try:
-            for name in os.listdir(root / CRIU_DIR):
-                os.symlink(root / CRIU_DIR / name, view / name)
+            if (root / sub).is_dir():
+                for name in os.listdir(root / sub):
+                    os.symlink(root / sub / name, view / name)
             for entry in packed:
+                rel = Path(*Path(entry.path).parts[1:])  # a set member's PID/devN.img keeps its PID/
+                if len(rel.parts) > 1:
+                    if (view / rel.parent).is_symlink():  # the member's directory: its own, not a link to it
+                        os.unlink(view / rel.parent)
+                        os.mkdir(view / rel.parent, 0o700)
+                        for name in os.listdir(root / sub / rel.parent):
+                            os.symlink(root / sub / rel.parent / name, view / rel.parent / name)
+                    (view / rel.parent).mkdir(0o700, exist_ok=True)
                 whole = new_hasher()
-                fd = os.open(view / Path(entry.path).name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
+                fd = os.open(view / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
                 with os.fdopen(fd, "wb") as f:
                     for c in chunks_of(entry):
                         data = store.read(c, entry.path)

@@ -10,7 +10,8 @@ Checkpoint, in the pipeline's order (each with its undo):
                                  no files and the process LOCKED: the lock's undo unlocks it)
     backup external (agent)   -> undo: backends/direct.restore_direct(), i.e. restore external + import_device
                                  from the staging dir, then the lock's undo unlocks
-    CRIU dump, seal (the device files' checksums come from the export: never re-read), commit
+    CRIU dump, seal (the device files' checksums come from the export: never re-read; their fsync,
+    left by the export, is the seal's, so their write-back overlaps the dump), commit
 
 Restore: CRIU restore -> restore external (agent) -> import_device -> unlock. A failure after
 CRIU restore kills the restored tree (the process never runs on a half-imported device: the
@@ -127,16 +128,19 @@ def _error(e: BaseException, doing: str) -> NpusnapError:
 
 
 def export_device(pid: int, device_dir: Path, socket: Optional[str] = None,
-                  parent: Optional[Path] = None) -> TransferResult:
+                  parent: Optional[Path] = None, sync: bool = True, keep: bool = False) -> TransferResult:
     """Have the daemon write process pid's device memory into device_dir (DIR/device/), one file per
-    device, fsync'd. The process must be LOCKED. On failure no file is left and the device is
-    untouched (the process stays LOCKED: the pipeline's lock undo unlocks it). parent: the device
-    directory of an earlier checkpoint of the process: only what changed since is written."""
+    device, fsync'd (sync=False: only their write-back started; the caller fsyncs them and the
+    directory before it relies on them, as the seal does). The process must be LOCKED. On failure no
+    file is left and the device is untouched (the process stays LOCKED: the pipeline's lock undo
+    unlocks it). parent: the device directory of an earlier checkpoint of the process: only what
+    changed since is written. keep (a live checkpoint): the daemon keeps the memory across the
+    backup, for the restore right after to take back in place (its unlock then needs no import)."""
     import npusim
 
     try:
         data = npusim.export_client(daemon_socket(pid, socket), pid, os.fspath(device_dir),
-                                    None if parent is None else os.fspath(parent))
+                                    None if parent is None else os.fspath(parent), sync, keep)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device export of process {pid}") from e
     return _result(data, "written_bytes")  # the client created the files 0600, O_EXCL

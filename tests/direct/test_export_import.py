@@ -118,6 +118,40 @@ def test_corrupted_image_refused(npusim_daemon, client, tmp_path):
     assert c.call("contents") == before
 
 
+def test_a_retry_after_a_failed_import_writes_every_zero_chunk(npusim_daemon, client, tmp_path):
+    """An external restore re-creates allocations uncommitted and the import commits them chunk by
+    chunk, leaving zero chunks as the kernel gives them. An import that fails part-way has written
+    data into them: a retry (another image) must then write its zero chunks, not trust them."""
+    c = client()
+    addr = c.call("alloc", 0, 4 * MiB, "random", 5)  # every chunk non-zero
+    full, sparse = tmp_path / "full", tmp_path / "sparse"
+    full.mkdir()
+    sparse.mkdir()
+    c.call("lock")
+    first = npusim.export_client(npusim_daemon.socket, c.pid, full, sync=False)  # fsync left to us
+    for f in first["files"]:
+        data = (full / f["path"]).read_bytes()  # complete and as reported, fsync'd or not
+        assert len(data) == f["size"] and xxhash.xxh3_128(data).hexdigest() == f["checksum"]
+    c.call("unlock")
+    c.call("py", f"npusim.memset({addr}, 0, {3 * MiB}); npusim.memset({addr + 3 * MiB}, 7, {MiB})")
+    before = c.call("contents")
+    c.call("lock")
+    second = npusim.export_client(npusim_daemon.socket, c.pid, sparse)
+    assert second["nonzero_bytes"] == MiB  # three zero chunks, then one of data
+    c.call("backup_external")
+    c.call("restore")  # re-created uncommitted, awaiting the import
+    with open(full / "dev0.img", "r+b") as f:  # the last chunk of the full image is corrupt
+        f.seek(64 + 3 * MiB + 100)
+        b = f.read(1)
+        f.seek(64 + 3 * MiB + 100)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(npusim.AclError, match="checksum mismatch"):
+        npusim.import_client(npusim_daemon.socket, c.pid, full, _expected(first))
+    npusim.import_client(npusim_daemon.socket, c.pid, sparse, _expected(second))
+    c.call("unlock")
+    assert c.call("contents") == before  # the zero chunks are zero, not the failed import's data
+
+
 def test_export_refused_unless_locked(npusim_daemon, client, tmp_path):
     tmp_path = tmp_path / "out"
     tmp_path.mkdir()
@@ -172,3 +206,55 @@ def test_enospc_is_clear_and_leaves_the_client_locked_and_intact(npusim_daemon, 
 def test_daemon_gone_is_a_clear_error(tmp_path):
     with pytest.raises(npusim.AclError, match="no npusim daemon answers"):
         npusim.export_client(str(tmp_path / "nothing.sock"), 1, tmp_path)
+
+
+def test_a_kept_export_is_taken_back_in_place_and_freed_when_not(npusim_daemon, client, tmp_path):
+    """A live checkpoint's export (keep): the memory outlives the Backup's Release, the restore takes
+    it back at the same addresses with its data, and Unlock needs no import; the memory stays
+    counted against the device meanwhile. A process restored after a daemon restart has nothing to
+    take back: an import is due as ever."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    used = npusim.daemon_status(npusim_daemon.socket)["devices"]
+    c.call("lock")
+    (tmp_path / "a").mkdir()
+    npusim.export_client(npusim_daemon.socket, c.pid, tmp_path / "a", keep=True)
+    c.call("backup_external")
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used  # kept, still counted
+    c.call("restore")
+    c.call("unlock")  # in place: no import
+    assert c.call("contents") == before
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used  # taken back, not doubled
+
+    # Kept again, but the daemon restarts: the restore has nothing to take back.
+    _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=True, restart=True)
+
+
+def _back_through_the_import(daemon, c, directory, before, keep: bool, restart: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Lock, export, back up, (restart the daemon,) restore: Unlock is refused until the import."""
+    c.call("lock")
+    directory.mkdir()
+    out = npusim.export_client(daemon.socket, c.pid, directory, keep=keep)
+    c.call("backup_external")
+    if restart:
+        daemon.restart()
+    c.call("restore")
+    with pytest.raises(ClientError) as ei:
+        c.call("unlock")
+    assert ei.value.code == UNLOCK_FAILED
+    npusim.import_client(daemon.socket, c.pid, directory, _expected(out))
+    c.call("unlock")
+    assert c.call("contents") == before
+
+
+def test_an_unlock_ends_a_keep_that_no_backup_followed(npusim_daemon, client, tmp_path):
+    """A live checkpoint rolled back after its export: the client unlocks, and a later ordinary
+    backup's Release frees the memory as ever (its restore needs the import)."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    c.call("lock")
+    npusim.export_client(npusim_daemon.socket, c.pid, tmp_path, keep=True)
+    c.call("unlock")
+    _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=False)

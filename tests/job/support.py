@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,7 +10,9 @@ import signal
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
+
+import pytest
 
 from tests.cluster.support import FINISHED, Cluster, poll
 from tests.helpers import ROOT, StepGate
@@ -119,3 +122,21 @@ def sigkill(pids: list[int]) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def small_shared_dir(c: Cluster) -> Iterator[Path]:
+    """A 4 MiB tmpfs in the shared directory, where a job checkpoint runs out of space (skipped
+    where no tmpfs can be mounted); unmounted and removed after."""
+    small = c.shared / f"full-{uuid.uuid4().hex[:8]}"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        small.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield small
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+        small.rmdir()

@@ -3,7 +3,8 @@ runs on, unlocked, and no job checkpoint (nor its staging directory) exists. One
 at each stage, the coordinator failing just before its commit, a worker SIGKILLed mid-checkpoint,
 the coordinator SIGKILLed at each stage, the shared directory full, a second job checkpoint of the
 same job refused while one runs, a message from another user without the job's secret, and (last:
-it costs that node's ranks their device) a node's npusim daemon dying. Real Slurm, CRIU and daemons."""
+it costs that node's ranks their device) a node's npusim daemon dying. Real Slurm, CRIU and daemons.
+`ranks`, the long job every test here tries to checkpoint, is tests/job/conftest.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,23 +24,11 @@ from tests.cluster.fixtures import ensure_up
 from tests.cluster.support import Cluster, poll
 from tests.users import as_user, other_user
 
-from .support import RankJob, no_checkpoint_left, npusnap, sigkill, workers
+from .support import RankJob, no_checkpoint_left, npusnap, sigkill, small_shared_dir, workers
 
 ABORTED = 15
 BUSY = 11  # WrongState: another job checkpoint of the job runs
 STORAGE = 12
-
-
-@pytest.fixture(scope="module")
-def ranks(cluster: Cluster) -> Iterator[RankJob]:
-    """One long job of 4 ranks (2 per node) that every fault test here tries to checkpoint."""
-    ensure_up(cluster)
-    job = RankJob(cluster, steps=100000, sleep_ms=50)
-    try:
-        job.wait_steps(2)
-        yield job
-    finally:
-        cluster.cancel_all()
 
 
 def rank_pid(job: RankJob, t: int) -> int:
@@ -111,6 +100,17 @@ def read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
         assert line, "".join(lines)
         lines.append(line)
     return lines
+
+
+def kill_at(proc: subprocess.Popen[str], pattern: str) -> None:
+    """SIGKILL the coordinator once its stderr says pattern; reaped either way."""
+    try:
+        read_until(proc, pattern)
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def _attack(address: str, pattern: str) -> dict[str, Any]:
@@ -189,14 +189,7 @@ def test_the_coordinator_killed_at_each_stage_every_rank_runs_on(ranks: RankJob,
     node = node_of(ranks, 3)
     target = c.shared / f"ck-ckill-{stage}-{uuid.uuid4().hex[:8]}"
     env = {k: v.format(node=node) for k, v in hook.items()}
-    proc = coordinator(c, target, ranks.id, {**env, "NPUSNAP_TEST_PAUSE_S": "3"})
-    try:
-        read_until(proc, line)
-        proc.kill()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    kill_at(coordinator(c, target, ranks.id, {**env, "NPUSNAP_TEST_PAUSE_S": "3"}), line)
     try:
         no_workers_left(c)  # each undid its ranks and ended: none waits for a lease forever
         ranks.assert_all_run_on(timeout=90)
@@ -245,14 +238,7 @@ def test_a_second_job_checkpoint_is_refused_while_one_runs(ranks: RankJob) -> No
 
 def test_the_shared_directory_full_aborts_with_a_storage_problem(ranks: RankJob) -> None:
     c = ranks.c
-    small = c.shared / f"full-{uuid.uuid4().hex[:8]}"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(small)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        small.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_shared_dir(c) as small:
         target = small / "ck"
         r = npusnap(c, "job", "checkpoint", "-D", str(target), "--job", ranks.id)
         assert r.returncode == STORAGE, r.stderr
@@ -262,9 +248,6 @@ def test_the_shared_directory_full_aborts_with_a_storage_problem(ranks: RankJob)
         no_checkpoint_left(target)
         assert not any(small.iterdir()), list(small.iterdir())  # no partial checkpoint, valid-looking or not
         ranks.assert_all_run_on()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
-        small.rmdir()
 
 
 def test_a_node_daemon_dying_aborts_the_other_nodes_ranks_run_on(ranks: RankJob) -> None:

@@ -25,8 +25,8 @@ STEPS = 12
 MiB = 1 << 20
 
 
-def _argv(gate: str) -> list[str]:
-    return [sys.executable, str(WORKLOAD), str(STEPS), gate]
+def _argv(gate: str, *mode: str) -> list[str]:
+    return [sys.executable, str(WORKLOAD), str(STEPS), gate, *mode]
 
 
 def _device_bytes(ck: Path) -> int:
@@ -38,11 +38,11 @@ class Chain:
     """The workload, gated step by step, and its checkpoints ck0 (full), ck1, ... (each the
     parent of the next), taken after step k-1 and before step k."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], *mode: str) -> None:
         self.tmp, self.env = tmp, env
         self.gate = tmp / "gate"
         self.gate.mkdir()
-        self.w = Workload(under_agent(_argv(str(self.gate))), tmp / "dirty.out", env=env)
+        self.w = Workload(under_agent(_argv(str(self.gate), *mode)), tmp / "dirty.out", env=env)
         self.w.wait_for_line("ready pid", timeout=60)
         self.links: list[Path] = []
 
@@ -191,20 +191,114 @@ def test_rolled_back_checkpoint_keeps_the_changes_for_the_next(chain, reference,
     assert strip_ready(chain.w.lines()) == ref
 
 
-@pytest.mark.parametrize("point", ["after:backup", "after:dump"])
+@pytest.mark.parametrize("point,extra", [("after:backup", ()), ("after:dump", ()),
+                                         ("after:dump", ("--compress", "zstd"))])
 def test_cli_killed_mid_incremental_checkpoint_brings_the_device_back_through_the_chain(
-        chain, reference, point) -> None:  # type: ignore[no-untyped-def]
+        chain, reference, point, extra) -> None:  # type: ignore[no-untyped-def]
     """Killed once its device data lives only in the staged incremental images: the guardian's
-    recover imports them with their parent chain, and the workload runs on bit-exact."""
+    recover imports them with their parent chain, and the workload runs on bit-exact (with
+    --compress, from the images staged in memory, /dev/shm)."""
     from tests.faults.support import PausedCli, wait_recovers
 
     ref = reference(_argv("-"))
     chain.checkpoint()
     chain.step(0)
     cli = PausedCli(["checkpoint", chain.w.pid, "-D", chain.tmp / "killed", "--leave-running",
-                     "--parent", chain.links[0]], point, chain.env)
+                     "--parent", chain.links[0], *extra], point, chain.env)
     cli.kill()
     wait_recovers(chain.w, bound=30, env=chain.env)
     assert not (chain.tmp / "killed").exists()
     chain.finish()
     assert strip_ready(chain.w.lines()) == ref
+
+
+@pytest.mark.parametrize("codec", ["zstd", "auto"])
+def test_compressed_chain_restores_exactly_and_a_damaged_chunk_is_caught(npusim_daemon, reference,  # type: ignore[no-untyped-def]
+                                                                         tmp_path, codec) -> None:
+    """--compress on device images: training state (bf16-precision floats) compressed into the
+    chunk store, a --parent link against a compressed parent, --leave-running's import back
+    from memory (every later step's digest covers all device memory), the second link restored
+    bit-exact through both; a flipped byte in a chunk of the parent's device image is caught.
+    auto: whatever it chose on this machine (compressed chunks, or plain files once it found
+    compressing does not pay), the same holds."""
+    ref = reference(_argv("-", "floats"))
+    c = Chain(tmp_path, npusim_daemon.env, "floats")
+    try:
+        c.checkpoint("--compress", codec)
+        c.step(0)
+        c.checkpoint("--compress", codec)
+        c.finish()
+        assert strip_ready(c.w.lines()) == ref
+        ck0, ck1 = c.links
+        dev = [json.loads(npusnap("inspect", ck, "--json", check=True).stdout)["device_images"] for ck in c.links]
+        plain = {d.get("plain_bytes", 0) > 0 for d in dev}
+        assert codec == "auto" or plain == {False}, dev
+        if codec == "zstd":
+            assert not list((ck0 / "device").iterdir())  # the device images live in the store only
+            assert dev[0]["raw_bytes"] >= 64 * MiB and dev[0]["raw_bytes"] >= 1.5 * dev[0]["new_bytes"], dev[0]
+            assert dev[1]["raw_bytes"] <= 0.15 * dev[0]["raw_bytes"], dev  # only what changed, then compressed
+        assert "device images in the chunk store" in npusnap("inspect", ck1, check=True).stdout
+        assert npusnap("verify", ck1).returncode == 0
+
+        r = c.restore(ck1)
+        assert r.returncode == 0, r.stderr
+        c.w.wait_exit(timeout=60)
+        assert strip_ready(c.w.lines()) == ref
+
+        # Allocation 2, chunk 8 (only ever written at the start): ck1 references it in ck0.
+        entry = next(f for f in yaml.safe_load((ck0 / "manifest.yaml").read_text())["files"]
+                     if f["path"] == "device/dev0.img")
+        if entry.get("chunks"):
+            digest, stored_as = entry["chunks"][1 + 40].split()[:2]
+            damaged = tmp_path / ".npusnap-store" / "chunks" / digest[:2] / f"{digest}.{stored_as}"
+            at = damaged.stat().st_size // 2
+        else:  # auto left it a plain file
+            damaged, at = ck0 / "device" / "dev0.img", 64 + 40 * MiB + 123
+        data = bytearray(damaged.read_bytes())
+        data[at] ^= 0x01
+        damaged.write_bytes(bytes(data))
+        v = npusnap("verify", ck1)
+        assert v.returncode == 8 and "ck0" in v.stderr and "dev0.img" in v.stderr, v.stderr
+        r = c.restore(ck1)
+        assert r.returncode == 8 and "ck0" in r.stderr and "dev0.img" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) <= 2, r.stderr
+    finally:
+        c.w.stop()
+
+
+def test_a_set_chain_with_compressed_links_restores_exactly(npusim_daemon, reference,  # type: ignore[no-untyped-def]
+                                                            tmp_path) -> None:
+    """A process set (as a job's node runs its ranks): --compress and --parent for every member,
+    each member's images referencing its own in the parent set; the second link restores every
+    member bit-exact."""
+    ref = reference(_argv("-", "floats"))
+    chains = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            chains.append(Chain(tmp_path / name, npusim_daemon.env, "floats"))
+        pids = [c.w.pid for c in chains]
+        s0, s1 = tmp_path / "s0", tmp_path / "s1"
+        base = ["checkpoint", *pids, "--leave-running", "--data-path", "direct", "--compress", "zstd"]
+        npusnap(*base, "-D", s0, env=npusim_daemon.env, timeout=180, check=True)
+        for c in chains:
+            c.step(0)
+        npusnap(*base, "-D", s1, "--parent", s0, env=npusim_daemon.env, timeout=180, check=True)
+        for c in chains:
+            c.finish()
+            assert strip_ready(c.w.lines()) == ref
+        m = yaml.safe_load((s1 / "manifest.yaml").read_text())
+        assert m["parent"]["path"] == "../s0"
+        assert all(e["device"]["referenced"] == 64 * MiB - 7 * MiB for e in m["members"]), m["members"]
+        assert all(f.get("chunks") for f in m["files"] if f["path"].startswith("device/"))
+        assert npusnap("verify", s1).returncode == 0
+
+        for c in chains:
+            rewind_to_checkpoint(s1, c.w.out, member=c.w.pid)
+        r = npusnap("restore", s1, env=npusim_daemon.env, timeout=180)
+        assert r.returncode == 0, r.stderr
+        for c in chains:
+            assert strip_ready(c.w.lines()) == ref
+    finally:
+        for c in chains:
+            c.w.stop()

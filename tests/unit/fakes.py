@@ -196,6 +196,12 @@ class FakeGuardian:
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         self.said.append(f"meet {pids}")
 
+    def remove_after(self, directory: Path) -> None:
+        self.said.append(f"remove {directory}")
+
+    def resumed(self) -> None:
+        self.said.append("resumed")
+
     def release(self) -> None:
         self.released = True
 

@@ -93,3 +93,32 @@ def test_a_store_that_is_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ck").mkdir()
     with pytest.raises(StorageProblem, match="cannot open the chunk store"):
         Packer(tmp_path / "ck", "none")
+
+
+def test_a_set_members_device_image_packs_after_its_header_and_reassembles_alone(tmp_path: Path) -> None:
+    """--compress on the direct path: a member's device/PID/dev0.img, cut after its 64-byte
+    header so the device's 1 MiB chunks fall on chunk boundaries; reassembled (that member
+    only) bit-exact, kept where it was (keep=True: --leave-running imports it back)."""
+    from npusnap_cli.image.store import DEVICE_CHUNK, DEVICE_HEADER, device_cuts
+
+    assert device_cuts(DEVICE_HEADER + 2 * DEVICE_CHUNK + 10) == [DEVICE_HEADER, DEVICE_CHUNK, DEVICE_CHUNK, 10]
+    root = tmp_path / "ck"
+    (root / "device" / "7").mkdir(parents=True)
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    data = b"H" * DEVICE_HEADER + (bytes(range(256)) * 8192) + os.urandom(1000)
+    (mem / "dev0.img").write_bytes(data)
+    size, digest = checksum_file(mem / "dev0.img")
+    packer = Packer(root, "zstd")
+    try:
+        entry = packer.pack(mem / "dev0.img", FileEntry("device/7/dev0.img", size, digest), keep=True)
+    finally:
+        packer.close()
+    assert (mem / "dev0.img").exists() and len(entry.chunks) == 1 + 2 + 1
+    stats = packer.device_stats.recorded("zstd")
+    assert stats["raw_bytes"] == size and stats["new_bytes"] < size // 4 and packer.stats.raw_bytes == 0
+    m = Manifest(pid=1, created="", host="", kernel="", npusnap_version="", criu_version="", files=[entry])
+    with assembled(root, m, "device", "7") as view:
+        assert (view / "7" / "dev0.img").read_bytes() == data
+    with assembled(root, m, "device", "8") as view:  # another member's: nothing to reassemble
+        assert view == root / "device"

@@ -36,6 +36,41 @@ def test_the_follower_hashes_files_as_they_grow(tmp_path: Path) -> None:
     assert digests == {p.name: checksum_file(p) for p in tmp_path.iterdir()}
 
 
+def test_a_large_range_is_read_and_hashed_at_once_with_the_same_digest(tmp_path: Path) -> None:
+    """hash_fd reads a range over 2 x CHUNK on a thread of its own while it hashes: the digest and
+    the count are those of the bytes in order; a file shorter than asked ends the count where
+    the file does; a read error is raised, not swallowed."""
+    import xxhash
+
+    from npusnap_cli.image.format import CHUNK, hash_fd
+
+    data = os.urandom(2 * CHUNK + 12345) + bytes(CHUNK) + b"tail"
+    path = tmp_path / "pages-1.img"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for lo, hi in ((0, len(data)), (777, len(data) - 5), (0, len(data) + (1 << 20))):
+            h = xxhash.xxh3_128()
+            n = hash_fd(fd, h, lo, hi)
+            assert n == min(hi, len(data)) - lo
+            assert h.hexdigest() == xxhash.xxh3_128(data[lo:hi]).hexdigest()
+    finally:
+        os.close(fd)
+    entry = FileEntry("pages-1.img", len(data), xxhash.xxh3_128(data).hexdigest())
+    check_entry(path, entry)
+    with open(path, "r+b") as f:  # one bit flipped deep inside, in the second buffer's turn
+        f.seek(CHUNK + 4321)
+        f.write(bytes([data[CHUNK + 4321] ^ 0x10]))
+    with pytest.raises(ImageInvalid, match="checksum"):
+        check_entry(path, entry)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(IsADirectoryError):
+            hash_fd(dfd, xxhash.xxh3_128(), 0, 3 * CHUNK)
+    finally:
+        os.close(dfd)
+
+
 def test_a_replaced_or_truncated_file_is_hashed_again_from_its_start(tmp_path: Path) -> None:
     with Follower(tmp_path, interval=NEVER) as follower:
         (tmp_path / "a.img").write_bytes(b"first attempt " * 1000)
@@ -97,6 +132,30 @@ def test_seal_reads_a_file_the_follower_did_not_see_whole(tmp_path: Path) -> Non
         st.followers[0].digests = lambda: {"pages-1.img": (10, "stale")}  # type: ignore[method-assign]
         [entry] = st.seal()
         assert (entry.size, entry.checksum) == checksum_file(st.criu_dir / "pages-1.img")
+    finally:
+        st.discard()
+
+
+def test_seal_fsyncs_the_device_export_it_does_not_read_again(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct export leaves its files' fsync to the seal (their write-back overlaps CRIU's dump):
+    the seal checks their size only, never reads them, and fsyncs them with the rest before the
+    commit; a size that changed since the export is refused."""
+    st = Staging(tmp_path / "ck")
+    try:
+        data = os.urandom(3 << 20)
+        (st.device_dir / "dev0.img").write_bytes(data)
+        known = FileEntry("device/dev0.img", len(data), "from-the-export")
+        synced: list[Path] = []
+        monkeypatch.setattr(staging_mod, "fsync_all", lambda paths: synced.extend(paths))
+        monkeypatch.setattr(staging_mod, "checksum_file", lambda p: pytest.fail(f"{p} was read again"))
+        [entry] = st.seal(known=[known])
+        assert entry == known
+        assert st.device_dir / "dev0.img" in synced and st.device_dir in synced
+        assert set(st.parts) == {"checksums", "fsync"} and st.parts["fsync"][1] == len(data)
+        _append(st.device_dir / "dev0.img", b"x")
+        with pytest.raises(ImageInvalid, match="changed after it was written"):
+            st.seal(known=[known])
     finally:
         st.discard()
 

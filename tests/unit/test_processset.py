@@ -435,3 +435,27 @@ def test_a_job_hears_of_a_failure_before_the_rollback(fakes: SetFakes, members: 
     assert error.startswith(f"process {members[1].pid} (set member 2 of {N}): test failure injected"), error
     assert states == [State.BACKED_UP] * N, states
     _assert_all_undone(fakes, members, tmp_path / "ck")
+
+
+class _StatesAtVote(_RecordingGate):
+    """A staged job's gate: each member's device state and stop state at its vote, then an abort."""
+
+    def prepared(self, manifest: Manifest) -> None:
+        self.at_vote = [(b.current, running(pid)) for pid, b in self.fakes.backends.items()]
+        raise NpusnapError("the coordinator aborted the job checkpoint: another node failed")
+
+
+def test_run_on_at_seal_then_an_abort_leaves_every_member_running(
+        fakes: SetFakes, members: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    """--stage --leave-running: every member runs on, unlocked, before the vote; an abort after
+    that undoes nothing on them (no second device restore or resume), only the checkpoint goes."""
+    gate = _StatesAtVote(fakes)
+    with pytest.raises(NpusnapError, match="another node failed"):
+        processset.checkpoint_set([p.pid for p in members],
+                                  CheckpointOptions(directory=tmp_path / "ck", leave_running=True, run_on_at_seal=True),
+                                  services=fakes.services(), gate=gate)
+    assert gate.at_vote == [(State.RUNNING, True)] * N, gate.at_vote
+    for p in members:
+        assert fakes.scripts[p.pid].log.count("restore") == 1, fakes.scripts[p.pid].log
+        assert fakes.scripts[p.pid].log[-2:] == ["restore", "unlock"], fakes.scripts[p.pid].log
+    _assert_all_undone(fakes, members, tmp_path / "ck")

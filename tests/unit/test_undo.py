@@ -26,3 +26,14 @@ def test_after_the_commit_nothing_is_undone() -> None:
     stack.forget()
     stack.rollback()
     assert done == []
+
+
+def test_keep_only_forgets_the_undos_not_named() -> None:
+    done: list[str] = []
+    stack = UndoStack(lambda m: None)
+    for what in ("cleanup", "device rollback", "resume"):
+        stack.push(what, lambda what=what: done.append(what))
+    stack.keep_only("cleanup")
+    assert stack.names == ["cleanup"]
+    stack.rollback()
+    assert done == ["cleanup"]

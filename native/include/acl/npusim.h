@@ -89,6 +89,17 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonExportIncremental(const char *socketPat
                                                            const char *parentDir, char **resultJson);
 ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int pid, const char *dir,
                                                      const char *expected, const char *ancestors, char **resultJson);
+/* npusimDaemonExportIncremental with flags: NPUSIM_EXPORT_NO_SYNC leaves the files' fsync (and
+ * their directory's) to the caller, who must do it before relying on them (npusnap's seal does,
+ * while CRIU dumps meanwhile); the daemon only starts their write-back. NPUSIM_EXPORT_KEEP (a live
+ * checkpoint's export): the daemon then keeps pid's device memory across the Release of its next
+ * Backup, so that the external restore that follows takes it back at the same addresses with the
+ * data in place: that restore's Unlock needs no import. Kept memory the restore does not take back
+ * is freed at its end, at an Unlock, or once pid is gone. */
+#define NPUSIM_EXPORT_NO_SYNC 1u
+#define NPUSIM_EXPORT_KEEP 2u
+ACL_FUNC_VISIBILITY aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir,
+                                                     const char *parentDir, unsigned flags, char **resultJson);
 
 /* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
  * generates for an AscendC kernel library. binary (binarySize bytes, embedded in the library) is the

@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ... import __version__
-from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem, WrongState
+from ...errors import (
+    ImageInvalid,
+    JobAborted,
+    JobBusy,
+    NpusnapError,
+    PermissionProblem,
+    StorageProblem,
+    WrongState,
+)
 from ...image.checksums import fsync_path  # the same durability step as a single checkpoint's commit
 from ...image.format import hidden_sibling
 from . import manifest as jm
@@ -68,6 +76,11 @@ class JobCheckpointOptions:
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
     deadlines: Deadlines = field(default_factory=Deadlines)
+    stage: Optional[Path] = None  # a node-local directory each worker writes its node to first (writebehind.py)
+    dedup: bool = False  # every rank's host pages into the node checkpoints' chunk store (nodes/.npusnap-store)
+    compress: str = "none"  # auto | zstd | lz4 | none: passed to every node's set
+    direct: bool = False  # the ranks' device memory through the daemon (the direct data path), not the ranks
+    parent: Optional[Path] = None  # incremental: each rank's images reference this job checkpoint's (implies direct)
 
 
 @dataclass
@@ -89,7 +102,9 @@ class Event:
 
 # A worker's failure of these kinds stays that kind (every rank is undone all the same): a refusal
 # because another job checkpoint runs, a full or broken shared directory. Any other is JobAborted.
-_KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProblem": StorageProblem}
+_KEPT_KINDS: dict[str, type[NpusnapError]] = {"JobBusy": JobBusy, "StorageProblem": StorageProblem,
+                                              "PermissionProblem": PermissionProblem,  # an unsafe --stage
+                                              "ImageInvalid": ImageInvalid}  # a --parent that cannot serve
 
 
 def _worker_failure(stage: str, node: str, msg: dict[str, Any]) -> NpusnapError:
@@ -252,6 +267,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         raise StorageProblem(f"{final} already exists", "choose a new directory for each job checkpoint")
     if not final.parent.is_dir():
         raise StorageProblem(f"{final.parent} is not a directory", "create it on the shared storage first")
+    parent = _check_parent(opts)
     staging = hidden_sibling(final, "partial")
     try:
         staging.mkdir(0o700)
@@ -278,6 +294,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         session.start_workers(_checkpoint_worker_args(job, opts, staging, meet))
         hellos = session.gather("hello", "connect", d.connect)
         stage("connect", t)
+        _check_parent_ranks(opts, parent, hellos)
         for node in nodes:
             say(f"npusnap job: {node}: ranks " + ", ".join(
                 f"{r['pid']} (step {r['step']} task {r['procid']})" for r in hellos[node]["ranks"]))
@@ -289,6 +306,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         acks = session.gather("committed", "commit", d.commit)
         m = _job_manifest(job, nodes, staging, hellos, votes, acks)
         m.phases = stages
+        m.parent = None if opts.parent is None else os.path.relpath(opts.parent.absolute(), final)
         jm.write(staging, m)
         (staging / jm.SECRET).unlink()
         testhooks_commit()
@@ -300,9 +318,11 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         stage("commit", t)
         session.broadcast("done")
         t = time.monotonic()
+        finished: dict[str, dict[str, Any]] = {}
         with contextlib.suppress(JobAborted):  # committed: a worker that ends early costs nothing
-            session.gather("finished", "finish", d.commit)
+            finished = session.gather("finished", "finish", d.commit)
         stage("finish", t)
+        _downtimes(m, finished)
         m.phases = stages
         jm.write(final, m)  # the timings of the finish too (same content otherwise)
         return CheckpointResult(m, final, time.monotonic() - started, stages)
@@ -329,7 +349,42 @@ def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path,
     if opts.criu_timeout:
         args += ["--criu-timeout", str(opts.criu_timeout)]
     args += ["--leave-running"] if opts.leave_running else []
-    return args + (["--shell-job"] if opts.shell_job else [])
+    args += ["--stage", str(opts.stage)] if opts.stage is not None else []
+    return args + (["--shell-job"] if opts.shell_job else []) + _store_worker_args(opts)
+
+
+def _store_worker_args(opts: JobCheckpointOptions) -> list[str]:
+    """--dedup, --compress, --data-path direct, --parent: as every node's worker passes them to its set."""
+    args = (["--dedup"] if opts.dedup else []) + (["--compress", opts.compress] if opts.compress != "none" else [])
+    args += ["--direct"] if opts.direct or opts.parent is not None else []
+    return args + (["--parent", str(opts.parent.absolute())] if opts.parent is not None else [])
+
+
+def _check_parent(opts: JobCheckpointOptions) -> Optional[jm.JobManifest]:
+    """--parent: a committed job checkpoint, its manifests intact (each node's worker then checks
+    its own node's images, and their chain, before it locks a rank)."""
+    if opts.parent is None:
+        return None
+    if os.path.abspath(opts.parent) == os.path.abspath(opts.directory):
+        raise ImageInvalid("--parent cannot be the job checkpoint's own directory")
+    return jm.verify(opts.parent, deep=False)
+
+
+def _check_parent_ranks(opts: JobCheckpointOptions, parent: Optional[jm.JobManifest],
+                        hellos: dict[str, dict[str, Any]]) -> None:
+    """The parent job checkpoint must hold as many ranks as the job runs (each node's worker
+    matches its ranks to a node of the parent by their pids)."""
+    ranks = sum(len(h["ranks"]) for h in hellos.values())
+    if parent is not None and len(parent.ranks) != ranks:
+        raise ImageInvalid(f"the parent job checkpoint {opts.parent} holds {len(parent.ranks)} ranks, the job runs "
+                           f"{ranks}: it cannot be its parent", "take a full job checkpoint (no --parent)")
+
+
+def _downtimes(m: jm.JobManifest, finished: dict[str, dict[str, Any]]) -> None:
+    """Each rank's downtime as its worker measured it (ranks that ran on; stopped ones have none)."""
+    for r in m.ranks:
+        seconds = finished.get(r.node, {}).get("downtime", {}).get(str(r.pid))
+        r.downtime = float(seconds) if seconds is not None else None
 
 
 def _attempt_rendezvous(final: Path) -> Path:

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ...errors import ImageInvalid, StorageProblem
 
@@ -38,6 +38,8 @@ class RankEntry:
     images: str  # the rank's CRIU images, relative to DIR
     device: dict[str, Any] = field(default_factory=dict)
     phases: list[dict[str, Any]] = field(default_factory=list)  # this rank's lock, backup, dump
+    # seconds from its lock until it ran again, unlocked (--leave-running); None: stopped
+    downtime: Optional[float] = None
 
 
 @dataclass
@@ -59,6 +61,7 @@ class JobManifest:
     rendezvous: str = RENDEZVOUS_DIR
     phases: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = JOB_FORMAT_VERSION
+    parent: Optional[str] = None  # --parent: the parent job checkpoint, relative to DIR (each node names its own)
 
     def node(self, name: str) -> NodeEntry:
         return next(n for n in self.nodes if n.name == name)
@@ -130,6 +133,16 @@ def verify(root: Path, deep: bool = True) -> JobManifest:
         if deep:
             try:
                 verify_node(d)
+                verify_node_chain(d)
             except ImageInvalid as e:
                 raise ImageInvalid(f"node {n.name}: {e.message}", e.hint) from e
     return m
+
+
+def verify_node_chain(node_dir: Path) -> list[Path]:
+    """An incremental job checkpoint's node: every link of its chain (the parent job checkpoints'
+    nodes holding the same ranks), every file checked."""
+    from ...image.chain import verify_chain
+    from ...image.format import load_manifest
+
+    return [p for p, _ in verify_chain(node_dir, load_manifest(node_dir), deep=True)]

@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from ... import testhooks
 from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem
 from ...image.format import MANIFEST, Manifest
+from . import writebehind
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
 from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored
 
 if TYPE_CHECKING:
+    from ..processset import SetCheckpoint
     from ..restore import RestoreOptions
 
 
@@ -55,7 +57,12 @@ class WorkerOptions:
     # where the HCCL ranks of every node re-form their communicators: the restore's, or (checkpoint)
     # the attempt's, for the in-place restores of a rollback or of --leave-running
     rendezvous: Optional[Path] = None
+    stage: Optional[Path] = None  # checkpoint: the node-local directory to write the set to first (--stage)
     extra: dict[str, Any] = field(default_factory=dict)
+    dedup: bool = False  # checkpoint: the set's host pages into the chunk store (image/store.py)
+    compress: str = "none"
+    direct: bool = False  # checkpoint: the direct data path (the daemon moves device memory)
+    parent: Optional[Path] = None  # checkpoint: the parent job checkpoint (incremental)
 
 
 def node_name() -> str:
@@ -102,7 +109,22 @@ def _failed(ch: Channel, node: str, e: NpusnapError) -> None:
         ch.send("failed", node=node, error=e.one_line(), error_kind=type(e).__name__)
 
 
-class _Gate:
+class _GateRuns:
+    """How a gate runs its node's set, and what it reports after (each rank's downtime)."""
+
+    set: "SetCheckpoint"
+
+    def run(self, s: "SetCheckpoint") -> None:
+        self.set = s
+        s.execute()
+
+    @property
+    def downtime(self) -> dict[int, float]:
+        """Seconds from each rank's lock until it ran again (--leave-running; none: stopped)."""
+        return dict(self.set.downtime)
+
+
+class _Gate(_GateRuns):
     """The set's two-phase commit hooks, answered by the coordinator. It also times this node's
     vote (from its vote to the coordinator's commit) and commit (from the commit to its ack)."""
 
@@ -137,13 +159,16 @@ class _Gate:
 
     def prepared(self, manifest: Manifest) -> None:
         testhooks.job_point("vote", self.node)
-        members = [{"pid": m.pid, "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases]}
-                   for m in manifest.members]
         self._since = time.monotonic()
-        self._send("prepared", node=self.node, members=members, phases=[p.__dict__ for p in manifest.phases])
+        self._send("prepared", node=self.node, members=self._members(manifest),
+                   phases=[p.__dict__ for p in manifest.phases])
         self.voted = True
         self._await("commit", "commit")
         self._timed("vote")
+
+    def _members(self, manifest: Manifest) -> list[dict[str, Any]]:
+        return [{"pid": m.pid, "device": m.device.__dict__, "phases": [p.__dict__ for p in m.phases]}
+                for m in manifest.members]
 
     def failing(self, error: BaseException) -> None:
         if not isinstance(error, JobAborted):  # the coordinator's word (or its loss): nothing to tell it
@@ -170,18 +195,65 @@ class _Gate:
         self._await("final", "done")
 
 
+class _StagedGate(_Gate):
+    """--stage: the node's set is written to node-local storage first (the worker's stage root).
+    Before the vote its sealed images are copied to the job's staging directory on the shared
+    storage (writebehind.py); once the set committed locally, its logs and manifest, before the
+    ack. With --leave-running the ranks ran on at the seal already (run_on_at_seal): their
+    downtime excludes the copy, and an abort after that undoes nothing on them (they run on, as
+    any abort leaves them); only the copies go."""
+
+    copied: dict[int, dict[str, Any]]
+
+    @property
+    def shared(self) -> Path:
+        assert self.opts.staging is not None
+        return self.opts.staging / "nodes" / self.node
+
+    def prepared(self, manifest: Manifest) -> None:
+        testhooks.job_point("write-behind", self.node)
+        s = self.set
+        self.copied = writebehind.copy_sealed(s.staging.path, self.shared, manifest.files,
+                                              [m.pid for m in manifest.members], s.locked_at)
+        super().prepared(manifest)
+
+    def _members(self, manifest: Manifest) -> list[dict[str, Any]]:
+        out = super()._members(manifest)
+        for m in out:  # after the rank's own phases (and its resume, when it ran on at the seal)
+            m["phases"].append(self.copied[m["pid"]])
+        return out
+
+    def failing(self, error: BaseException) -> None:
+        writebehind.remove(self.shared)  # never acked: the coordinator cannot commit it; space back now
+        super().failing(error)
+
+    def committed(self, manifest: Manifest) -> None:
+        self.set_committed = True  # locally: a failure from here on recovers the ranks from the local copy
+        writebehind.copy_tail(self.set.staging.final, self.shared)
+        super().committed(manifest)
+
+
+def _local_stage(opts: WorkerOptions, node: str) -> Optional[Path]:
+    """--stage: this worker's fresh directory in the node-local DIR (refused when DIR is not safe)."""
+    return None if opts.stage is None else writebehind.stage_root(opts.stage, opts.job, node)
+
+
 def checkpoint_worker(opts: WorkerOptions) -> int:
     from ...backends import DataPathChoice
     from ..checkpoint import CheckpointOptions
-    from ..processset import checkpoint_set
+    from ..processset import SetCheckpoint
+    from ..progress import quiet
+    from ..services import REAL
 
     assert opts.staging is not None
     node = node_name()
     ch = _connect(opts)
     lock = -1
+    local: Optional[Path] = None  # --stage: this worker's node-local directory
     try:
         try:
             lock = _checkpoint_lock(opts.job, node)
+            local = _local_stage(opts, node)
         except NpusnapError as e:
             say(f"refused: {e.message}")
             with contextlib.suppress(OSError):
@@ -198,17 +270,19 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         if not ranks:
             ch.send("failed", node=node, error=f"no rank of job {opts.job} runs on {node}")
             return JobAborted.exit_code
-        directory = opts.staging / "nodes" / node
+        directory = opts.staging / "nodes" / node if local is None else local / "set"
         # Slurm's tasks are process-group leaders, not session leaders: CRIU needs --shell-job.
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.IN_PROCESS, peers_elsewhere=True,
-                                  rendezvous=opts.rendezvous)
-        gate = _Gate(ch, opts, node, ranks)
+                                  data_path=DataPathChoice.DIRECT if opts.direct else DataPathChoice.IN_PROCESS,
+                                  peers_elsewhere=True, dedup=opts.dedup, compress=opts.compress,
+                                  rendezvous=opts.rendezvous, run_on_at_seal=local is not None and opts.leave_running)
+        gate = _Gate(ch, opts, node, ranks) if local is None else _StagedGate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
-            checkpoint_set([r.pid for r in ranks], copts, gate=gate)
+            copts.parent = None if opts.parent is None else parent_node(opts.parent, [r.pid for r in ranks])
+            gate.run(SetCheckpoint([r.pid for r in ranks], copts, quiet, REAL, gate=gate))
         except JobAborted as e:
             if gate.set_committed:
                 _recover_after_commit(ranks, directory)
@@ -222,13 +296,30 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             gate.tell(e)
             return e.exit_code
         with contextlib.suppress(OSError):
-            ch.send("finished", node=node)
+            ch.send("finished", node=node, downtime={str(p): s for p, s in gate.downtime.items()})
         say("committed" + (", ranks run on" if opts.leave_running else ", ranks stopped"))
         return 0
     finally:
         ch.close()
+        if local is not None:  # committed or not, the shared copy is the only one kept
+            writebehind.remove(local)
         if lock >= 0:
             os.close(lock)
+
+
+def parent_node(parent: Path, pids: list[int]) -> Path:
+    """--parent: the node checkpoint of the parent job checkpoint that holds exactly these ranks
+    (by pid: a restored rank keeps its pid, whichever node it runs on now)."""
+    from ...errors import ImageInvalid
+    from . import manifest as jm
+
+    pm = jm.load(parent)
+    for n in pm.nodes:
+        if sorted(r.pid for r in pm.ranks_of(n.name)) == sorted(pids):
+            return parent / n.dir
+    raise ImageInvalid(f"the parent job checkpoint {parent} has no node holding ranks "
+                       f"{', '.join(map(str, sorted(pids)))}: it cannot be their parent",
+                       "take a full job checkpoint (no --parent)")
 
 
 def _sid(pid: int) -> int:
@@ -247,16 +338,35 @@ def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
 
     def one(r: Rank) -> None:
         try:
-            recover(r.pid, device_images=directory / "device" / str(r.pid))
+            recover(r.pid, device_images=images / str(r.pid), chain=[p / str(r.pid) for p in chain])
         except NpusnapError as e:
             say(f"rank {r.pid} could not be recovered: {e.one_line()} (run `npusnap recover {r.pid}`)")
 
-    threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()  # each bounded by the agent's and HCCL's own deadlines
+    with contextlib.ExitStack() as views:
+        images, chain = _committed_images(directory, views)
+        threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()  # each bounded by the agent's and HCCL's own deadlines
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _committed_images(directory: Path, views: contextlib.ExitStack) -> tuple[Path, list[Path]]:
+    """The committed node checkpoint's device directory and (incremental) its chain's, as the
+    daemon reads them: compressed ones (--compress) reassembled from the chunk store."""
+    from ...errors import ImageInvalid
+    from ...image.chain import ancestors, device_views
+    from ...image.format import DEVICE_DIR, load_manifest
+    from ...image.store import assembled
+
+    try:
+        m = load_manifest(directory)
+        return (views.enter_context(assembled(directory, m, DEVICE_DIR)),
+                device_views(views, ancestors(directory, m)) if m.parent is not None else [])
+    except (ImageInvalid, StorageProblem) as e:
+        say(f"the node's committed checkpoint cannot be read back: {e.one_line()}")
+        return directory / DEVICE_DIR, []
 
 
 # ---------------------------------------------------------------- restore

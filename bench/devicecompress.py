@@ -1,0 +1,117 @@
+"""Compressed device images (--compress on the direct data path): bytes and time against a plain
+direct checkpoint, side by side in one run.
+
+    python -m bench.devicecompress [--mib 256] [--repeat 3] [--out FILE.json]
+
+The workload holds a training state in npusim device memory: weights and Adam's two moments,
+a third each, float32 arrays holding bf16-precision values (as mixed-precision training keeps
+its master copies after a bf16 round trip: the low 16 bits of every float are zero, the rest is
+random normal data of each tensor's scale; not zeros, and not all-random bytes either). It is
+checkpointed with --leave-running, each way into a fresh parent directory (an empty store):
+  plain                 --data-path direct (the reference)
+  zstd | lz4 | auto     the same with --compress X
+Bytes are the device images' bytes on disk (what the store took for them, and what stayed a
+plain file in DIR/device: plain, and auto once it found compressing does not pay); time is the
+CLI's wall time, and the checkpoint's phases (lock..seal), median of --repeat. Host pages are
+packed too under --compress; their bytes are reported apart.
+Figures, not pass/fail: nothing here asserts a time."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from .util import Resources, child_env, npusnap, npusnap_exe, rows_main, start_workload
+
+WORKLOAD = r"""
+import json, sys, time
+import numpy as np
+import npusim
+
+size = int(sys.argv[1]) << 20
+npusim.init()
+npusim.set_device(0)
+rng = np.random.default_rng(7)
+for scale in (0.02, 1e-3, 1e-6):  # weights, first and second moments
+    n = size // 3 // 4
+    a = rng.standard_normal(n, dtype=np.float32) * np.float32(scale)
+    a = (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    buf = npusim.malloc(a.nbytes)
+    npusim.memcpy_h2d(buf, a.view(np.uint8))
+npusim.synchronize_device()
+print("ready " + json.dumps({"device_bytes": size}), flush=True)
+time.sleep(3600)
+"""
+
+
+def _phases_s(data: dict[str, Any]) -> float:
+    return sum(float(p["seconds"]) for p in data.get("phases", []))
+
+
+def _phase_s(data: dict[str, Any], name: str) -> float:
+    return sum(float(p["seconds"]) for p in data.get("phases", []) if p.get("name") == name)
+
+
+def _inspect(ck: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
+    return npusnap(["inspect", ck], env=env, workdir=work).data
+
+
+def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
+    from npusnap_cli.platform import simdaemon
+
+    with Resources() as res:
+        sock = str(work / "dc.sock")
+        res.daemons.append(sock)
+        simdaemon.start(sock, devices=1, memory=2 * (mib << 20) + (64 << 20))
+        env = child_env({"NPUSIM_SOCKET": sock})
+        script = work / "devicecompress_workload.py"
+        script.write_text(WORKLOAD)
+        w = start_workload(res, [*npusnap_exe(), "run", "--", sys.executable, str(script), str(mib)],
+                           work / "workload.out", env=env)
+        rows: dict[str, Any] = {}
+        for i in range(repeat):  # the ways interleaved: a busy machine's drift hits them alike
+            for way, flags in [("plain", ()), ("zstd", ("--compress", "zstd")), ("lz4", ("--compress", "lz4")),
+                               ("auto", ("--compress", "auto"))]:
+                parent = work / f"{way}-{i}"
+                parent.mkdir()
+                ck = parent / "ck"
+                r = npusnap(["checkpoint", w.pid, "-D", ck, "--leave-running", "--data-path", "direct", *flags],
+                            env=env, workdir=work)
+                doc = _inspect(ck, env, work)
+                dev = doc.get("device_images") or {}
+                # what the store took, and what stayed a plain file (plain; auto when it does not pay)
+                on_disk = int(dev.get("new_bytes", 0)) + sum(p.stat().st_size for p in (ck / "device").iterdir())
+                row = rows.setdefault(way, {"seconds": [], "phases_s": [], "backup_s": [], "seal_s": []})
+                row["seconds"].append(r.seconds)
+                row["phases_s"].append(_phases_s(r.data))
+                row["backup_s"].append(_phase_s(r.data, "backup"))
+                row["seal_s"].append(_phase_s(r.data, "seal"))
+                row["device_bytes"] = on_disk
+                row["device_raw"] = int(dev.get("raw_bytes", 0)) + int(dev.get("plain_bytes", 0)) or on_disk
+                row["codec"] = dev.get("codec", "raw")
+                row["host_pages_stored"] = int((doc.get("host_pages") or {}).get("new_bytes", 0))
+                shutil.rmtree(parent)
+        plain = rows["plain"]
+        for row in rows.values():
+            for k in ("seconds", "phases_s", "backup_s", "seal_s"):
+                row[k] = round(median(row[k]), 4)
+        for row in rows.values():
+            row["smaller_x"] = round(plain["device_bytes"] / max(row["device_bytes"], 1), 3)
+            row["time_ratio"] = round(row["seconds"] / plain["seconds"], 3)
+            row["phases_ratio"] = round(row["phases_s"] / plain["phases_s"], 3)
+        return {"state_mib": mib, "repeat": repeat,
+                "state": "weights + 2 Adam moments, float32 holding bf16-precision values", "rows": rows}
+
+
+def main() -> None:
+    rows_main(__doc__ or "", "npusnap-bench-devc-", 256, run,
+              lambda r: f"device {r['device_bytes'] / 2**20:8.1f} MiB ({r['smaller_x']:.2f}x smaller), "
+                        f"{r['seconds']:.2f} s ({r['time_ratio']:.2f}x plain; phases {r['phases_ratio']:.2f}x), "
+                        f"codec {r['codec']}")
+
+
+if __name__ == "__main__":
+    main()
