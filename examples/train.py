@@ -20,6 +20,17 @@ import npusim
 import numpy as np
 
 
+def step_gate(step: int) -> None:
+    """STEP_GATE=N:PATH (for tests, as tests/workloads/step_gate.h): after step N, wait until PATH
+    exists (at most 120 s), so a test can checkpoint the run before it ends on a slow machine."""
+    at, _, path = os.environ.get("STEP_GATE", "").partition(":")
+    if at == str(step):
+        for _ in range(6000):
+            if os.path.exists(path):
+                return
+            time.sleep(0.02)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
@@ -73,6 +84,7 @@ def main() -> None:
         digest = hashlib.sha256(w_host.tobytes()).hexdigest()[:16]
         print(f"step {step} loss {loss:.6f} weights {digest}", flush=True)
         time.sleep(args.sleep_ms / 1000)
+        step_gate(step)
 
     h = hashlib.sha256()
     for name, ptr in dev.items():

@@ -147,6 +147,23 @@ class Workload:
             pass
 
 
+class StepGate:
+    """Holds a steps workload (tests/workloads/step_gate.h, examples/train.py) after it printed
+    step `at` until the test opens the gate: a test that checkpoints it before that step finds it
+    running however slow the machine, where a short run would have finished (a zombie, or an
+    agent gone); the output stays the uninterrupted run's. Open it before the restore."""
+
+    def __init__(self, path: Path, at: int) -> None:
+        self.path, self.at = path, at
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"STEP_GATE": f"{self.at}:{self.path}"}
+
+    def open(self) -> None:
+        self.path.touch()
+
+
 def build_c(source: Path, out: Path, *flags: str) -> Path:
     subprocess.run(["cc", "-O2", "-o", str(out), str(source), *flags], check=True)
     return out

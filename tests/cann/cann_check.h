@@ -1,11 +1,14 @@
 /* What the sample-style programs of tests/cann share: CHECK(call) prints the failing call and its
- * code on stdout and exits 1; sleep_ms paces the programs a test checkpoints mid-run. */
+ * code on stdout and exits 1; sleep_ms paces the programs a test checkpoints mid-run, step_gate
+ * holds them at a step until the test has checkpointed. */
 #ifndef TESTS_CANN_CHECK_H_
 #define TESTS_CANN_CHECK_H_
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "../workloads/step_gate.h"
 
 #define CHECK(x)                                                                   \
     do {                                                                           \

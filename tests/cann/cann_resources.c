@@ -29,6 +29,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../workloads/step_gate.h"
+
 #define CHECK(x) do { aclError rc_ = (x); if (rc_ != ACL_SUCCESS) { const char *m_ = aclGetRecentErrMsg(); \
     printf("cann_resources: line %d: %s = %d (%s)\n", __LINE__, #x, rc_, m_ ? m_ : ""); \
     fflush(stdout); exit(3); } } while (0)
@@ -147,6 +149,7 @@ int main(int argc, char **argv) {
         uint64_t word = 0x5151000000000000ULL + (uint64_t)i;
         CHECK(acltdtEnqueueData(q_src, &word, sizeof(word), NULL, 0, 1000, 0));  /* routed to q_dst */
         usleep((useconds_t)sleep_ms * 1000);  /* work and callbacks queued: a checkpoint lands here */
+        step_gate(i);
         const int failed = aclrtSynchronizeStream(sA) != ACL_SUCCESS;
         CHECK(aclrtSynchronizeEvent(evB));
 

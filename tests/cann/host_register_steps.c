@@ -67,6 +67,7 @@ int main(int argc, char **argv) {
                (unsigned long long)fnv(host, n), host[4096 + step], odd + 3);
         fflush(stdout);
         sleep_ms(pause_ms);
+        step_gate(step);
     }
     uint64_t last = fnv(host, n);
     CHECK(aclrtHostUnregister(host));

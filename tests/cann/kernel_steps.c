@@ -10,6 +10,7 @@
 
 #include "acl/acl.h"
 #include "aclnnop/aclnn_add.h"
+#include "../workloads/step_gate.h"
 
 #define CHECK(x) do { aclError rc_ = (aclError)(x); if (rc_ != ACL_SUCCESS) { \
     fprintf(stderr, "kernel_steps: line %d: %s = %d\n", __LINE__, #x, rc_); fflush(stderr); exit(3); } } while (0)
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
         printf("step %d %016llx %g\n", s, (unsigned long long)fnv(host, sizeof host), host[N - 1]);
         fflush(stdout);
         if (sleep_ms > 0) usleep((useconds_t)sleep_ms * 1000);
+        step_gate(s);
     }
     CHECK(aclmdlRIDestroy(model));
     CHECK(aclDestroyTensor(tz));

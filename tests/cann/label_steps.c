@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
             CHECK(aclrtDestroyLabelList(to_end));
         }
         sleep_ms(pause_ms);
+        step_gate(step);
     }
     CHECK(aclmdlRIDestroy(model));
     CHECK(aclrtFree(index));

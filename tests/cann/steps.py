@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.helpers import Workload, npusnap, npusnap_cmd
+from tests.helpers import StepGate, Workload, npusnap, npusnap_cmd
 from tests.pipeline.support import strip_ready as output  # less the pid: a restore keeps it, a second run does not
 
 
@@ -20,8 +20,11 @@ def reference(daemon, exe: Path, steps: int) -> list[str]:
 
 def checkpoint_mid_run(daemon, exe: Path, steps: int, sleep_ms: int, after: str, expected: list[str],
                        tmp_path: Path) -> None:
-    """Checkpoints exe once it printed a line starting with after; asserts the restored output."""
-    w = Workload([*npusnap_cmd(), "run", "--", str(exe), str(steps), str(sleep_ms)], tmp_path / "out", env=daemon.env)
+    """Checkpoints exe once it printed a line starting with after (held before its last step until
+    then); asserts the restored output."""
+    gate = StepGate(tmp_path / "gate", steps - 2)
+    w = Workload([*npusnap_cmd(), "run", "--", str(exe), str(steps), str(sleep_ms)], tmp_path / "out",
+                 env={**daemon.env, **gate.env})
     try:
         w.wait_for_line(after, timeout=30)
         ck = tmp_path / "ck"
@@ -32,6 +35,7 @@ def checkpoint_mid_run(daemon, exe: Path, steps: int, sleep_ms: int, after: str,
         w.wait_exit(timeout=10)
 
         daemon.restart()  # nothing of the process is left on the device
+        gate.open()
         rs = npusnap("restore", ck, env=daemon.env, timeout=120)
         assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
         w.wait_for_line("done", timeout=60)

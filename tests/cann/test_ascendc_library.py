@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Workload, agent_status, requires_criu
+from tests.helpers import StepGate, Workload, agent_status, requires_criu
 from tests.pipeline.support import checkpoint_and_restore_after_daemon_restart, strip_ready, under_agent
 
 HERE = Path(__file__).resolve().parent
@@ -106,13 +106,14 @@ def test_library_kernels_survive_checkpoint_daemon_restart_restore(demo, npusim_
                                                                    tmp_path) -> None:
     ref = reference([str(demo.exe), "steps", str(STEPS), "0", str(demo.fatbin)])
     assert len(ref) == STEPS + 1
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
     w = Workload(under_agent([str(demo.exe), "steps", str(STEPS), str(SLEEP_MS), str(demo.fatbin)]),
-                 tmp_path / "demo.out", env=npusim_daemon.env)
+                 tmp_path / "demo.out", env={**npusim_daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         live = agent_status(w.pid, npusim_daemon.env)["device"]["resources"]
         # the library's embedded binary and the fatbin; scale_add and blend, scale_add of the fatbin
         assert live["binaries"] == 2 and live["functions"] == 3, live
-        checkpoint_and_restore_after_daemon_restart(w, npusim_daemon, ref, AT, tmp_path / "ck")
+        checkpoint_and_restore_after_daemon_restart(w, npusim_daemon, ref, AT, tmp_path / "ck", gate)
     finally:
         w.stop()

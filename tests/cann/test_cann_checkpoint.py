@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 from tests.pipeline.support import strip_ready, under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
@@ -32,7 +32,8 @@ def test_cann_resources_survive_checkpoint_daemon_restart_restore(npusim_daemon,
     expected = strip_ready(ref.stdout.splitlines())
     assert len(expected) == STEPS + 1 and expected[-1].startswith("done")
 
-    w = Workload(under_agent([str(exe), str(STEPS), str(SLEEP_MS)]), tmp_path / "out", env=env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(under_agent([str(exe), str(STEPS), str(SLEEP_MS)]), tmp_path / "out", env={**env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck"
@@ -56,6 +57,7 @@ def test_cann_resources_survive_checkpoint_daemon_restart_restore(npusim_daemon,
             assert f"{kind} {resources[kind]}" in listed, listed
 
         npusim_daemon.restart()
+        gate.open()
         rs = npusnap("restore", ck, env=env, timeout=120)
         assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
         assert strip_ready(w.lines()) == expected

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Workload, npusnap, npusnap_cmd, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, npusnap_cmd, pid_alive, requires_criu
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -55,8 +55,9 @@ def test_sharing_is_carried_when_both_sides_are_checkpointed(npusim_daemon, buil
 
     d = tmp_path / "run"
     _fifos(d)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)  # holds B (A waits for B's end anyway)
     sides = {role: Workload([*npusnap_cmd(), "run", "--", str(exe), role, str(d), str(STEPS), str(SLEEP_MS)],
-                            tmp_path / f"{role}.out", env=env) for role in "ab"}
+                            tmp_path / f"{role}.out", env={**env, **gate.env}) for role in "ab"}
     try:
         a, b = sides["a"], sides["b"]
         b.wait_for_line("B step 3 ", timeout=60)
@@ -75,6 +76,7 @@ def test_sharing_is_carried_when_both_sides_are_checkpointed(npusim_daemon, buil
         a.wait_exit(timeout=10)
 
         npusim_daemon.restart()  # no trace of either on the device
+        gate.open()
         for role in "ab":  # the exporter first; --detach: A waits for B, so a foreground restore of A would too
             rs = npusnap("restore", "--detach", tmp_path / f"ck-{role}", env=env, timeout=120)
             assert rs.returncode == 0, f"{role}: {rs.stderr}"

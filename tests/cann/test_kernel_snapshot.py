@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import Workload, agent_status, requires_criu
+from tests.helpers import StepGate, Workload, agent_status, requires_criu
 from tests.pipeline.support import checkpoint_and_restore_after_daemon_restart, under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
@@ -27,8 +27,9 @@ def test_kernel_resources_survive_checkpoint_daemon_restart_restore(npusim_daemo
 
     binary = tmp_path / "kernels.so"
     shutil.copy(kernels_so, binary)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
     w = Workload(under_agent([str(exe), str(STEPS), str(SLEEP_MS), str(binary)]), tmp_path / "steps.out",
-                 env=npusim_daemon.env)
+                 env={**npusim_daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         assert not binary.exists()  # restore must bring the binary back from the process's own copy
@@ -37,6 +38,6 @@ def test_kernel_resources_survive_checkpoint_daemon_restart_restore(npusim_daemo
         assert live == {"memory": 5, "contexts": 1, "streams": 3, "binaries": 2, "functions": 3, "kernel args": 1,
                         "model run instances": 1}, device
 
-        checkpoint_and_restore_after_daemon_restart(w, npusim_daemon, ref, AT, tmp_path / "ck")
+        checkpoint_and_restore_after_daemon_restart(w, npusim_daemon, ref, AT, tmp_path / "ck", gate)
     finally:
         w.stop()

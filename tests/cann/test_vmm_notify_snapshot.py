@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import Workload, npusnap, npusnap_cmd, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, npusnap_cmd, requires_criu
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -28,8 +28,9 @@ def test_vmm_and_notify_survive_checkpoint_and_daemon_restart(npusim_daemon, bui
     expected = _output(ref.stdout.splitlines())
     assert expected[-1] == "done" and "idle wait 507046" in expected and "access 3 notify id 1" in expected
 
+    gate = StepGate(tmp_path / "gate", STEPS - 3)  # an odd step, as step 5: the notify recorded, not waited
     w = Workload([*npusnap_cmd(), "run", "--", str(exe), str(STEPS), str(SLEEP_MS)], tmp_path / "out",
-                 env=npusim_daemon.env)
+                 env={**npusim_daemon.env, **gate.env})
     try:
         # After an odd step the notify is recorded and not yet waited for: its state must be carried.
         w.wait_for_line("step 5 ", timeout=30)
@@ -46,6 +47,7 @@ def test_vmm_and_notify_survive_checkpoint_and_daemon_restart(npusim_daemon, bui
         assert info.returncode == 0, info.stderr
 
         npusim_daemon.restart()  # nothing of the process is left on the device
+        gate.open()
         rs = npusnap("restore", ck, env=npusim_daemon.env, timeout=120)
         assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
         w.wait_for_line("done", timeout=60)

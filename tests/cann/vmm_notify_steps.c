@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
             struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
         }
+        step_gate(step);
     }
     /* The notify never recorded is still unrecorded: a wait with a timeout fails. */
     CHECK(aclrtWaitAndResetNotify(idle, s2, 50));

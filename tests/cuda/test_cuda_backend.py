@@ -12,7 +12,7 @@ import subprocess
 import yaml
 
 from npusnap_cli.platform import cuda
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 
 from .support import SHIM, shim_env, sim_uuid, strip_ready, workload_argv
 
@@ -62,7 +62,8 @@ def test_check_reports_the_shim_driver(npusim_daemon) -> None:
 def test_checkpoint_kill_restart_daemon_restore_is_identical(npusim_daemon, tmp_path) -> None:
     env = shim_env(npusim_daemon.env)
     ref = _reference(env)
-    w = Workload(workload_argv(STEPS, SLEEP_MS), tmp_path / "w.out", env=env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(workload_argv(STEPS, SLEEP_MS), tmp_path / "w.out", env={**env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=30)
         assert "npusnap_agent" not in open(f"/proc/{w.pid}/maps").read()
@@ -81,6 +82,7 @@ def test_checkpoint_kill_restart_daemon_restore_is_identical(npusim_daemon, tmp_
         assert yaml.safe_load((ck / "manifest.yaml").read_text())["device"]["gpus"] == GPUS
 
         npusim_daemon.restart()  # a fresh, empty device
+        gate.open()
 
         # --device-map is checked against the checkpoint before anything starts.
         for bad, words in (([f"{GPUS[0]}={GPUS[0]}"], ["does not cover", GPUS[1]]),

@@ -37,6 +37,7 @@
 #include "acl/acl.h"
 #include "acl/npusim.h"
 #include "hccl/hccl.h"
+#include "../workloads/step_gate.h"
 
 /* CANN's numbering and sizes, which programs and framework bindings (ctypes) rely on. */
 _Static_assert(sizeof(HcclRootInfo) == 4108 && HCCL_ROOT_INFO_BYTES == 4108, "HcclRootInfo is 4108 bytes");
@@ -573,6 +574,7 @@ static int mode_train(HcclComm comm, aclrtStream stream) {
     for (int i = 0; i < N; ++i) loss += (double)host[i] * host[i];
     usleep((useconds_t)pause_us);
     printf("step %d loss %.17g\n", step, loss);
+    step_gate(step);
   }
   uint64_t h = 0xcbf29ce484222325ULL;
   const unsigned char *b = (const unsigned char *)host;

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 from tests.pipeline.support import under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
@@ -79,7 +79,8 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
     env = cli_env(daemon, ranks)
     rng = random.Random(1600 + n)
     for trial in range(trials):
-        workers = start_training(ranks, daemon, n, str(short_dir / f"t{trial}.info"))
+        gate = StepGate(short_dir / f"gate{trial}", STEPS - 2)  # opened for the restore
+        workers = start_training(ranks, daemon, n, str(short_dir / f"t{trial}.info"), env=gate.env)
         pids = [w.pid for w in workers]
         for w in workers:
             w.wait_for_line("step 2", timeout=60)
@@ -93,6 +94,7 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
                 w.wait_exit(timeout=30)
             daemon.stop()
             daemon.start()
+            gate.open()
             r = npusnap("restore", ck, "--detach", env=env, timeout=120)
             assert r.returncode == 0, r.stderr
             finish_and_compare(workers, want, trial, delay)
@@ -110,6 +112,7 @@ def test_ranks_checkpointed_as_a_set_restore_bit_identical(n: int, trials: int, 
             w.wait_exit(timeout=30)
         daemon.stop()  # a new daemon: new sessions, a new HCCL listener (port)
         daemon.start()
+        gate.open()
         meet = Path(tempfile.mkdtemp(prefix="hccl-meet-"))  # private (0700), fresh for this restore
         try:
             if flow == "runbook":
@@ -145,11 +148,13 @@ def comm_id(infos: list[dict]) -> str:
 
 def test_a_rank_without_its_peers_is_refused_and_runs_on(daemons, ranks, short_dir: Path) -> None:
     (daemon,) = daemons(1)
-    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"))
+    gate = StepGate(short_dir / "gate", STEPS - 2)
+    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"), env=gate.env)
     for w in workers:
         w.wait_for_line("step 1", timeout=60)
     ck = short_dir / "ck"
     r = npusnap("checkpoint", workers[0].pid, "-D", ck, env=cli_env(daemon, ranks))
+    gate.open()
     assert r.returncode == 11, (r.returncode, r.stderr)  # PeersOutsideSet (WrongState)
     (line,) = r.stderr.strip().splitlines()
     assert "HCCL communicator" in line and "rank 0 of 2" in line and "rank(s) 1 are not being checkpointed" in line
@@ -160,11 +165,13 @@ def test_a_rank_without_its_peers_is_refused_and_runs_on(daemons, ranks, short_d
 
 def test_force_checkpoints_a_rank_alone_and_its_peer_fails(daemons, ranks, short_dir: Path) -> None:
     (daemon,) = daemons(1)
-    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"), env={"HCCL_EXEC_TIMEOUT": "3"})
+    gate = StepGate(short_dir / "gate", STEPS - 2)
+    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"), env={"HCCL_EXEC_TIMEOUT": "3", **gate.env})
     for w in workers:
         w.wait_for_line("step 1", timeout=60)
     ck = short_dir / "ck"
     r = npusnap("checkpoint", workers[0].pid, "-D", ck, "--force", env=cli_env(daemon, ranks))
+    gate.open()  # the peer's next AllReduce waits for rank 0 in vain
     assert r.returncode == 0, r.stderr
     assert "--force" in r.stderr and "will hang or fail" in r.stderr, r.stderr
     assert (ck / "manifest.yaml").is_file()
@@ -199,11 +206,13 @@ def test_force_leave_running_brings_the_rank_back_with_its_communicator_failing(
     """A rank checkpointed alone cannot re-form its communicator without its peers; running on
     (or a rollback) must still bring it back: it runs, and its next collective fails clearly."""
     (daemon,) = daemons(1)
-    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"), env={"HCCL_EXEC_TIMEOUT": "3"})
+    gate = StepGate(short_dir / "gate", STEPS - 2)
+    workers = start_training(ranks, daemon, 2, str(short_dir / "root.info"), env={"HCCL_EXEC_TIMEOUT": "3", **gate.env})
     for w in workers:
         w.wait_for_line("step 1", timeout=60)
     r = npusnap("checkpoint", workers[0].pid, "-D", short_dir / "ck", "--force", "--leave-running",
                 env=cli_env(daemon, ranks))
+    gate.open()
     assert r.returncode == 0, r.stderr
     for w in workers:
         rc = w.proc.wait(timeout=60)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 
 from tests.cluster.support import FINISHED, Cluster, poll
-from tests.helpers import ROOT
+from tests.helpers import ROOT, StepGate
 
 TRAIN = ROOT / "examples" / "train.py"
 TRAIN_ARGS = ("--dim", "64", "--samples", "128", "--scratch-mb", "1")
@@ -28,16 +28,20 @@ def train_argv(steps: int, sleep_ms: int) -> list[str]:
 
 class RankJob:
     """A batch job of `nodes` x `per_node` npusim training ranks (agent preloaded by `npusnap run`),
-    each writing its own rank-T.out in a fresh directory on the shared storage."""
+    each writing its own rank-T.out in a fresh directory on the shared storage; with gate_at, held
+    after that step until self.gate is opened."""
 
-    def __init__(self, c: Cluster, steps: int, sleep_ms: int, per_node: int = 2, nodes: int = 2) -> None:
+    def __init__(self, c: Cluster, steps: int, sleep_ms: int, per_node: int = 2, nodes: int = 2,
+                 gate_at: Optional[int] = None) -> None:
         self.c = c
         self.out = c.shared / f"ranks-{uuid.uuid4().hex[:8]}"
         self.out.mkdir()
         self.count = nodes * per_node
         script = self.out / "ranks.sh"
-        script.write_text("#!/bin/bash\nsrun --output=%s/rank-%%t.out --input=none npusnap run -- %s\n"
-                          % (self.out, " ".join(train_argv(steps, sleep_ms))))
+        self.gate = StepGate(self.out / "gate", -1 if gate_at is None else gate_at)  # -1: never held
+        gate = f"export STEP_GATE='{self.gate.env['STEP_GATE']}'\n" if gate_at is not None else ""
+        script.write_text("#!/bin/bash\n%ssrun --output=%s/rank-%%t.out --input=none npusnap run -- %s\n"
+                          % (gate, self.out, " ".join(train_argv(steps, sleep_ms))))
         script.chmod(0o755)
         self.id = c.sbatch(script, f"--nodes={nodes}", f"--ntasks-per-node={per_node}")
 

@@ -6,9 +6,10 @@ an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import uuid
 
 from tests.cluster.support import Cluster, poll
-from tests.helpers import ROOT
+from tests.helpers import ROOT, StepGate
 
 from .support import STEP, reference, train_argv, wait_finished
 
@@ -21,12 +22,14 @@ def test_usr1_checkpoints_requeues_and_the_next_run_resumes(live_cluster: Cluste
     want = reference(c, STEPS)
     ckpt = c.shared / "example-ckpt"
     ckpt.mkdir(exist_ok=True)
-    c.exports["CKPT_DIR"] = str(ckpt)  # sbatch passes our environment to the batch script
+    gate = StepGate(ckpt / f"gate-{uuid.uuid4().hex[:8]}", STEPS - 2)  # the ranks still run at the USR1
+    c.exports.update({"CKPT_DIR": str(ckpt), **gate.env})  # sbatch passes our environment to the batch script
     try:
         job = c.run("sbatch", "--parsable", f"--output={c.shared}/slurm-%j.out", str(SCRIPT),
                     *train_argv(STEPS, 150)).stdout.strip()
     finally:
-        del c.exports["CKPT_DIR"]
+        for k in ("CKPT_DIR", *gate.env):
+            del c.exports[k]
     root = ckpt / f"job-{job}"
     ranks = [root / f"rank-{t}.out" for t in range(4)]
 
@@ -37,6 +40,7 @@ def test_usr1_checkpoints_requeues_and_the_next_run_resumes(live_cluster: Cluste
     assert poll(lambda: all(steps(f) >= 3 for f in ranks), 90), c.output(job)
     c.run("scancel", "--signal=USR1", "--batch", job)
     assert poll(lambda: (root / "latest").exists(), 60), c.output(job)
+    gate.open()
     state = wait_finished(c, job, timeout=180)
     text = c.output(job)
     assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 1, (state.get("restart_cnt"), text)

@@ -15,19 +15,19 @@ from tests.cluster.support import Cluster
 from .support import RankJob, as_json, npusnap, reference, wait_finished
 from .test_job import _wrap
 
-STEPS = 150  # at 150 ms a step, long enough to outlast two job checkpoints on a busy machine
+STEPS = 40  # held before the last step until both checkpoints are taken (a step gate)
 
 
 def test_job_chain_with_compressed_links_restores_bit_identical(live_cluster: Cluster) -> None:
     c = live_cluster
     want = reference(c, STEPS)
-    job = RankJob(c, STEPS, sleep_ms=150, per_node=1)
+    job = RankJob(c, STEPS, sleep_ms=150, per_node=1, gate_at=STEPS - 2)
     job.wait_steps(3)
     ck1, ck2 = c.shared / f"inc1-{job.id}", c.shared / f"inc2-{job.id}"
     r1 = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck1), "--job", job.id, "--leave-running",
                          "--data-path", "direct", "--compress", "zstd", "--json"))
     assert len(r1["ranks"]) == 2, r1
-    job.wait_steps(max(job.last_step(t) for t in range(2)) + 2)
+    job.wait_steps(min(max(job.last_step(t) for t in range(2)) + 2, job.gate.at))
     r2 = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck2), "--job", job.id, "--parent", str(ck1),
                          "--compress", "zstd", "--json"))
     assert len(r2["ranks"]) == 2, r2
@@ -47,6 +47,7 @@ def test_job_chain_with_compressed_links_restores_bit_identical(live_cluster: Cl
     # Restored from the second on the nodes it ran on (the direct path's daemons hold no state, but
     # each rank's environment names its node's daemon).
     order = [n["name"] for n in json.loads(ck2.joinpath("job.json").read_text())["nodes"]]
+    job.gate.open()
     b = c.sbatch(_wrap(c, f"npusnap job restore {ck2} --nodes {','.join(order)}"), "--nodes=2")
     state = wait_finished(c, b)
     assert state["job_state"] == "COMPLETED", c.output(b)
@@ -66,7 +67,7 @@ def test_job_chain_with_compressed_links_restores_bit_identical(live_cluster: Cl
     assert "Traceback" not in bad.stderr
 
     # A parent of another shape: a new job of 1 rank against the 2 ranks of ck1.
-    one = RankJob(c, STEPS, sleep_ms=150, per_node=1, nodes=1)
+    one = RankJob(c, 150, sleep_ms=150, per_node=1, nodes=1)  # runs on past the refused checkpoint
     one.wait_steps(1)
     r = npusnap(c, "job", "checkpoint", "-D", str(c.shared / f"inc3-{one.id}"), "--job", one.id,
                 "--parent", str(ck2))

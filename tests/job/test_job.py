@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, poll
 
 from .support import RankJob, as_json, held_checkpoint, no_checkpoint_left, npusnap, reference, wait_finished
 
@@ -17,7 +17,7 @@ STEPS = 200  # at 150 ms a step: two checkpoints mid-run fit however late a load
 def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_cluster: Cluster) -> None:
     c = live_cluster
     want = reference(c, STEPS)
-    job = RankJob(c, STEPS, sleep_ms=150)
+    job = RankJob(c, STEPS, sleep_ms=150, gate_at=STEPS - 2)  # both checkpoints find the ranks running
     job.wait_steps(3)
     ck1 = c.shared / f"ck1-{job.id}"
     r = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck1), "--job", job.id, "--json"))
@@ -51,7 +51,9 @@ def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_clus
     other = next(n for n in c.nodes if n != first)
     b = c.sbatch(_wrap(c, f"npusnap job restore {ck1} --nodes {other},{first}"), "--nodes=2")
     c.wait_state(b, ["RUNNING"])
-    job.wait_steps(max(stopped_at) + 3)
+    # Every rank restored and let go (a rank held at the gate since the first checkpoint shows no new step).
+    assert poll(lambda: "npusnap job: restored" in c.output(b), 120), c.output(b)[-1500:]
+    job.wait_steps(min(max(stopped_at) + 3, job.gate.at))
     ck2 = c.shared / f"ck2-{job.id}"
     r2 = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck2), "--job", b, "--json"))
     assert len(r2["ranks"]) == 4, r2
@@ -59,6 +61,7 @@ def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_clus
     assert {x["procid"]: x["node"] for x in r2["ranks"]} == {p: other if n == first else first
                                                               for p, n in moved.items()}, (r, r2)
     wait_finished(c, b)
+    job.gate.open()
 
     # Restored on the nodes it was checkpointed on (the first one's ranks back where they were).
     again = json.loads(ck2.joinpath("job.json").read_text())["nodes"][0]["name"]

@@ -42,7 +42,7 @@ def test_a_staged_checkpoint_commits_verifies_and_restores_bit_identical(live_cl
                                                                         stage: Path) -> None:
     c = live_cluster
     want = reference(c, STEPS)
-    job = RankJob(c, STEPS, sleep_ms=300)  # ~12 s: room for the checkpoint on a loaded machine
+    job = RankJob(c, STEPS, sleep_ms=150, gate_at=STEPS - 2)  # held before its end until checkpointed
     job.wait_steps(3)
     ck = c.shared / f"ck-staged-{job.id}"
     r = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck), "--job", job.id, "--stage", str(stage), "--json"))
@@ -56,6 +56,7 @@ def test_a_staged_checkpoint_commits_verifies_and_restores_bit_identical(live_cl
     back = c.shared / f"restore-staged-{job.id}.sh"
     back.write_text(f"#!/bin/bash\nnpusnap job restore {ck}\n")
     back.chmod(0o755)
+    job.gate.open()
     restoring = c.sbatch(back, "--nodes=2")
     done = wait_finished(c, restoring)
     assert done["job_state"] == "COMPLETED", c.output(restoring)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from tests.helpers import ROOT, WORKLOADS, Workload, agent_status, npusnap, npusnap_cmd, pid_alive, proc_state  # noqa: F401  (proc_state: re-exported for the tests)
+from tests.helpers import ROOT, WORKLOADS, StepGate, Workload, agent_status, npusnap, npusnap_cmd, pid_alive, proc_state  # noqa: F401  (proc_state: re-exported for the tests)
 
 if TYPE_CHECKING:
     from tests.conftest import NpuSimDaemon
@@ -69,11 +69,11 @@ def env_without_preload(env: dict[str, str]) -> dict[str, str]:
 
 
 def checkpoint_and_restore_after_daemon_restart(w: Workload, daemon: "NpuSimDaemon", ref: Sequence[str], at: int,
-                                                directory: Path) -> dict:
+                                                directory: Path, gate: StepGate) -> dict:
     """The test of a resource kind: checkpoint the workload w (past step `at` of a steps program,
-    whose uninterrupted output is ref) into directory, which kills it after printing a prefix of
-    ref, restart the daemon, restore, and require the whole output to be ref. Returns the
-    checkpoint's --json document."""
+    whose uninterrupted output is ref, held by gate before its end) into directory, which kills it
+    after printing a prefix of ref, restart the daemon, open the gate, restore, and require the
+    whole output to be ref. Returns the checkpoint's --json document."""
     r = npusnap("checkpoint", w.pid, "-D", directory, "--json", env=daemon.env)
     assert r.returncode == 0, r.stderr
     doc: dict = json.loads(r.stdout)
@@ -83,6 +83,7 @@ def checkpoint_and_restore_after_daemon_restart(w: Workload, daemon: "NpuSimDaem
     assert at < len(at_checkpoint) < len(ref) - 1 and at_checkpoint == list(ref[: len(at_checkpoint)])
 
     daemon.restart()
+    gate.open()
     rs = npusnap("restore", directory, env=daemon.env, timeout=120)
     assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
     assert strip_ready(w.lines()) == list(ref)

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 
 from .support import attach_argv, env_without_preload, proc_state, status, strip_ready
 
@@ -20,7 +20,8 @@ STEPS, SLEEP_MS = 60, 60  # ~3.6 s: room for four CLI calls before the checkpoin
 def test_attach_then_checkpoint_and_restore(npusim_daemon, reference, tmp_path) -> None:
     ref = reference(attach_argv(STEPS, 0))
     env = env_without_preload(npusim_daemon.env)
-    w = Workload(attach_argv(STEPS, SLEEP_MS), tmp_path / "attach.out", env=env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(attach_argv(STEPS, SLEEP_MS), tmp_path / "attach.out", env={**env, **gate.env})
     try:
         w.wait_for_line("step 1 ", timeout=60)
         assert status(w.pid, env)["agent"] is False
@@ -44,6 +45,7 @@ def test_attach_then_checkpoint_and_restore(npusim_daemon, reference, tmp_path) 
         assert len(strip_ready(w.lines())) < STEPS
 
         npusim_daemon.restart()
+        gate.open()
         rs = npusnap("restore", ck, env=env, timeout=120)
         assert rs.returncode == 0, rs.stderr
         assert strip_ready(w.lines()) == ref

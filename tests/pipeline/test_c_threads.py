@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 
 from .support import strip_ready, under_agent
 
@@ -37,8 +37,9 @@ def test_agent_finds_a_runtime_linked_into_the_program(npusim_daemon, acl_thread
 def test_threads_with_work_in_flight_checkpoint_restore(npusim_daemon, acl_threads, reference, tmp_path) -> None:
     ref = reference([str(acl_threads), str(STEPS), "0", str(THREADS)])
     assert len(ref) == STEPS + 1
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
     w = Workload(under_agent([str(acl_threads), str(STEPS), str(SLEEP_MS), str(THREADS)]),
-                 tmp_path / "threads.out", env=npusim_daemon.env)
+                 tmp_path / "threads.out", env={**npusim_daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck"
@@ -52,6 +53,7 @@ def test_threads_with_work_in_flight_checkpoint_restore(npusim_daemon, acl_threa
         assert AT < len(at_checkpoint) < STEPS and at_checkpoint == ref[: len(at_checkpoint)]
 
         npusim_daemon.restart()
+        gate.open()
         rs = npusnap("restore", ck, env=npusim_daemon.env, timeout=120)
         assert rs.returncode == 0, f"{rs.stderr}\n{w.lines()[-3:]}"
         assert strip_ready(w.lines()) == ref

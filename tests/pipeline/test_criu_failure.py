@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NpuSimDaemon
-from tests.helpers import Workload, npusnap, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, requires_criu
 
 from .support import assert_no_checkpoint, one_error_line, proc_state, status, strip_ready, train_argv, under_agent
 
@@ -30,11 +30,13 @@ def failed_dump(tmp_path_factory, reference):
     daemon = NpuSimDaemon(socket=os.path.join(d, "npusim.sock"))
     daemon.env = {**os.environ, "NPUSIM_SOCKET": daemon.socket}
     daemon.start()
-    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp / "train.out", env=daemon.env)
+    gate = StepGate(tmp / "gate", STEPS - 2)
+    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp / "train.out", env={**daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         r = npusnap("checkpoint", w.pid, "-D", tmp / "ck", "--device", "none", env=daemon.env)
         after = {"state": proc_state(w.pid), "status": status(w.pid, daemon.env)}
+        gate.open()
         rc = w.proc.wait(timeout=60)
         yield {"result": r, "ck": tmp / "ck", "after": after, "rc": rc, "lines": strip_ready(w.lines()),
                "ref": reference(train_argv(STEPS, 0))}

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.helpers import Workload, npusnap_cmd, requires_criu
+from tests.helpers import StepGate, Workload, npusnap_cmd, requires_criu
 
 from .support import assert_no_checkpoint, one_error_line, proc_state, status, strip_ready, train_argv, under_agent
 
@@ -34,7 +34,8 @@ def _lines(stream, q: "queue.Queue[str]") -> None:
 def test_ctrl_c_rolls_back(npusim_daemon, reference, tmp_path, point: str) -> None:
     ref = reference(train_argv(STEPS, 0))
     env = npusim_daemon.env
-    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)  # opened once the CLI is gone
+    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env={**env, **gate.env})
     ck = tmp_path / "ck"
     cli = None
     try:
@@ -62,6 +63,7 @@ def test_ctrl_c_rolls_back(npusim_daemon, reference, tmp_path, point: str) -> No
         assert doc["device"]["state"] == "RUNNING", doc
         assert_no_checkpoint(ck)
 
+        gate.open()
         assert w.proc.wait(timeout=60) == 0  # carries on to the end
         assert strip_ready(w.lines()) == ref
     finally:

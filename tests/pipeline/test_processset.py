@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 
 from .support import status, strip_ready, train_argv, train_device_bytes, under_agent
 
@@ -48,7 +48,8 @@ def _start(tmp_path: Path, env: dict[str, str], steps: int = STEPS) -> list[Work
 def test_a_set_checkpointed_killed_and_restored_is_bit_identical(npusim_daemon, reference, tmp_path,
                                                                  data_path) -> None:
     refs = {device: reference(_train(device, 0)) for device in set(DEVICES)}
-    ws = _start(tmp_path, npusim_daemon.env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    ws = _start(tmp_path, {**npusim_daemon.env, **gate.env})
     try:
         ck = tmp_path / "ck"
         r = npusnap("checkpoint", *(w.pid for w in ws), "-D", ck, "--data-path", data_path, "--json",
@@ -82,6 +83,7 @@ def test_a_set_checkpointed_killed_and_restored_is_bit_identical(npusim_daemon, 
         assert [c["state"] for c in listed] == ["valid"] and len(listed[0]["members"]) == 3
 
         npusim_daemon.restart()  # a fresh, empty device
+        gate.open()
         rs = npusnap("restore", ck, "--json", env=npusim_daemon.env, timeout=180)
         assert rs.returncode == 0, rs.stderr
         rdoc = json.loads(rs.stdout)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu
 
 from .support import assert_no_checkpoint, one_error_line, status, strip_ready, train_argv, under_agent
 
@@ -42,7 +42,8 @@ def _phase(env: dict, pid: int, cmd: str, expected: str) -> None:
 def test_runbook_phase_by_phase(npusim_daemon, reference, tmp_path) -> None:
     ref = reference(train_argv(STEPS, 0))
     env = npusim_daemon.env
-    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env={**env, **gate.env})
     ck = tmp_path / "ck"
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
@@ -80,6 +81,7 @@ def test_runbook_phase_by_phase(npusim_daemon, reference, tmp_path) -> None:
         assert len(strip_ready(w.lines())) < STEPS
 
         npusim_daemon.restart()
+        gate.open()
         r = npusnap("restore", ck, "--criu-only", "--detach", "--json", env=env)
         assert r.returncode == 0, r.stderr
         rdoc = json.loads(r.stdout)

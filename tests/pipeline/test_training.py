@@ -10,7 +10,7 @@ import signal
 import pytest
 import yaml
 
-from tests.helpers import Workload, npusnap, pid_alive, requires_criu, rewind_to_checkpoint
+from tests.helpers import StepGate, Workload, npusnap, pid_alive, requires_criu, rewind_to_checkpoint
 
 from .support import strip_ready, train_argv, train_device_bytes, under_agent
 
@@ -35,7 +35,9 @@ def _check_device(dev: dict, data_path: str) -> None:
 def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon, reference, tmp_path,
                                                                    data_path) -> None:
     ref = reference(train_argv(STEPS, 0))
-    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=npusim_daemon.env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out",
+                 env={**npusim_daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck"
@@ -75,6 +77,7 @@ def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon,
         assert [p["pid"] for p in m["processes"]] == [w.pid]
 
         npusim_daemon.restart()  # a fresh, empty device
+        gate.open()
         rs = npusnap("restore", ck, "--json", env=npusim_daemon.env, timeout=120)
         assert rs.returncode == 0, rs.stderr  # the workload's own exit code, in the foreground
         rdoc = json.loads(rs.stdout)
@@ -93,12 +96,15 @@ def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon,
 @PATHS
 def test_leave_running_then_restore_the_image_after_it_exits(npusim_daemon, reference, tmp_path, data_path) -> None:
     ref = reference(train_argv(STEPS, 0))
-    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=npusim_daemon.env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out",
+                 env={**npusim_daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck"
         r = npusnap("checkpoint", w.pid, "-D", ck, "--leave-running", "--data-path", data_path, "--json",
                     env=npusim_daemon.env)
+        gate.open()
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["left_running"] is True

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.helpers import Workload, npusnap, requires_criu
+from tests.helpers import StepGate, Workload, npusnap, requires_criu
 from tests.pipeline.support import strip_ready, train_argv, train_device_bytes, under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
@@ -18,7 +18,9 @@ STEPS, AT, SLEEP_MS = 30, 3, 60
 
 
 def test_newline_in_the_checkpoint_directory_direct_path(npusim_daemon, tmp_path) -> None:
-    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out", env=npusim_daemon.env)
+    gate = StepGate(tmp_path / "gate", STEPS - 2)
+    w = Workload(under_agent(train_argv(STEPS, SLEEP_MS)), tmp_path / "train.out",
+                 env={**npusim_daemon.env, **gate.env})
     try:
         w.wait_for_line(f"step {AT} ", timeout=60)
         ck = tmp_path / "ck\nwith a newline"
@@ -29,6 +31,7 @@ def test_newline_in_the_checkpoint_directory_direct_path(npusim_daemon, tmp_path
         at_checkpoint = strip_ready(w.lines())
 
         npusim_daemon.restart()  # an empty device: the data must come from the images
+        gate.open()
         rs = npusnap("restore", ck, "--json", env=npusim_daemon.env, timeout=120)
         assert rs.returncode == 0, rs.stderr
         rdoc = json.loads(rs.stdout)

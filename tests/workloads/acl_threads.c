@@ -28,6 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "step_gate.h"
+
 #define CHECK(x) do { aclError rc_ = (x); if (rc_ != ACL_SUCCESS) { \
     fprintf(stderr, "acl_threads: line %d: %s = %d\n", __LINE__, #x, rc_); fflush(stderr); exit(3); } } while (0)
 
@@ -81,6 +83,7 @@ static void *worker(void *arg) {
         CHECK(aclrtMemcpyAsync(out + N + M * M, M * M * sizeof(float), mc, M * M * sizeof(float),
                                ACL_MEMCPY_DEVICE_TO_HOST, s));
         if (sleep_ms) usleep((useconds_t)sleep_ms * 1000);  /* the work above is in flight meanwhile */
+        step_gate(step);  /* every thread, its work still in flight */
         CHECK(aclrtSynchronizeStream(s));
         digests[step * nthreads + id] = fnv1a(14695981039346656037ULL, out, out_bytes);
         pthread_barrier_wait(&barrier);

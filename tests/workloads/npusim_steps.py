@@ -6,9 +6,13 @@ import hashlib
 import os
 import sys
 import time
+from pathlib import Path
 
 import npusim
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from train import step_gate  # noqa: E402  (STEP_GATE, as the training example honours it)
 
 steps, sleep_ms = int(sys.argv[1]), int(sys.argv[2])
 heavy = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -35,5 +39,6 @@ for step in range(steps):
     npusim.synchronize_stream(s)
     print(f"step {step} {hashlib.sha256(host.tobytes()).hexdigest()[:16]}", flush=True)
     time.sleep(sleep_ms / 1000)
+    step_gate(step)
 npusim.memcpy_d2h(host, a)
 print(f"done {hashlib.sha256(host.tobytes()).hexdigest()[:16]}", flush=True)

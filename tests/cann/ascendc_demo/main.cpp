@@ -14,6 +14,7 @@
 #include "acl/acl.h"
 #include "aclrtlaunch_scale_add.h"
 #include "kernels/demo_kernels.h"
+#include "step_gate.h"
 
 #define CHECK(x)                                                                                   \
     do {                                                                                           \
@@ -131,6 +132,7 @@ int steps(int count, int sleepMs, const char* fatbin)
         std::fflush(stdout);
         if (!same) return 4;
         if (sleepMs > 0) usleep(static_cast<useconds_t>(sleepMs) * 1000);
+        step_gate(s);
     }
     CHECK(aclrtBinaryUnLoad(bin));
     CHECK(aclrtFree(x));
