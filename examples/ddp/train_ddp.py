@@ -112,6 +112,9 @@ def main() -> None:
     w_host = np.empty(d, dtype=np.float32)
     err_host = np.empty(rows, dtype=np.float32)
     loss_host = np.empty(1, dtype=np.float32)
+    # STEP_GATE=N:PATH, for tests: hold after step N until PATH exists (at most 120 s), so that a
+    # test can checkpoint the run before it ends on a slow machine; the output stays the same.
+    gate_step, _, gate_path = os.environ.get("STEP_GATE", "").partition(":")
     for step in range(args.steps):
         npusim.launch_matmul(rows, 1, d, dev["x"], dev["w"], dev["err"], stream)       # err = X w - y
         npusim.launch_axpy(rows, -1.0, dev["y"], dev["err"], stream)
@@ -133,6 +136,10 @@ def main() -> None:
         digest = hashlib.sha256(w_host.tobytes()).hexdigest()[:16]
         print(f"step {step} loss {float(loss_host[0]) / n:.6f} weights {digest}", flush=True)
         time.sleep(args.sleep_ms / 1000)
+        if str(step) == gate_step:
+            held_until = time.monotonic() + 120
+            while not os.path.exists(gate_path) and time.monotonic() < held_until:
+                time.sleep(0.02)
 
     if comm is not None:
         npusim.hccl_comm_destroy(comm)

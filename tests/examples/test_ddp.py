@@ -47,7 +47,8 @@ def test_all_ranks_checkpointed_mid_run_restore_bit_identical(tmp_path: Path, ra
                 assert len(expected[0]) == STEPS + 1
 
                 out = tmp_path / "run"
-                launcher = launch(env, ranks, out, 100)
+                gate = tmp_path / "gate"  # the ranks hold before their end until the restore
+                launcher = launch({**env, "STEP_GATE": f"{STEPS - 2}:{gate}"}, ranks, out, 100)
                 for r in range(ranks):
                     wait_for_line(out / f"rank-{r}.out", "step 3 ", timeout=120, alive=launcher)
                 pids = (out / "pids").read_text().split()
@@ -58,6 +59,7 @@ def test_all_ranks_checkpointed_mid_run_restore_bit_identical(tmp_path: Path, ra
                 assert all(len(lines) < STEPS + 1 for lines in rank_lines(out, ranks))
 
                 daemon.restart()                     # nothing of the ranks' device state survives
+                gate.touch()
                 r = npusnap("restore", ckpt, timeout=240)
                 assert r.returncode == 0, r.stderr
                 for rank in range(ranks):
