@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -115,6 +116,10 @@ def two_users_processes() -> Iterator[list[int]]:
     """A sleeping process of alice's and one of mallory's (the ranks of a job of several users)."""
     procs = [popen_as(u, ["sleep", "60"]) for u in (device_user(), other_user())]
     try:
+        for p in procs:  # setpriv changes user, then execs sleep: only then is the uid the user's
+            deadline = time.monotonic() + 30
+            while Path(f"/proc/{p.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
+                time.sleep(0.01)
         yield [p.pid for p in procs]
     finally:
         for p in procs:
