@@ -171,13 +171,26 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 def _unraisable(hook: Any) -> None:
     """A Ctrl-C that landed in a finalizer or a weakref callback (an import's module lock, say),
-    where Python can only print it and carry on: send it again, to be raised where it can be."""
+    where Python can only print it and carry on: send it again, to be raised where it can be (by
+    whatever SIGINT handler is in place then). In the main thread not from here: its handler would
+    run inside this hook and be lost the same way; a timer sends it once the hook has returned."""
     import signal
+    import threading
 
     if hook.exc_type is not None and issubclass(hook.exc_type, KeyboardInterrupt):
-        signal.raise_signal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGALRM, _send_sigint)
+            signal.setitimer(signal.ITIMER_REAL, 0.002)
+        else:
+            signal.raise_signal(signal.SIGINT)
         return
     sys.__unraisablehook__(hook)
+
+
+def _send_sigint(signum: int, frame: Any) -> None:
+    import signal
+
+    signal.raise_signal(signal.SIGINT)
 
 
 def _main(argv: Optional[list[str]]) -> Any:
