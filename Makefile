@@ -51,16 +51,19 @@ job-faults: setup
 # Signals at random moments of checkpoint and restore: 100 SIGINTs and 20 SIGSTOP/SIGCONT pauses
 # (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run), and 20 SIGINTs each
 # into a process set's checkpoint and restore (tests/faults/test_processset_faults.py), and 40
-# into a set checkpoint of HCCL ranks (2 ranks; 20 for 4; tests/hccl/test_inplace.py).
+# into a set checkpoint of HCCL ranks (2 ranks; 20 for 4; tests/hccl/test_inplace.py), and 40
+# SIGKILLs of a set checkpoint or restore of examples/ddp's ranks (2 ranks; 20 for 4;
+# tests/hccl/test_set_sigkill.py).
 FAULT_SIGINT  ?= 100
 FAULT_SET_SIGINT ?= 20
 FAULT_HCCL_SIGINT ?= 40
+FAULT_SET_SIGKILL ?= 40
 FAULT_SIGSTOP ?= 20
 faults: setup
 	NPUSNAP_FAULT_SIGINT=$(FAULT_SIGINT) NPUSNAP_FAULT_SIGSTOP=$(FAULT_SIGSTOP) NPUSNAP_FAULT_SET_SIGINT=$(FAULT_SET_SIGINT) \
-	NPUSNAP_FAULT_HCCL_SIGINT=$(FAULT_HCCL_SIGINT) \
+	NPUSNAP_FAULT_HCCL_SIGINT=$(FAULT_HCCL_SIGINT) NPUSNAP_FAULT_SET_SIGKILL=$(FAULT_SET_SIGKILL) \
 		$(VENV)/bin/pytest tests/faults/test_random_faults.py tests/faults/test_processset_faults.py::test_sigint_at_random_instants_of_a_set_checkpoint_and_restore \
-		tests/hccl/test_inplace.py::test_sigint_at_random_instants_of_an_hccl_set_checkpoint \
+		tests/hccl/test_inplace.py::test_sigint_at_random_instants_of_an_hccl_set_checkpoint tests/hccl/test_set_sigkill.py \
 		-q -rs -p no:cacheprovider
 
 # The full sweep draws bench/results.png with matplotlib (the `bench` extra), installed here when

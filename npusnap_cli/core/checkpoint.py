@@ -135,9 +135,14 @@ def transaction(signals: Signals, undos: UndoStack, progress: Progress, discard:
         return manifest
 
 
-def commit(staging: Staging, signals: Signals, manifest: Manifest) -> Manifest:
-    """The commit point: the manifest written and the directory renamed into place."""
+def commit(staging: Staging, signals: Signals, manifest: Manifest, guardian: Optional[GuardianLike] = None,
+           kills: bool = False) -> Manifest:
+    """The commit point: the manifest written and the directory renamed into place. guardian: told
+    first, so that our death after the rename ends in the checkpoint's outcome (the tree killed if
+    kills, else running on), not in a rollback (a job's node: its job decides, not the rename)."""
     with signals.commit_point():
+        if guardian is not None:
+            guardian.committing(staging.path, staging.final, kills)
         staging.commit(manifest)
         testhooks.pause("commit", until=lambda: signals.pending)
     return manifest
@@ -372,6 +377,7 @@ class CheckpointRun:
                 pid=self.pid, images_dir=criu_dir, log_dir=log_dir,
                 leave_stopped=True, shell_job=self.opts.shell_job,
                 tcp_established=self.opts.tcp_established, timeout=self.opts.criu_timeout, extra=self.extra,
+                started=self.guardian.wait_for_criu,
             ))
             self.tree = processes.dumped_entries(self.criu.dumped_tree(criu_dir), before)
             self.frozen = [p.pid for p in self.tree]
@@ -437,7 +443,7 @@ class CheckpointRun:
         return self.opts.dedup or self.opts.compress != "none"
 
     def _commit(self) -> Manifest:
-        return commit(self.staging, self.signals, self._manifest())
+        return commit(self.staging, self.signals, self._manifest(), self.guardian, not self.opts.leave_running)
 
     # -- after the commit
     def finish_checkpoint(self, manifest: Manifest) -> None:

@@ -7,7 +7,10 @@ data. The guardian is a tiny separate process, in its own session, holding the r
 end of a pipe: if the pipe closes without the word "done", it resumes the tree (and
 its descendants, whatever CRIU froze) and removes the partial checkpoint; for a
 restore it kills the restored tree instead, so the checkpoint can be restored again.
-The agent's lease then unlocks the device by itself.
+The agent's lease then unlocks the device by itself. A death after the commit (the
+rename that makes DIR valid) ends in the checkpoint's outcome instead: the tree is
+killed, or with --leave-running it runs on, its device data from DIR. A process set's
+HCCL ranks are recovered together, in the same state: see even_out.
 """
 
 from __future__ import annotations
@@ -56,44 +59,82 @@ def running(pid):
     except OSError:
         return False
 
+def committed():
+    # the checkpoint's rename happened (the staging directory, by its inode, is DIR now): "commit:HEX:DEV:INO:how"
+    for w in words:
+        if w.startswith("commit:") and w.count(":") == 4:
+            final, dev, ino, how = w[7:].split(":")
+            try:
+                st = os.stat(bytes.fromhex(final).decode())
+            except (OSError, ValueError):
+                return None
+            return (bytes.fromhex(final).decode(), how) if (st.st_dev, st.st_ino) == (int(dev), int(ino)) else None
+    return None
+
+def npusnap(*args):
+    return subprocess.Popen([python, "-m", "npusnap_cli", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+def even_out(ranks, deadline):
+    # A death between the members' backups leaves some HCCL ranks backed up (gone from their
+    # communicators) and others only locked (still in them): those are backed up too, so that every
+    # rank's recovery re-forms the communicators with all its peers (as a set's own rollback does).
+    # Each agent answers once the command it runs (a lock, a backup) is done: all asked at once.
+    asked = [(pid, npusnap("status", "--json", pid)) for pid in ranks]
+    states = {}
+    for pid, p in asked:
+        try:
+            states[pid] = json.loads(p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])["state"]
+        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            p.kill()
+            p.communicate()
+    if "BACKED_UP" in states.values():
+        finish([npusnap("backup", pid) for pid, state in states.items() if state == "LOCKED"], deadline)
+
+def finish(procs, deadline):
+    for p in procs:
+        try:
+            p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+
 if words[-1:] != ["done"]:
-    import shutil, signal, subprocess, time
-    # a live checkpoint's workload that runs on already needs nothing but its staging removed
-    pids = [int(w) for w in words if w.isdigit()] if "resumed" not in words else []
-    sig = signal.SIGKILL if "kill" in words else signal.SIGCONT
-    # A restore that CRIU is still running: its tree is whole only once CRIU is done.
+    import json, shutil, signal, subprocess, time
+    deadline = time.monotonic() + 3600
+    # A dump or a restore that CRIU is still running: its tree is whole only once CRIU is done.
     for criu in [int(w[5:]) for w in words if w.startswith("criu:") and w[5:].isdigit()]:
         while running(criu):
             time.sleep(0.05)
+    done = committed()  # then the outcome is the checkpoint's: its members killed, or run on from DIR
+    # a live checkpoint's workload that runs on already needs nothing but its staging removed
+    pids = [int(w) for w in words if w.isdigit()] if "resumed" not in words else []
+    sig = signal.SIGKILL if "kill" in words or (done and done[1] == "kill") else signal.SIGCONT
     for pid in tree(pids):
         try:
             os.kill(pid, sig)
         except OSError:
             pass
+    images = done[0] if done else staging  # where the checkpoint's device images are now
     # direct path: the device data is only in staging/device (a set member's: staging/device/PID)
-    recovers = [(str(pids[0]), os.path.join(staging, "device"))] if "recover" in words and pids else []
-    recovers += [(w[8:], os.path.join(staging, "device", w[8:])) for w in words
+    recovers = [(str(pids[0]), os.path.join(images, "device"))] if "recover" in words and pids else []
+    recovers += [(w[8:], os.path.join(images, "device", w[8:])) for w in words
                  if w.startswith("recover:") and w[8:].isdigit()]
     # --live, --compress: the device data staged in memory (/dev/shm), removed after (images:PID:HEX, drop:HEX)
     recovers += [(w.split(":")[1], bytes.fromhex(w.split(":")[2]).decode()) for w in words
                  if w.startswith("images:") and w.count(":") == 2 and w.split(":")[1].isdigit()]
     # HCCL ranks: every one recovered (their lease would do it later), all at once, for each
     # rank's restore waits for its peers' in the set's rendezvous directory, removed after
-    recovers += [(w[5:], None) for w in words if w.startswith("hccl:") and w[5:].isdigit()
-                 and w[5:] not in [r[0] for r in recovers]]
+    hccl = [w[5:] for w in words if w.startswith("hccl:") and w[5:].isdigit()]
+    recovers += [(pid, None) for pid in hccl if pid not in [r[0] for r in recovers]]
+    if sig == signal.SIGKILL:
+        recovers = []
+    elif hccl and not done and "restoring" not in words:  # restoring: the ranks' restores are under way
+        even_out(hccl, deadline)
     # an incremental's chain, parent first: the staged images reference it
     chain = [a for w in words if w.startswith("chain:") for a in ("--parent-images", bytes.fromhex(w[6:]).decode())]
-    procs = [subprocess.Popen([python, "-m", "npusnap_cli", "recover", pid]
-                              + (["--device-images", device_dir, *chain] if device_dir else []),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for pid, device_dir in recovers]
-    deadline = time.monotonic() + 3600
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    finish([npusnap("recover", pid, *(["--device-images", device_dir, *chain] if device_dir else []))
+            for pid, device_dir in recovers], deadline)
     for w in words:
         if w.startswith(("meet:", "remove:", "drop:")):
             shutil.rmtree(bytes.fromhex(w.partition(":")[2]).decode(), ignore_errors=True)
@@ -126,8 +167,9 @@ class Guardian:
         self._say(" ".join(map(str, pids)) + " kill")
 
     def wait_for_criu(self, pid: int) -> None:
-        """Restore: CRIU (pid) is restoring the tree; if we die, kill the tree only once CRIU
-        is done, or a tree it finishes after our death would run on half-restored."""
+        """CRIU (pid) is dumping or restoring the tree; if we die, act on it only once CRIU is
+        done: a tree it dumps after our death would stay stopped, one it restores would run on
+        half-restored."""
         self._say(f"criu:{pid}")
 
     def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
@@ -156,8 +198,22 @@ class Guardian:
         words = [f"meet:{str(directory).encode().hex()}"] if owned else []
         self._say(" ".join([*words, *(f"hccl:{p}" for p in pids)]))
 
+    def committing(self, staging: Path, final: Path, kills: bool) -> None:
+        """The staging directory is about to be renamed to final (the commit): if we die once it
+        has been (the guardian tells by its inode), the checkpoint stands, and its tree is killed
+        (kills) or runs on from final's images, as the command would have finished it."""
+        st = os.stat(staging)
+        self._say(f"commit:{os.fsencode(os.path.abspath(final)).hex()}:{st.st_dev}:{st.st_ino}:"
+                  f"{'kill' if kills else 'run'}")
+
+    def restoring(self) -> None:
+        """A set's HCCL ranks' in-place device restores are starting (a rollback, running on): if
+        we die, every rank is recovered at once as it is (the restores under way meet the rest)."""
+        self._say("restoring")
+
     def remove_after(self, directory: Path) -> None:
-        """--live: if we die, remove directory too (the images in memory), after any recovery."""
+        """If we die, remove directory too, after any recovery (--live: the images in memory; a set
+        restore: its HCCL ranks' private rendezvous directory)."""
         self._say("remove:" + os.fsencode(os.path.abspath(directory)).hex())
 
     def resumed(self) -> None:

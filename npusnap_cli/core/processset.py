@@ -237,6 +237,8 @@ class SetCheckpoint:
         """The set's device rollback: every member's at once (an HCCL rank's restore waits for its
         peers' in the set's rendezvous directory); each failure reported, none stops the others."""
         self._back_up_locked_ranks()
+        if self.meet is not None:
+            self.guardian.restoring()
         failed = self._at_once(lambda m: m._device_rollback())
         for m in self.members:
             if m.pid in failed:
@@ -293,7 +295,8 @@ class SetCheckpoint:
             self._run_on_at_seal()
         if self.gate is not None:
             self.gate.prepared(manifest)
-        return commit(self.staging, self.signals, manifest)
+        return commit(self.staging, self.signals, manifest, self.guardian if self.gate is None else None,
+                      not self.opts.leave_running)
 
     def _lock_all(self) -> None:
         """Every member's lock at once. Signals wait until every lock has returned (each is
@@ -405,6 +408,8 @@ class SetCheckpoint:
             except Exception as e:
                 failed[m.pid] = e
         stuck = set(failed)  # a tree that did not resume is not restored (its peers then fail)
+        if self.meet is not None:
+            self.guardian.restoring()
 
         def device(m: CheckpointRun) -> None:
             if m.pid in stuck:
@@ -511,7 +516,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                 # HCCL ranks re-form their communicators together (each waits for its peers): every
                 # member's process exists first, then their device restores run at once.
                 if hccl:
-                    _device_restores(ready, manifest, root, opts, progress, services, backends)
+                    _device_restores(ready, manifest, root, opts, progress, services, backends, guardian)
                 with phase("unlock"), signals.critical():  # every member runs, or none
                     for (entry, _), backend in zip(restored, backends):  # in member order, both
                         if backend is not None:
@@ -552,10 +557,10 @@ def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: Re
 
 def _device_restores(ready: list[tuple[MemberEntry, int, Phases]], manifest: Manifest, root: Path,
                      opts: RestoreOptions, progress: Progress, services: Services,
-                     backends: list[Optional[Backend]]) -> None:
+                     backends: list[Optional[Backend]], guardian: GuardianLike) -> None:
     """The members' device restores, in member order into backends; members holding HCCL
     communicators all at once, meeting in one rendezvous directory (opts.rendezvous, else a
-    private one of this restore's own)."""
+    private one of this restore's own, which the guardian removes if we die)."""
     count = len(manifest.members)
     if not any(e.device.resources.get("hccl communicators", 0) > 0 for e, _, _ in ready):
         for entry, pid, member_phase in ready:
@@ -566,6 +571,8 @@ def _device_restores(ready: list[tuple[MemberEntry, int, Phases]], manifest: Man
     failed: dict[int, BaseException] = {}
     own = communicators.rendezvous(opts.rendezvous is None, os.stat(f"/proc/{ready[0][1]}").st_uid)
     with own as private:
+        if private is not None:
+            guardian.remove_after(private)
         meet = opts.rendezvous or private
 
         def one(i: int) -> None:

@@ -324,6 +324,7 @@ class DumpOptions:
     timeout: Optional[float] = None
     log_level: int = 4
     extra: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
+    started: Optional[Callable[[int], None]] = None  # told CRIU's pid (the guardian waits for it if we die)
 
 
 class Criu:
@@ -378,7 +379,7 @@ class Criu:
             resp = Swrk(self.binary.path).request(
                 rpc.criu_req(type=rpc.DUMP, opts=opts),
                 timeout=None if not o.timeout else o.timeout + 30,
-                pass_fds=(images_fd, log_fd, *fds),
+                pass_fds=(images_fd, log_fd, *fds), started=o.started,
             )
         return resp
 

@@ -199,17 +199,23 @@ def test_leases_that_run_out_bring_every_rank_back(n: int, daemons, ranks, short
     assert_bit_identical(workers, daemon, ranks, short_dir, n)
 
 
+@pytest.mark.parametrize("point", ["after:backup", "after:backup@{first}", "after:dump@{first}"])
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
-def test_a_cli_killed_after_the_backup_every_rank_comes_back(data_path: str, daemons, ranks, short_dir: Path) -> None:
+def test_a_cli_killed_after_the_backup_every_rank_comes_back(point: str, data_path: str, daemons, ranks,
+                                                             short_dir: Path) -> None:
     """SIGKILL: the guardian recovers every rank at once through the set's directory (the direct
-    path's data from the staged files), then removes the directory."""
+    path's data from the staged files), then removes the directory. Killed between the members'
+    backups (the first rank gone from its communicator, the other still in it), it backs up the
+    locked rank first, so that both re-form the communicator; killed after the first member's dump,
+    it waits for no CRIU and resumes the stopped rank."""
     (daemon,) = daemons(1)
     tmp, env = private_tmp(short_dir, cli_env(daemon, ranks))
     workers = start_training(ranks, daemon, 2, str(short_dir / "train.info"), env=LONG)
     pids = [w.pid for w in workers]
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
-    cli = PausedCli(["checkpoint", *pids, "-D", short_dir / "killed", "--data-path", data_path], "after:backup", env)
+    cli = PausedCli(["checkpoint", *pids, "-D", short_dir / "killed", "--data-path", data_path],
+                    point.format(first=pids[0]), env)
     cli.kill()
     deadline = time.monotonic() + ADVANCE_S
     while any(agent_status(p, env)["state"] != "RUNNING" for p in pids) or meetings(tmp):

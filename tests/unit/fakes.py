@@ -196,6 +196,12 @@ class FakeGuardian:
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         self.said.append(f"meet {pids}")
 
+    def committing(self, staging: Path, final: Path, kills: bool) -> None:
+        self.said.append(f"commit {'kill' if kills else 'run'}")
+
+    def restoring(self) -> None:
+        self.said.append("restoring")
+
     def remove_after(self, directory: Path) -> None:
         self.said.append(f"remove {directory}")
 

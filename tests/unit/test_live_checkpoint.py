@@ -54,7 +54,7 @@ def test_the_workload_runs_on_before_the_write_behind(method: DataPath, fakes: F
     assert list(shm.iterdir()) == [] and _warnings(events) == []  # the memory was given back
     assert m == load_manifest(tmp_path / "ck") and verify(tmp_path / "ck")
     assert running(workload.pid) and fakes.backend.current == State.RUNNING
-    assert fakes.guardians[0].said[-1] == "resumed"
+    assert fakes.guardians[0].said[-2:] == ["resumed", "commit run"]  # nothing left to recover, then the commit
 
 
 def test_a_failure_in_the_write_behind_leaves_it_running_and_no_checkpoint(
