@@ -34,7 +34,7 @@ from ...image.format import MANIFEST, Manifest
 from . import owners, writebehind
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
-from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored
+from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored, wait_restored
 
 if TYPE_CHECKING:
     from ..processset import SetCheckpoint
@@ -268,6 +268,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
                 ch.send("hello", node=node, ranks=[])
             _failed(ch, node, e)
             return e.exit_code
+        wait_restored(opts.job, node, opts.lease, say)  # a restore under way: its ranks, all of them
         ranks = find_ranks(opts.job, node, own_step=os.environ.get("SLURM_STEP_ID"))
         say("ranks " + (", ".join(f"{r.pid} (step {r.step} task {r.procid})" for r in ranks) or "none"))
         try:
@@ -394,6 +395,9 @@ def restore_worker(opts: WorkerOptions) -> int:
 
     assert opts.directory is not None
     node = node_name()
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:  # from the start: a checkpoint of the job meanwhile waits until the ranks are back (ranks.py)
+        register_restored(job, node, [], os.environ.get("SLURM_STEP_ID"), restoring=True)
     ch = _connect(opts)
     try:
         ch.send("hello", node=node, ranks=[])
@@ -414,7 +418,6 @@ def restore_worker(opts: WorkerOptions) -> int:
             ch.send("failed", node=node, error=e.one_line())
             return e.exit_code
         pids = [m.pid for m in result.members]
-        job = os.environ.get("SLURM_JOB_ID")
         if job:
             by_pid = {int(r["pid"]): r for r in msg.get("ranks", [])}
             register_restored(job, node, [Rank(m.pid, int(by_pid[m.checkpointed]["step"]),
