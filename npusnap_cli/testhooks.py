@@ -3,7 +3,8 @@ unless its environment variable is set.
 
 * NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit (NPUSNAP_TEST_PAUSE_S): the checkpoint
   pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline),
-  or until the file NPUSNAP_TEST_PAUSE_UNTIL exists (tests/pipeline/test_live.py).
+  or until the file NPUSNAP_TEST_PAUSE_UNTIL exists (tests/pipeline/test_live.py). Several
+  points, comma-separated: a pause at each (two nodes' workers held, tests/job/test_hccl_abort.py).
 * NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline
   fails there with an injected error, as if that phase had failed (tests/processset);
   during:write-behind fails a --live checkpoint's copy to disk after its first file.
@@ -32,7 +33,7 @@ from .errors import NpusnapError
 def pause(point: str, until: Callable[[], bool] = lambda: False) -> None:
     """NPUSNAP_TEST_PAUSE=point: announce the point and wait (up to 60 s, or
     NPUSNAP_TEST_PAUSE_S) for a signal; where signals are held, until() ends the wait."""
-    if os.environ.get("NPUSNAP_TEST_PAUSE") != point:
+    if point not in os.environ.get("NPUSNAP_TEST_PAUSE", "").split(","):
         return
     sys.stderr.write(f"npusnap: test pause {point}\n")
     sys.stderr.flush()

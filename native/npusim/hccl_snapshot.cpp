@@ -29,6 +29,18 @@
 // Backup: the table (hccl_comms.h) is process memory and travels with the process; the daemon's
 // Release closes the members, so nothing inter-rank stays open.
 //
+// The fate of a lock, once a rank is locked: its ranks (on one node or several) either all leave
+// their communicators and re-form them (Backup, then Restore) or all stay in them (Unlock). A
+// rank whose checkpoint is aborted cannot know what its peers on other nodes did: some may have
+// backed up already (left), others be let go at once (a worker killed after the lock, its guardian
+// unlocking them). So the first to act decides, atomically, in the rendezvous directory that
+// npusnap hands every rank of the attempt before its lock: a file `hccl-fate` created by link(2),
+// "reform" by the first Backup, "unlock" by the first rank let go without one (Unlock while
+// LOCKED, or a lock that failed). A Backup that finds "unlock" is refused (the rank stays LOCKED
+// and its rollback unlocks it); a rank let go that finds "reform" leaves its communicators and
+// re-forms them through the rendezvous directory right there, with the peers that back up and
+// restore. Without a rendezvous directory (one process checkpointed alone) nothing changes.
+//
 // Restore: each communicator is re-formed under its old id at new addresses, in id order on every
 // rank: rank 0's daemon becomes the root (any free port, a new secret) and rank 0 publishes where it
 // is in the rendezvous directory that npusnap hands the restoring runtimes
@@ -89,6 +101,42 @@ std::string comm_name(const CommEntry &c) {
   char b[96];
   std::snprintf(b, sizeof(b), "HCCL communicator %016" PRIx64 " (rank %u of %u)", c.id, c.rank, c.nranks);
   return b;
+}
+
+constexpr const char *kFateFile = "/hccl-fate";
+constexpr const char *kReform = "reform";
+constexpr const char *kUnlock = "unlock";
+
+// Whether this process's lock binds peers (a communicator of several ranks, not locked alone), and
+// where the attempt's ranks meet ("" when npusnap handed no rendezvous directory).
+std::string fate_dir() {
+  std::lock_guard<std::mutex> g(runtime().mu);
+  if (options().alone || options().rendezvous.empty()) return "";
+  for (auto &[handle, c] : hccl_comms())
+    if (c.nranks > 1 && !c.left_alone) return options().rendezvous;
+  return "";
+}
+
+// The attempt's fate: `want` if this rank is the first to decide, else what a peer decided; ""
+// when it cannot be known (no trusted directory: as before the fate existed, each rank on its own).
+std::string claim_fate(const std::string &dir, const char *want) {
+  std::string why;
+  if (dir.empty() || !trust::dir_trusted(dir, ::geteuid(), &why)) return "";
+  const std::string path = dir + kFateFile, tmp = dir + "/.hccl-fate-" + std::to_string(::getpid());
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const size_t n = std::strlen(want);
+  const bool written = fd >= 0 && ::write(fd, want, n) == static_cast<ssize_t>(n);
+  if (fd >= 0) ::close(fd);
+  const bool first = written && ::link(tmp.c_str(), path.c_str()) == 0;  // atomic: one rank wins
+  ::unlink(tmp.c_str());
+  if (first) return want;
+  char buf[16] = {};
+  const int in = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (in < 0) return "";
+  const ssize_t got = ::read(in, buf, sizeof(buf) - 1);
+  ::close(in);
+  return got > 0 ? std::string(buf, static_cast<size_t>(got)) : "";
 }
 
 int32_t lock_query(const CommEntry &c, uint32_t flags, uint64_t value, proto::Reply *rp) {
@@ -250,7 +298,28 @@ int32_t restore_comms(const SnapshotPass &) {
   return ACL_SUCCESS;
 }
 
-const ResourceKind kCommunicators{"hccl communicators", 45, nullptr, nullptr, restore_comms, nullptr,
+// Backup: leaving the communicators is this rank's part of "reform"; refused once a peer was let go.
+int32_t leave_comms(const SnapshotPass &) {
+  const std::string dir = fate_dir();
+  if (dir.empty() || claim_fate(dir, kReform) != kUnlock) return ACL_SUCCESS;
+  note_error("snapshot: backup refused: a peer rank of this process's HCCL communicators was unlocked "
+             "without a backup (its checkpoint was aborted), so this rank stays in them");
+  return ACL_ERROR_SNAPSHOT_BACKUP_FAILED;
+}
+
+// A rank let go while its peers re-form: it leaves its members and re-forms as a restore does.
+void rejoin_comms() {
+  for (auto &[handle, c] : snapshot_table()) {
+    proto::Request rq = wire::request(proto::Op::HcclCommDestroy);
+    rq.value[0] = c.member;
+    runtime().pool.call(rq);  // the root sees this rank leave the old communicator
+  }
+  if (restore_comms(SnapshotPass{}) != ACL_SUCCESS)
+    std::fprintf(stderr, "npusim hccl: could not re-form this rank's communicators with its peers: %s\n",
+                 recent_error().c_str());
+}
+
+const ResourceKind kCommunicators{"hccl communicators", 45, nullptr, leave_comms, restore_comms, nullptr,
                                   [] { return hccl_comms().size(); }};
 NPUSIM_RESOURCE_KIND(kCommunicators);
 
@@ -351,6 +420,7 @@ bool hccl_lock_mail(std::string *waiting) {
 }
 
 void hccl_lock_end(bool withdraw) {
+  if (withdraw && claim_fate(fate_dir(), kUnlock) == kReform) rejoin_comms();  // see "The fate of a lock"
   if (withdraw)
     for (auto &[handle, c] : snapshot_table()) {
       proto::Reply rp{};

@@ -184,7 +184,8 @@ void notify_stream_state(aclrtStream stream, aclrtStreamState state);
 // HCCL at Lock (hccl_snapshot.cpp): reports each communicator's issued count to its root and
 // learns the free pass; *ready once no communicator is behind it and (unless alone) every rank is
 // locking (else *waiting says what it waits for). Unlock or a failed lock ends it (withdraw:
-// tell the roots).
+// tell the roots; and when a peer of the attempt already left to re-form, re-form with it first:
+// "The fate of a lock" in hccl_snapshot.cpp).
 void hccl_lock_poll(bool *ready, std::string *waiting, std::string *refused);
 void hccl_lock_end(bool withdraw);
 // After the drain: whether every HcclSend to or from this rank was received (false, with what is

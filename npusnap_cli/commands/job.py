@@ -69,7 +69,7 @@ def job() -> None:
 @click.option("--stage", metavar="DIR", default=None, type=click.Path(path_type=Path), callback=_absolute,
               help="Dump each node's ranks into a fresh directory under this node-local DIR first, then copy "
                    "them to DIRECTORY before the node votes (with --leave-running the ranks run on before "
-                   "the copy).")
+                   "the copy; with --dedup/--compress their chunks go into DIRECTORY's store).")
 @_deadline_options
 @json_option
 @click.pass_obj
@@ -84,10 +84,6 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
     worker before that aborts: every rank runs on, unlocked, and DIRECTORY does not exist.
     """
     from ..core.job.coordinator import Deadlines, JobCheckpointOptions, checkpoint_job
-
-    if stage is not None and (dedup or compress != "none" or parent is not None):
-        # the store and the parent chain are named relative to where a node's set is written
-        raise click.UsageError("--stage does not combine with --dedup, --compress or --parent yet")
 
     opts = JobCheckpointOptions(directory=directory, job=job, listen=listen, leave_running=leave_running,
                                 shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,

@@ -85,6 +85,9 @@ class CheckpointOptions:
     # a job's node staged on local storage with --leave-running: the set runs on as soon as it is
     # sealed, before its write-behind to the shared storage and its vote (core/processset.py)
     run_on_at_seal: bool = False
+    # a job's node staged on local storage: where its copy will live (the job's staging directory
+    # on the shared storage), which its parent (--parent) is named relative to
+    published: Optional[Path] = None
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -483,7 +486,7 @@ class CheckpointRun:
 
         opts = self.opts
         return Manifest(
-            parent=parent_ref(self.staging.final, self.parent[0]) if self.parent else None,
+            parent=parent_ref(opts.published or self.staging.final, self.parent[0]) if self.parent else None,
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
             host=socket.gethostname(),

@@ -294,6 +294,20 @@ class Store:
 
     def read(self, chunk: Chunk, where: str) -> bytes:
         """A chunk's raw bytes, checked against its digest."""
+        return self._checked(chunk, self._stored(chunk, where), where)
+
+    def copy_to(self, other: "Store", chunk: Chunk, where: str) -> int:
+        """The chunk into other as it is stored here, checked against its digest on the way (a
+        job's node staged with --stage: its node-local store into the shared one), unless other
+        has it already; the bytes written."""
+        if other.find(chunk.digest) is not None:
+            return 0
+        stored = self._stored(chunk, where)
+        self._checked(chunk, stored, where)
+        other.put(chunk.digest, chunk.codec, stored)
+        return len(stored)
+
+    def _stored(self, chunk: Chunk, where: str) -> bytes:
         try:
             fd = os.open(f"{chunk.digest}.{chunk.codec}", os.O_RDONLY | _OPEN, dir_fd=self._fan(chunk.digest, False))
         except FileNotFoundError:
@@ -306,6 +320,9 @@ class Store:
                 stored = f.read(chunk.stored + 1)
         finally:
             os.close(fd)
+        return stored
+
+    def _checked(self, chunk: Chunk, stored: bytes, where: str) -> bytes:
         try:
             data = _decompress(chunk.codec, stored, chunk.size) if len(stored) == chunk.stored else b""
         except Exception:

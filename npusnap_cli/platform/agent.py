@@ -53,7 +53,7 @@ INJECT_USAGE, INJECT_NO_PROCESS, INJECT_PERMISSION = P.INJECT_USAGE, P.INJECT_NO
 INJECT_DLOPEN_FAILED, INJECT_FAILED, INJECT_DAMAGED = P.INJECT_DLOPEN_FAILED, P.INJECT_FAILED, P.INJECT_DAMAGED
 
 CONNECT_TIMEOUT_S = 2.0
-DEFAULT_TIMEOUT_S = 10.0  # ping, status, unlock
+DEFAULT_TIMEOUT_S = 10.0  # ping, status
 TRANSFER_TIMEOUT_S = 3600.0  # backup and restore copy device memory: can be long
 LOCK_GRACE_S = 10.0  # added to the lock timeout for the reply to come back
 MAX_REPLY = 1 << 20
@@ -197,7 +197,9 @@ class AgentClient:
         """external: re-create allocations without data; the process stays LOCKED until imported."""
         return self.request(_with_external(P.AGENT_CMD_RESTORE, external), timeout=timeout)
 
-    def unlock(self, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:
+    def unlock(self, timeout: float = TRANSFER_TIMEOUT_S) -> AgentReply:
+        # An HCCL rank let go while its peers re-form its communicators re-forms them with them
+        # (native/npusim/hccl_snapshot.cpp, "The fate of a lock"): bounded by HCCL_CONNECT_TIMEOUT.
         return self.request(P.AGENT_CMD_UNLOCK, timeout=timeout)
 
     def hccl(self, key: str, value: str, timeout: float = DEFAULT_TIMEOUT_S) -> AgentReply:

@@ -34,9 +34,18 @@ ABORTS = [  # (variable, value with {node} filled in): each after every rank of 
     ("NPUSNAP_TEST_FAIL", "job-commit"),  # the coordinator, every node's set committed: all recovered
 ]
 
-# (the worker's stage, the hook that holds it there with {pid} / {node} filled in). Not after the
-# lock alone: see docs/cluster.md, "Not yet".
+# (the worker's stage, the hooks that hold it there: {pid} its node's last rank, {node} its node;
+# {peer} the other node's first rank, held too until the file {until} exists). Killed after the
+# lock alone, its guardian unlocks its ranks while the other node's are about to back up (leave the
+# communicator) or did already: the attempt's one fate decides for all (native/npusim/
+# hccl_snapshot.cpp, "The fate of a lock"): "unlock" (the other node's backup is refused, its ranks
+# unlocked) or "reform" (the unlocked ranks re-form the communicator with the restored ones).
+HELD = "{until}"
 KILLS = [
+    ("lock, the other node behind", {"NPUSNAP_TEST_PAUSE": "after:lock@{pid},before:backup@{peer}",
+                                     "NPUSNAP_TEST_PAUSE_UNTIL": HELD}),
+    ("lock, the other node backed up", {"NPUSNAP_TEST_PAUSE": "after:lock@{pid},after:backup@{peer}",
+                                        "NPUSNAP_TEST_PAUSE_UNTIL": HELD}),
     ("backup", {"NPUSNAP_TEST_PAUSE": "after:backup@{pid}"}),  # its last rank backed up
     ("dump", {"NPUSNAP_TEST_JOB_PAUSE": "vote@{node}"}),  # its ranks dumped (stopped), not voted
 ]
@@ -93,14 +102,30 @@ def test_hccl_ranks_across_nodes_come_back_from_every_abort_after_backup_bit_ide
 
 def killed_after(job: HcclJob, node: str, stage: str, hook: dict[str, str]) -> None:
     """node's worker SIGKILLed once its ranks passed stage: the coordinator aborts the other node,
-    the killed one's guardian recovers its ranks, and all four meet again within a bounded time."""
+    the killed one's guardian recovers its ranks, and all four meet again within a bounded time.
+    With the other node held too: let go once the fate is decided (the guardian's unlock, or the
+    other node's backup before the kill)."""
     c = job.c
     ranks = find_ranks(job.id, node)
     assert len(ranks) == 2, ranks
-    env = {k: v.format(pid=ranks[-1].pid, node=node) for k, v in hook.items()}
-    target = c.shared / f"ck-kill-{stage}-{uuid.uuid4().hex[:8]}"
+    peer = find_ranks(job.id, next(n for n in c.nodes if n != node))[0].pid
+    target = c.shared / f"ck-kill-{uuid.uuid4().hex[:8]}"
+    until = c.shared / f"{target.name}.go"
+    env = {k: v.format(pid=ranks[-1].pid, node=node, peer=peer, until=until) for k, v in hook.items()}
+    points = next(iter(env.values())).split(",")
+    fate = lambda: list(c.shared.glob(f".{target.name}.rendezvous-*/hccl-fate"))  # noqa: E731
+
+    def kill() -> None:
+        sigkill(workers(c, node))
+        if HELD in hook.values():  # decided by the guardian's unlock, or already by the backup
+            assert poll(lambda: bool(fate()), 60), f"{stage}: no fate decided"
+            decided = fate()[0].read_text()
+            until.touch()
+            assert decided == ("unlock" if "before:backup" in env["NPUSNAP_TEST_PAUSE"] else "reform"), decided
+
     rc, err = held_checkpoint(c, target, job.id, {**env, "NPUSNAP_TEST_PAUSE_S": "120"},
-                              "test pause " + re.escape(next(iter(env.values()))), lambda: sigkill(workers(c, node)))
+                              "(?s)" + "".join(f"(?=.*test pause {re.escape(p)})" for p in points), kill)
+    until.unlink(missing_ok=True)
     assert rc == ABORTED and f"lost the worker on {node}" in err.strip().splitlines()[-1], \
         f"{stage}: {err}" + _logs(c)
     assert "could not be recovered" not in err and "rollback failed" not in err, err + _ranks(job) + _logs(c)

@@ -1,6 +1,7 @@
 """`npusnap job checkpoint --stage DIR` on the real test cluster: each node's ranks dumped into a
 node-local directory first, then copied to the shared job checkpoint before the node votes.
-A staged checkpoint commits, verifies and restores bit-identical; with --leave-running the ranks
+A staged checkpoint commits, verifies and restores bit-identical, also with the chunk store
+(--dedup, --compress) and as the child of another (--parent); with --leave-running the ranks
 run on before the copy (from the phases: their downtime ends before their write-behind starts);
 the shared directory filling up during the write-behind aborts (exit 12), every rank runs on and
 nothing is left, locally or shared, as when the coordinator is lost during the write-behind; an unsafe DIR is refused in one line (exit 5). `ranks`, the
@@ -8,6 +9,7 @@ long job that the tests leaving it running share, is tests/job/conftest.py's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -20,6 +22,7 @@ from tests.users import other_user
 
 from .support import RankJob, as_json, no_checkpoint_left, npusnap, reference, small_shared_dir, wait_finished
 from .test_faults import coordinator, kill_at, no_workers_left
+from .test_job import _wrap
 
 PERMISSION = 5
 STORAGE = 12
@@ -61,6 +64,43 @@ def test_a_staged_checkpoint_commits_verifies_and_restores_bit_identical(live_cl
     done = wait_finished(c, restoring)
     assert done["job_state"] == "COMPLETED", c.output(restoring)
     for t in range(4):
+        assert job.step_lines(t) == want, f"rank {t} differs from the uninterrupted run"
+
+
+def test_staged_with_the_chunk_store_and_a_parent_verifies_and_restores_bit_identical(live_cluster: Cluster,
+                                                                                     stage: Path) -> None:
+    """--stage with --dedup (in-process data path), --compress (direct) and --parent (a child of the
+    compressed one): each node's chunks are copied from its node-local store into the job's shared
+    one, the parent is named from the shared copy; each verifies, the child restores bit-identical."""
+    c = live_cluster
+    want = reference(c, STEPS)
+    job = RankJob(c, STEPS, sleep_ms=150, per_node=1, gate_at=STEPS - 2)  # held until all three are taken
+    job.wait_steps(3)
+    cks = {name: c.shared / f"ck-staged-{name}-{job.id}" for name in ("dedup", "compress", "parent")}
+    runs = [("dedup", ["--dedup", "--leave-running"]),
+            ("compress", ["--compress", "zstd", "--data-path", "direct", "--leave-running"]),
+            ("parent", ["--parent", str(cks["compress"]), "--compress", "zstd"])]
+    for name, extra in runs:
+        r = as_json(npusnap(c, "job", "checkpoint", "-D", str(cks[name]), "--job", job.id, "--stage", str(stage),
+                            *extra, "--json"))
+        assert len(r["ranks"]) == 2 and all(_names(x)[-3] == "write-behind" for x in r["ranks"]), (name, r)
+        assert not any(stage.iterdir()), (name, list(stage.iterdir()))  # the local copies and store are gone
+        ins = as_json(npusnap(c, "job", "inspect", str(cks[name]), "--json"))
+        assert all(v for v in ins["node_stored_bytes"].values()), (name, ins)  # chunks in the shared store
+        if name != "parent":
+            job.wait_steps(min(max(job.last_step(t) for t in range(2)) + 2, job.gate.at))
+    wait_finished(c, job.id)  # the last one stopped its ranks: the job ends
+    for name, ck in cks.items():
+        assert as_json(npusnap(c, "job", "verify", str(ck), "--json"))["valid"] is True, name
+    ins = as_json(npusnap(c, "job", "inspect", str(cks["parent"]), "--json"))
+    assert ins["parent"] == f"../{cks['compress'].name}", ins
+
+    order = [n["name"] for n in json.loads(cks["parent"].joinpath("job.json").read_text())["nodes"]]
+    job.gate.open()  # restored on the nodes it ran on (the direct path: see test_incremental_job.py)
+    b = c.sbatch(_wrap(c, f"npusnap job restore {cks['parent']} --nodes {','.join(order)}"), "--nodes=2")
+    state = wait_finished(c, b)
+    assert state["job_state"] == "COMPLETED", c.output(b)
+    for t in range(2):
         assert job.step_lines(t) == want, f"rank {t} differs from the uninterrupted run"
 
 

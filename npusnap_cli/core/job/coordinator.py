@@ -136,6 +136,9 @@ class Session:
         self.step: Optional[subprocess.Popen[str]] = None
         self._closing = False
         self.lost: dict[str, str] = {}  # node -> why its worker's connection is gone
+        # a worker's messages ahead of the stage being gathered (it voted while a slower node had
+        # not said hello yet: one waiting for a job restore under way): kept for the next gather
+        self.ahead: list[Event] = []
         self.aborted: Optional[str] = None  # why, once abort() was called: late workers hear it too
         self._lock = threading.Lock()
         self.step_ended = ""
@@ -199,6 +202,7 @@ class Session:
         waiting = set(self.nodes)
         got: dict[str, dict[str, Any]] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
+        replay, self.ahead = self.ahead, []
         while waiting:
             lost = sorted(waiting & set(self.lost))
             if lost:
@@ -209,7 +213,7 @@ class Session:
                     f"no answer within {timeout:.0f} s (--{stage}-timeout)"
                 raise JobAborted(f"{stage}: {', '.join(sorted(waiting))}: {why}")
             try:
-                ev = self.events.get(timeout=left)
+                ev = replay.pop(0) if replay else self.events.get(timeout=left)
             except queue.Empty:
                 continue
             if ev.node is None:  # srun ended: the workers' last messages may still be on their way
@@ -223,6 +227,8 @@ class Session:
             elif ev.msg["type"] == wanted and ev.node in waiting:
                 waiting.discard(ev.node)
                 got[ev.node] = ev.msg
+            else:
+                self.ahead.append(ev)
         return got
 
     def _job_ended(self) -> str:

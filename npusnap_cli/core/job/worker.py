@@ -34,7 +34,7 @@ from ...image.format import MANIFEST, Manifest
 from . import owners, writebehind
 from .manifest import sha256_of
 from .protocol import Channel, ProtocolError, read_secret
-from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored
+from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored, wait_restored
 
 if TYPE_CHECKING:
     from ..processset import SetCheckpoint
@@ -268,6 +268,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
                 ch.send("hello", node=node, ranks=[])
             _failed(ch, node, e)
             return e.exit_code
+        wait_restored(opts.job, node, opts.lease, say)  # a restore under way: its ranks, all of them
         ranks = find_ranks(opts.job, node, own_step=os.environ.get("SLURM_STEP_ID"))
         say("ranks " + (", ".join(f"{r.pid} (step {r.step} task {r.procid})" for r in ranks) or "none"))
         try:
@@ -291,7 +292,8 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
                                   data_path=DataPathChoice.DIRECT if opts.direct else DataPathChoice.IN_PROCESS,
                                   peers_elsewhere=True, dedup=opts.dedup, compress=opts.compress,
-                                  rendezvous=opts.rendezvous, run_on_at_seal=local is not None and opts.leave_running)
+                                  rendezvous=opts.rendezvous, run_on_at_seal=local is not None and opts.leave_running,
+                                  published=None if local is None else opts.staging / "nodes" / node)
         gate = _Gate(ch, opts, node, ranks) if local is None else _StagedGate(ch, opts, node, ranks)
         try:
             testhooks.job_point("lock", node)
@@ -299,14 +301,14 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             gate.run(SetCheckpoint([r.pid for r in ranks], copts, _warnings, REAL, gate=gate))
         except JobAborted as e:
             if gate.set_committed:
-                _recover_after_commit(ranks, directory)
+                _recover_after_commit(ranks, directory, copts.published)
             say(f"aborted: {e.message}; every rank runs on")
             return e.exit_code
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
             if gate.set_committed:  # the job cannot commit without this node: undone like an abort
                 gate.tell(e)  # first: the other nodes' ranks recover meanwhile, to meet ours
-                _recover_after_commit(ranks, directory)
+                _recover_after_commit(ranks, directory, copts.published)
             gate.tell(e)
             return e.exit_code
         with contextlib.suppress(OSError):
@@ -343,11 +345,11 @@ def _sid(pid: int) -> int:
         return pid
 
 
-def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
+def _recover_after_commit(ranks: list[Rank], directory: Path, published: Optional[Path]) -> None:
     """The job was aborted after this node's set committed: every rank back to running, and the
     node's checkpoint removed (the job checkpoint it belonged to was never committed). All at
     once: an HCCL rank's device restore waits for its peers' (on this node and the others, in
-    the attempt's rendezvous directory)."""
+    the attempt's rendezvous directory). published: where a staged set's parent is named from."""
     from ..recover import recover
 
     def one(r: Rank) -> None:
@@ -357,7 +359,7 @@ def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
             say(f"rank {r.pid} could not be recovered: {e.one_line()} (run `npusnap recover {r.pid}`)")
 
     with contextlib.ExitStack() as views:
-        images, chain = _committed_images(directory, views)
+        images, chain = _committed_images(directory, views, published or directory)
         threads = [threading.Thread(target=one, args=(r,), name=f"recover-{r.pid}") for r in ranks]
         for th in threads:
             th.start()
@@ -366,9 +368,10 @@ def _recover_after_commit(ranks: list[Rank], directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _committed_images(directory: Path, views: contextlib.ExitStack) -> tuple[Path, list[Path]]:
+def _committed_images(directory: Path, views: contextlib.ExitStack, named_from: Path) -> tuple[Path, list[Path]]:
     """The committed node checkpoint's device directory and (incremental) its chain's, as the
-    daemon reads them: compressed ones (--compress) reassembled from the chunk store."""
+    daemon reads them: compressed ones (--compress) reassembled from the chunk store. named_from:
+    the directory its manifest names its parent relative to (a staged set's shared copy)."""
     from ...errors import ImageInvalid
     from ...image.chain import ancestors, device_views
     from ...image.format import DEVICE_DIR, load_manifest
@@ -377,7 +380,7 @@ def _committed_images(directory: Path, views: contextlib.ExitStack) -> tuple[Pat
     try:
         m = load_manifest(directory)
         return (views.enter_context(assembled(directory, m, DEVICE_DIR)),
-                device_views(views, ancestors(directory, m)) if m.parent is not None else [])
+                device_views(views, ancestors(named_from, m)) if m.parent is not None else [])
     except (ImageInvalid, StorageProblem) as e:
         say(f"the node's committed checkpoint cannot be read back: {e.one_line()}")
         return directory / DEVICE_DIR, []
@@ -392,6 +395,9 @@ def restore_worker(opts: WorkerOptions) -> int:
 
     assert opts.directory is not None
     node = node_name()
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:  # from the start: a checkpoint of the job meanwhile waits until the ranks are back (ranks.py)
+        register_restored(job, node, [], os.environ.get("SLURM_STEP_ID"), restoring=True)
     ch = _connect(opts)
     try:
         ch.send("hello", node=node, ranks=[])
@@ -412,7 +418,6 @@ def restore_worker(opts: WorkerOptions) -> int:
             ch.send("failed", node=node, error=e.one_line())
             return e.exit_code
         pids = [m.pid for m in result.members]
-        job = os.environ.get("SLURM_JOB_ID")
         if job:
             by_pid = {int(r["pid"]): r for r in msg.get("ranks", [])}
             register_restored(job, node, [Rank(m.pid, int(by_pid[m.checkpointed]["step"]),

@@ -5,7 +5,11 @@ staging directory on the shared storage before its node votes (write-behind).
                  which must be a real directory owned by us or root, and not writable by others
                  unless sticky (as /tmp): nobody else can plant or swap anything in our path
     copy_sealed  the sealed images, one thread per rank: large sequential reads and writes, the
-                 bytes hashed on the way and compared with the seal's checksums, each file fsync'd
+                 bytes hashed on the way and compared with the seal's checksums, each file fsync'd;
+                 packed images (--dedup, --compress) as their chunks, from the node-local chunk
+                 store beside the local set into the shared one beside the node's copy (the job
+                 checkpoint's nodes/.npusnap-store, as without --stage), each checked against its
+                 digest and stored once however many ranks and nodes hold it
     copy_tail    after the node's set committed locally: its logs, then its manifest (fsync'd)
 
 The shared copy lives inside the coordinator's staging directory, so the job's commit rule is
@@ -23,8 +27,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ...errors import ImageInvalid, PermissionProblem, StorageProblem
-from ...image.checksums import fsync_path
+from ...image.checksums import fsync_all, fsync_path
 from ...image.format import CHUNK, LOG_DIR, MANIFEST, FileEntry, new_hasher
+from ...image.store import Store, chunks_of, store_of
 
 
 def stage_root(base: Path, job: str, node: str) -> Path:
@@ -90,7 +95,8 @@ def copy_sealed(src: Path, dst: Path, files: Sequence[FileEntry], members: Seque
     def member(pid: int) -> None:
         start = time.monotonic()
         try:
-            nbytes = sum(_copy(src, dst, f) for f in by_member[pid])
+            nbytes = sum(_copy(src, dst, f) for f in by_member[pid] if not f.chunks)
+            nbytes += _copy_chunks(src, dst, [f for f in by_member[pid] if f.chunks])
         except BaseException as e:  # raised by the caller, once every thread has ended
             failed.append(e)
             return
@@ -104,8 +110,10 @@ def copy_sealed(src: Path, dst: Path, files: Sequence[FileEntry], members: Seque
         th.join()  # each bounded by the storage's own errors; the coordinator's deadline is over all
     if failed:
         raise failed[0]
+    _copy_chunks(src, dst, [f for f in rest if f.chunks])
     for f in rest:
-        _copy(src, dst, f)
+        if not f.chunks:
+            _copy(src, dst, f)
     _sync_dirs(dst)
     return phases
 
@@ -127,8 +135,22 @@ def copy_tail(src: Path, dst: Path) -> None:
         raise StorageProblem(f"write-behind of the node's manifest to {dst}: {e.strerror}") from e
 
 
+def _copy_chunks(src: Path, dst: Path, packed: Sequence[FileEntry]) -> int:
+    """The chunks of packed files: src's chunk store -> dst's (created as a checkpoint creates it)."""
+    if not packed:
+        return 0
+    try:
+        with Store(store_of(src)) as local, Store(store_of(dst), create=True) as shared:
+            nbytes = sum(local.copy_to(shared, c, f.path) for f in packed for c in chunks_of(f))
+            fsync_all(shared.to_sync())
+    except OSError as e:
+        raise StorageProblem(f"write-behind of the chunks of {packed[0].path} to {store_of(dst)}: {e.strerror}",
+                             "free space on the shared storage, or checkpoint without --stage") from e
+    return nbytes
+
+
 def _copy(src: Path, dst: Path, f: FileEntry) -> int:
-    if f.chunks or Path(f.path).is_absolute() or ".." in Path(f.path).parts:
+    if Path(f.path).is_absolute() or ".." in Path(f.path).parts:
         raise ImageInvalid(f"{f.path}: not a file of a job's node checkpoint")
     try:
         size, digest = _copy_file(src / f.path, dst / f.path)
