@@ -103,6 +103,7 @@ std::shared_ptr<Snapshot> open(pid_t pid, std::map<uint32_t, std::vector<std::sh
                                uint64_t id, uint64_t epoch, uint64_t base_id, uint64_t base_epoch, uint64_t cap) {
   auto s = std::make_shared<Snapshot>();
   s->pid = pid;
+  s->start = start_time(pid);
   s->id = id;
   s->epoch = epoch;
   s->base_id = base_id;
@@ -147,6 +148,15 @@ std::shared_ptr<Snapshot> find(pid_t pid, bool claim) {
 void drop(pid_t pid) {
   std::lock_guard<std::mutex> g(g_mu);
   unregister_locked(pid);
+}
+
+void drop_gone() {
+  if (g_open.load() == 0) return;
+  std::lock_guard<std::mutex> g(g_mu);
+  std::vector<pid_t> gone;
+  for (auto &[pid, s] : g_snaps)
+    if (exited(pid) || start_time(pid) != s->start) gone.push_back(pid);
+  for (pid_t pid : gone) unregister_locked(pid);
 }
 
 size_t count() { return g_open.load(); }

@@ -35,6 +35,7 @@ struct Alloc {
 
 struct Snapshot {
   pid_t pid = 0;
+  uint64_t start = 0;  // the process's start time: a reused pid is another process
   uint64_t id = 0;     // the export id of the images it becomes
   uint64_t epoch = 0;  // closed when it was taken: later writes count for the next export
   uint64_t base_id = 0, base_epoch = 0;  // the session's incremental base then
@@ -56,6 +57,8 @@ std::shared_ptr<Snapshot> open(pid_t pid, std::map<uint32_t, std::vector<std::sh
 std::shared_ptr<Snapshot> find(pid_t pid, bool claim);
 // Ends pid's snapshot (written out, failed or dropped): its copies are freed, waiting tasks go on.
 void drop(pid_t pid);
+// Ends the snapshots of processes that ended (a client's connection closed, the daemon's status).
+void drop_gone();
 // How many snapshots exist (the daemon's status).
 size_t count();
 

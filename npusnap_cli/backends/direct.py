@@ -103,6 +103,10 @@ class DirectBackend(AgentBackend):
         self.parts = {"export": (written.seconds, written.file_bytes), "copied-aside": (0.0, written.copied_bytes)}
         return written.files
 
+    def images(self) -> list[FileEntry]:
+        """The device images the last backup or write_snapshot() wrote."""
+        return list(self._images[1]) if self._images is not None else []
+
     def drop_snapshot(self) -> None:
         """The snapshot will not be written (a failed or interrupted checkpoint): its copies freed."""
         if self.snapped:

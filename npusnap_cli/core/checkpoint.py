@@ -417,11 +417,14 @@ class CheckpointRun:
         memory is given back at once. The seal and the commit follow, as for any checkpoint."""
         assert self.live is not None
         with self.phase("write-behind") as t:
-            if (snap := self.snapshot) is not None:  # the daemon writes its snapshot to the disk at once
-                self.device_files = snap.write_snapshot(self.staging.path / DEVICE_DIR)
+            if (snap := self.snapshot) is not None:
+                if snap.snapped:  # the daemon writes its snapshot to the disk at once
+                    self.device_files = snap.write_snapshot(self.staging.path / DEVICE_DIR)
+                    t.bytes = sum(f.size for f in self.device_files)
+                    t.add_parts(snap.parts)
+                else:  # the resume needed the images (the daemon kept too little): in memory, copied below
+                    self.device_files = snap.images()
                 self.device = snap.describe()
-                t.bytes = sum(f.size for f in self.device_files)
-                t.add_parts(snap.parts)
                 testhooks.fail("during:write-behind")
             t.bytes += self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
         self.in_memory = False
