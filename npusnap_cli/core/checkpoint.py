@@ -233,6 +233,7 @@ class CheckpointRun:
         if isinstance(self.backend, DirectBackend):  # the resume takes the device memory back in place
             self.backend.keep = True
             self.backend.snapshot_cap = self.live_cap  # backed up copy-on-write, written after the resume
+            import npusim  # noqa: F401  (its first import costs 10-20 ms: not while the workload is stopped)
         from .. import warmup
 
         warmup.later("pycriu.images")  # the resume reads CRIU's files.img (network lock): imported while CRIU dumps
