@@ -6,6 +6,7 @@ snapshot that is dropped, written out or whose process is gone leaves nothing in
 
 from __future__ import annotations
 
+import threading
 import time
 
 import npusim
@@ -63,6 +64,42 @@ def test_beyond_its_bound_with_no_write_out_the_snapshot_ends(npusim_daemon, cli
         npusim.export_client(npusim_daemon.socket, c.pid, tmp_path, from_snapshot=True)
     assert image_size(tmp_path) == 0  # no file left
     assert _snapshots(npusim_daemon) == 0
+
+
+def test_at_its_bound_a_write_waits_for_the_write_out_running_meanwhile(npusim_daemon, client, tmp_path):
+    """1 MiB of copies allowed, 13 chunks rewritten while the images are written: the writes beyond
+    the bound wait for the write-out to pass their chunks (the images then hold the memory of the
+    snapshot), or, where they came before it began, end the snapshot (its write-out then fails with
+    the reason). Either way both finish, and nothing is left in the daemon."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    _snapshot_and_run_on(npusim_daemon, c, cap=1 * MiB)
+    (tmp_path / "ck").mkdir()
+    result: dict = {}
+
+    def write_out() -> None:
+        try:
+            result["out"] = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path / "ck", from_snapshot=True)
+        except npusim.AclError as e:
+            result["error"] = str(e)
+
+    t = threading.Thread(target=write_out)
+    t.start()
+    c.call("scribble")
+    t.join(timeout=60)
+    assert not t.is_alive(), "the write-out never ended"
+    assert _snapshots(npusim_daemon) == 0
+    print("outcome:", "lost" if "error" in result else f"written, {result['out']['copied_bytes'] >> 20} MiB copied aside")
+    if "error" in result:
+        assert "reached the bound of 1 MiB before the write-out began" in result["error"], result
+        return
+    c.call("lock")
+    c.call("backup_external")
+    c.call("restore")
+    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "ck", _expected(result["out"]))
+    c.call("unlock")
+    assert c.call("contents") == before
 
 
 def test_a_dropped_snapshot_or_one_whose_process_is_gone_leaves_nothing(npusim_daemon, client, tmp_path):
