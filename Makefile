@@ -6,7 +6,7 @@ PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' -not -name _protocol.py 2>/dev/null) \
            pyproject.toml CMakeLists.txt scripts/gen_protocol.py
 
-.PHONY: setup demo test cluster-test job-faults faults bench bench-job bench-lazy bench-quick criu zdtm completions man docs clean
+.PHONY: setup demo test cluster-test job-faults faults bench bench-job bench-lazy bench-live bench-quick criu zdtm completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -53,16 +53,19 @@ job-faults: setup
 # into a process set's checkpoint and restore (tests/faults/test_processset_faults.py), and 40
 # into a set checkpoint of HCCL ranks (2 ranks; 20 for 4; tests/hccl/test_inplace.py), and 40
 # SIGKILLs of a set checkpoint or restore of examples/ddp's ranks (2 ranks; 20 for 4;
-# tests/hccl/test_set_sigkill.py).
+# tests/hccl/test_set_sigkill.py), and 40 signals into a live checkpoint's write-behind
+# (tests/faults/test_live_faults.py).
 FAULT_SIGINT  ?= 100
+FAULT_LIVE ?= 40
 FAULT_SET_SIGINT ?= 20
 FAULT_HCCL_SIGINT ?= 40
 FAULT_SET_SIGKILL ?= 40
 FAULT_SIGSTOP ?= 20
 faults: setup
 	NPUSNAP_FAULT_SIGINT=$(FAULT_SIGINT) NPUSNAP_FAULT_SIGSTOP=$(FAULT_SIGSTOP) NPUSNAP_FAULT_SET_SIGINT=$(FAULT_SET_SIGINT) \
-	NPUSNAP_FAULT_HCCL_SIGINT=$(FAULT_HCCL_SIGINT) NPUSNAP_FAULT_SET_SIGKILL=$(FAULT_SET_SIGKILL) \
+	NPUSNAP_FAULT_HCCL_SIGINT=$(FAULT_HCCL_SIGINT) NPUSNAP_FAULT_SET_SIGKILL=$(FAULT_SET_SIGKILL) NPUSNAP_FAULT_LIVE=$(FAULT_LIVE) \
 		$(VENV)/bin/pytest tests/faults/test_random_faults.py tests/faults/test_processset_faults.py::test_sigint_at_random_instants_of_a_set_checkpoint_and_restore \
+		tests/faults/test_live_faults.py \
 		tests/hccl/test_inplace.py::test_sigint_at_random_instants_of_an_hccl_set_checkpoint tests/hccl/test_set_sigkill.py \
 		-q -rs -p no:cacheprovider
 
@@ -77,6 +80,11 @@ bench-job: setup
 
 bench-quick: setup
 	$(PY) -m bench --quick
+
+# checkpoint --live's downtime against a full --leave-running checkpoint (the full preset's size), each
+# stopped phase's seconds too.
+bench-live: setup
+	$(PY) -m bench.live
 
 # restore --lazy against the full restore on a 4 GiB job (LAZY_HOST + LAZY_DEVICE): first step after each.
 LAZY_HOST ?= 512M

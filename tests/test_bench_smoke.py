@@ -96,6 +96,7 @@ def test_bench_tiny_writes_well_formed_results(tmp_path: Path, shm_dir: Path) ->
     assert inc["incremental"]["referenced"] >= 0.85 * inc["device_bytes"], inc
     live = doc["live"]  # measured in the same run; the ratio is a target, not asserted
     assert live["samples"] >= 1 and live["live_downtime_s"] > 0 and live["full_s"] > 0, live
+    assert {"lock", "backup", "dump", "resume"} <= set(live["stopped"]), live  # the stopped time, phase by phase
     bad = [(w, v) for w, v in _numbers(doc) if not math.isfinite(v)]
     assert not bad, bad
 

@@ -14,6 +14,7 @@
 
 #include "acl/acl_base.h"
 #include "builtin_tasks.h"
+#include "cow.h"
 #include "kernel_host.h"
 #include "lazy.h"
 #include "va.h"
@@ -104,6 +105,8 @@ std::string json_string(const std::string &s) {
   return out + "\"";
 }
 
+}  // namespace
+
 // Field 22 of /proc/PID/stat, 0 if the process is gone: with the pid, it names one process.
 uint64_t start_time(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -117,7 +120,14 @@ uint64_t start_time(pid_t pid) {
   return 0;
 }
 
-}  // namespace
+// A zombie or a process that is gone: its connections closed because it ended, not for a Backup.
+bool exited(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] == 'Z' || text[paren + 2] == 'X';
+}
+
 
 DeviceState::DeviceState(uint32_t devices, uint64_t memory, std::string socket_path)
     : memory_(memory),
@@ -147,6 +157,7 @@ void DeviceState::leave(const std::shared_ptr<Session> &s) {
   streams::stop_all(*s);
   kernels::release(*s);
   lazy::cancel(s->pid);  // its memory is gone: no fill for it any more
+  cow::drop_gone();  // a snapshot of a process that ended: nobody will write it out
 }
 
 void DeviceState::release(Session &s) {
@@ -440,7 +451,8 @@ std::string DeviceState::status_json(bool clients) {
     o << (d ? ", " : "") << "{\"id\": " << d << ", \"total\": " << memory_ << ", \"used\": " << used_[d]
       << ", \"free\": " << memory_ - used_[d] << "}";
   }
-  o << "]";
+  cow::drop_gone();
+  o << "], \"snapshots\": " << cow::count();  // live checkpoints' copy-on-write snapshots (cow.h)
   if (!clients) return o.str() + "}";  // other users' pids and sizes are for the owner and root
   o << ", \"clients\": [";
   bool first = true;

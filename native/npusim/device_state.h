@@ -256,6 +256,11 @@ void stamp(const Buffer &b, const char *p, uint64_t len);  // b may be an alias
 void stamp_work(const Work &w);
 }  // namespace dirty
 
+// Field 22 of /proc/PID/stat (the process's start time), 0 if it is gone: with the pid, it names
+// one process. exited: a zombie, or gone.
+uint64_t start_time(pid_t pid);
+bool exited(pid_t pid);
+
 // Executes one resolved task; returns an aclError.
 int32_t run_work(Work &w);
 // Held shared by every task touching device memory, exclusively while DeviceState::share_memory

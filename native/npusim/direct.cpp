@@ -129,11 +129,14 @@ int open_dir(const char *dir) {
 // followed: we never write into a file someone planted), and let the daemon fill them.
 // With a parent directory, its devN.img files go along (read only, no links followed) for the
 // devices that have one: the daemon writes only what changed since that export.
+// NPUSIM_EXPORT_SNAPSHOT: the files come from the client's snapshot (export.h), dir NULL: it ends.
 aclError do_export(const char *socketPath, int pid, const char *dir, const char *parent, unsigned flags,
                    std::string *json) {
   Tool tool(socketPath, pid);
+  const uint32_t from = (flags & NPUSIM_EXPORT_SNAPSHOT) ? proto::kExportFromSnapshot : 0;
+  if (from != 0 && dir == nullptr) return tool.call(proto::Op::Export, "", {}, json, proto::kExportDropSnapshot);
   std::string devices;
-  if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices); rc != ACL_SUCCESS) {
+  if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices, from); rc != ACL_SUCCESS) {
     *json = devices;
     return rc;
   }
@@ -186,7 +189,7 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
   aclError rc;
   try {
     rc = tool.call(proto::Op::Export, request, files.fds, json,
-                   (flags & NPUSIM_EXPORT_NO_SYNC) ? proto::kExportNoSync : 0);
+                   ((flags & NPUSIM_EXPORT_NO_SYNC) ? proto::kExportNoSync : 0) | from);
   } catch (...) {
     undo();
     throw;
@@ -321,9 +324,24 @@ aclError npusimDaemonExportIncremental(const char *socketPath, int pid, const ch
 aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir, const char *parentDir,
                                  unsigned flags, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
-  if (socketPath == nullptr || pid <= 0 || dir == nullptr || (flags & ~(NPUSIM_EXPORT_NO_SYNC | NPUSIM_EXPORT_KEEP)) != 0)
+  if (socketPath == nullptr || pid <= 0 || (dir == nullptr && (flags & NPUSIM_EXPORT_SNAPSHOT) == 0) ||
+      (flags & ~(NPUSIM_EXPORT_NO_SYNC | NPUSIM_EXPORT_KEEP | NPUSIM_EXPORT_SNAPSHOT)) != 0)
     return ACL_ERROR_INVALID_PARAM;
   return transfer(resultJson, [&](std::string *json) { return do_export(socketPath, pid, dir, parentDir, flags, json); });
+}
+
+aclError npusimDaemonSnapshot(const char *socketPath, int pid, unsigned long long capBytes, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) {
+    Tool tool(socketPath, pid);
+    std::string devices;
+    if (aclError rc = tool.call(proto::Op::ExportDevices, "", {}, &devices); rc != ACL_SUCCESS) {
+      *json = devices;
+      return rc;
+    }
+    return tool.call(proto::Op::Export, devices + "\nkeep", {}, json, proto::kExportSnapshot, capBytes);
+  });
 }
 
 aclError npusimDaemonImport(const char *socketPath, int pid, const char *dir, const char *expected, char **resultJson) {

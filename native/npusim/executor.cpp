@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "acl/acl_base.h"
+#include "cow.h"
 #include "device_state.h"
 #include "builtin_tasks.h"
 #include "hccl_daemon.h"
@@ -119,6 +120,7 @@ int32_t run_work(Work &w) {
   std::shared_lock<std::shared_mutex> use(memory_swap());  // DeviceState::share_memory waits for us
   // A lazily restored chunk comes in before its first use, checked; one that failed is never read.
   if (const int32_t rc = lazy::ensure_work(w); rc != ACL_SUCCESS) return rc;
+  cow::before_work(w);  // a live checkpoint's snapshot keeps what this overwrites
   const int32_t rc = execute(w);
   dirty::stamp_work(w);  // after the write, and even after a failed one (it may have written part)
   return rc;

@@ -47,6 +47,7 @@
 
 #include "acl/acl_base.h"
 #include "acl/acl_rt.h"
+#include "cow.h"
 #include "lazy.h"
 #include "wire.h"
 
@@ -411,7 +412,39 @@ std::string transfer_json(const std::vector<FileResult> &files, const Totals &to
 // ------------------------------------------------------------------------------------ export
 
 // Writes into fd, a fresh empty file the tool created (O_EXCL) and sent.
-FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_ptr<Buffer>> &bufs, const FileHeader &meta,
+// Where an export reads each chunk: device memory itself (the client is locked), or a live
+// checkpoint's snapshot (cow.h) while the client runs on; the bytes stay put until put().
+class Source {
+ public:
+  explicit Source(const std::vector<std::shared_ptr<Buffer>> &bufs) : bufs_(bufs) {}
+  Source(const std::vector<std::shared_ptr<Buffer>> &bufs, cow::Snapshot &snap, std::vector<cow::Alloc> &allocs)
+      : bufs_(bufs), snap_(&snap), allocs_(&allocs) {}
+  size_t size() const { return bufs_.size(); }
+  const Buffer &buf(size_t a) const { return *bufs_[a]; }
+  bool tracked(size_t a) const { return snap_ ? !(*allocs_)[a].gens.empty() : static_cast<bool>(bufs_[a]->gens); }
+  uint64_t gen(size_t a, uint64_t c) const {
+    return snap_ ? (*allocs_)[a].gens[c] : bufs_[a]->gens[c].load(std::memory_order_acquire);
+  }
+  const char *get(size_t a, uint64_t c) const {
+    if (!snap_) return bufs_[a]->base + c * kChunk;
+    const char *p = cow::acquire(*snap_, (*allocs_)[a], c);
+    if (p == nullptr) fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, 0, "the live snapshot ended: " + snap_->lost);
+    return p;
+  }
+  void put(size_t a, uint64_t c) const {
+    if (snap_) cow::release(*snap_, (*allocs_)[a], c);
+  }
+  void skip(size_t a, uint64_t c) const {
+    if (snap_) cow::skip(*snap_, (*allocs_)[a], c);
+  }
+
+ private:
+  const std::vector<std::shared_ptr<Buffer>> &bufs_;
+  cow::Snapshot *snap_ = nullptr;
+  std::vector<cow::Alloc> *allocs_ = nullptr;
+};
+
+FileResult export_device(int fd, uint32_t device, const Source &src, const FileHeader &meta,
                          const Parent *parent, bool sync, Totals &tot) {
   const std::string name = "dev" + std::to_string(device) + ".img";
   const std::string &path = name;
@@ -421,9 +454,10 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
   try {
     std::vector<AllocRec> allocs;
     std::vector<ChunkRec> chunks;
-    for (auto &b : bufs) {
-      const uint64_t n = (b->size + kChunk - 1) / kChunk;
-      allocs.push_back({b->va, b->size, chunks.size(), n});
+    for (size_t a = 0; a < src.size(); ++a) {
+      const Buffer &b = src.buf(a);
+      const uint64_t n = (b.size + kChunk - 1) / kChunk;
+      allocs.push_back({b.va, b.size, chunks.size(), n});
       chunks.resize(chunks.size() + n);
     }
     Hasher h;
@@ -443,26 +477,26 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
     uint64_t next_window = kWindow;
     {
       Pool pool(kThreads, kInFlight);
-      for (size_t a = 0; a < bufs.size() && !pool.failed(); ++a) {
-        const Buffer &b = *bufs[a];
+      for (size_t a = 0; a < src.size() && !pool.failed(); ++a) {
+        const Buffer &b = src.buf(a);
         tot.allocations++;
         tot.bytes += b.size;
         const AllocRec *was = nullptr;  // the same allocation in the parent's image
-        if (parent != nullptr && parent->usable && b.gens) {
+        if (parent != nullptr && parent->usable && src.tracked(a)) {
           auto it = parent->by_va.find(b.va);
           if (it != parent->by_va.end() && it->second->size == b.size) was = it->second;
         }
         for (uint64_t c = 0; c < allocs[a].nchunks && !pool.failed(); ++c) {
-          const char *p = b.base + c * kChunk;
           const uint32_t len = static_cast<uint32_t>(std::min(kChunk, b.size - c * kChunk));
           ChunkRec &rec = chunks[allocs[a].first_chunk + c];
           rec.length = len;
-          if (was != nullptr && b.gens[c].load(std::memory_order_acquire) <= parent->threshold) {
+          if (was != nullptr && src.gen(a, c) <= parent->threshold) {
             // Unchanged since the parent's export: as there (zero), or a reference one link further.
             const ChunkRec &pr = parent->image.chunks[was->first_chunk + c];
             const uint32_t depth = (pr.flags & kChunkRef) ? ref_depth(pr.flags) + 1 : 1;
             if (pr.flags & kChunkZero) {
               rec.flags = kChunkZero;
+              src.skip(a, c);
               continue;
             }
             if (depth <= kMaxDepth) {
@@ -470,11 +504,14 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
               rec.flags = kChunkRef | (depth << 8);
               rec.hash = pr.hash;
               tot.referenced += len;
+              src.skip(a, c);
               continue;
             }
           }
+          const char *p = src.get(a, c);
           if (all_zero(p, len)) {
             rec.flags = kChunkZero;
+            src.put(a, c);
             continue;
           }
           rec.offset = cur;
@@ -482,7 +519,13 @@ FileResult export_device(int fd, uint32_t device, const std::vector<std::shared_
           const uint64_t off = cur;
           cur += len;
           tot.nonzero += len;
-          pool.submit([fd, p, len, off, &rec, &path] {
+          pool.submit([fd, p, len, off, &rec, &path, &src, a, c] {
+            struct Put {  // the chunk's bytes are free to change again, written or not
+              const Source &src;
+              size_t a;
+              uint64_t c;
+              ~Put() { src.put(a, c); }
+            } put{src, a, c};
             rec.hash = XXH3_64bits(p, len);
             pwrite_all(fd, p, len, off, path);
           });
@@ -554,26 +597,62 @@ std::string device_list(const std::map<uint32_t, std::vector<std::shared_ptr<Buf
   return out;
 }
 
-std::string do_export_devices(DeviceState &state, pid_t pid) {
+// A live checkpoint's snapshot of pid (cow.h): its buffers by device, as an export walks them.
+std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> by_device(cow::Snapshot &snap) {
+  std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> out;
+  for (auto &[device, allocs] : snap.devices)
+    for (auto &a : allocs) out[device].push_back(a.buf);
+  return out;
+}
+
+std::string do_export_devices(DeviceState &state, pid_t pid, uint32_t flags) {
+  if (flags & proto::kExportFromSnapshot) {
+    auto snap = cow::find(pid, false);
+    if (!snap) fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, 0, "client " + std::to_string(pid) + " has no live snapshot");
+    return device_list(by_device(*snap));
+  }
   Transfer tr(state, pid, false);
   return device_list(by_device(state, tr.session()));
 }
 
 // body: the client's devices ("N N ..."), then for an incremental export "\nparent N N ...": the
-// devices whose parent image follows the new files among the descriptors.
+// devices whose parent image follows the new files among the descriptors. flags: kExportSnapshot
+// (no files: a copy-on-write snapshot, at most cap bytes of copies), kExportFromSnapshot (written
+// from it), kExportDropSnapshot (cow.h).
 std::string do_export(DeviceState &state, pid_t pid, const std::string &body, const std::vector<int> &fds,
-                      uint32_t flags) {
+                      uint32_t flags, uint64_t cap) {
   const auto t0 = std::chrono::steady_clock::now();
-  Transfer tr(state, pid, false);
-  Session &s = tr.session();
-  {
+  if (flags & proto::kExportDropSnapshot) {
+    cow::drop(pid);
+    return "{\"files\": []}";
+  }
+  std::optional<Transfer> tr;
+  std::shared_ptr<cow::Snapshot> snap;
+  std::map<uint32_t, std::vector<std::shared_ptr<Buffer>>> devs;
+  struct Drop {  // a snapshot is written out once: it ends with this export, whatever its outcome
+    pid_t pid;
+    bool armed;
+    ~Drop() {
+      if (armed) cow::drop(pid);
+    }
+  } drop{pid, (flags & proto::kExportFromSnapshot) != 0};
+  if (flags & proto::kExportFromSnapshot) {
+    snap = cow::find(pid, true);
+    if (!snap) {
+      drop.armed = false;  // another export of it runs, or there is none: leave it be
+      fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, 0, "client " + std::to_string(pid) +
+                                                    " has no live snapshot to write out, or it is being written");
+    }
+    devs = by_device(*snap);
+  } else {
+    tr.emplace(state, pid, false);
     // A lazily imported memory still filling: everything in (and checked) before it is written out.
     std::shared_lock<std::shared_mutex> use(memory_swap());
-    if (lazy::ensure_all(state.buffers(s)) != ACL_SUCCESS)
+    if (lazy::ensure_all(state.buffers(tr->session())) != ACL_SUCCESS)
       fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, 0, "client " + std::to_string(pid) + "'s device memory holds chunks of "
            "a lazy restore that failed their checksum: it cannot be checkpointed (see the daemon's log)");
+    devs = by_device(state, tr->session());
   }
-  auto devs = by_device(state, s);
   const size_t nl = body.find('\n');
   const std::string devices = body.substr(0, nl);
   std::vector<uint32_t> parent_devs;
@@ -595,22 +674,41 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
       }
     }
   }
-  if (devices != device_list(devs) || fds.size() != devs.size() + parent_devs.size())
+  const bool snapshot = (flags & proto::kExportSnapshot) != 0;
+  const size_t nfiles = snapshot ? 0 : devs.size();
+  if (devices != device_list(devs) || fds.size() != nfiles + parent_devs.size() || (snapshot && !parent_devs.empty()))
     fail(ACL_ERROR_SNAPSHOT_BACKUP_FAILED, EINVAL,
          "the files sent do not match the client's devices (" + device_list(devs) + "): ask again (ExportDevices)");
   FileHeader meta{};
   meta.boot = dirty::boot_id();
-  meta.epoch = dirty::close_epoch();  // writes from now on count for the next export
   meta.pid = static_cast<uint64_t>(pid);
-  {
+  uint64_t base_id, base_epoch;
+  if (snap) {  // the images of the memory as it was when the snapshot was taken
+    meta.epoch = snap->epoch;
+    meta.export_id = snap->id;
+    base_id = snap->base_id;
+    base_epoch = snap->base_epoch;
+  } else {
+    meta.epoch = dirty::close_epoch();  // writes from now on count for the next export
     std::random_device rd;
     meta.export_id = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;  // never 0: "none"
-  }
-  uint64_t base_id, base_epoch;
-  {
+    Session &s = tr->session();
     std::lock_guard<std::mutex> g(s.mu);
     base_id = s.base_id;
     base_epoch = s.base_epoch;
+  }
+  Totals tot;
+  if (snapshot) {
+    for (auto &[device, bufs] : devs)
+      for (auto &b : bufs) {
+        tot.allocations++;
+        tot.bytes += b->size;
+      }
+    cow::open(pid, devs, meta.export_id, meta.epoch, base_id, base_epoch, cap);
+    state.keep(pid);  // the resume takes the memory back in place, as after a kept export
+    std::string out = transfer_json({}, tot, "written_bytes", t0);
+    out.insert(out.size() - 1, ", \"snapshot\": true");
+    return out;
   }
   std::map<uint32_t, Parent> parents;
   for (size_t k = 0; k < parent_devs.size(); ++k) {
@@ -639,16 +737,25 @@ std::string do_export(DeviceState &state, pid_t pid, const std::string &body, co
     }
     for (auto &a : p.image.recs) p.by_va[a.va] = &a;
   }
-  Totals tot;
   std::vector<FileResult> files;
   size_t i = 0;
   for (auto &[device, bufs] : devs) {
     auto pit = parents.find(device);
-    files.push_back(export_device(fds[i++], device, bufs, meta, pit == parents.end() ? nullptr : &pit->second,
-                                  (flags & proto::kExportNoSync) == 0, tot));
+    const Parent *parent = pit == parents.end() ? nullptr : &pit->second;
+    const bool sync = (flags & proto::kExportNoSync) == 0;
+    if (snap) {
+      files.push_back(export_device(fds[i++], device, Source(bufs, *snap, snap->devices[device]), meta, parent, sync, tot));
+    } else {
+      files.push_back(export_device(fds[i++], device, Source(bufs), meta, parent, sync, tot));
+    }
   }
   if (keep) state.keep(pid);  // exported whole: only now may its memory outlive the Release
-  return transfer_json(files, tot, "written_bytes", t0);
+  std::string out = transfer_json(files, tot, "written_bytes", t0);
+  if (snap) {
+    std::lock_guard<std::mutex> g(snap->mu);
+    out.insert(out.size() - 1, ", \"copied_bytes\": " + std::to_string(snap->copied_total));
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ import
@@ -1099,9 +1206,9 @@ bool serve(DeviceState &state, int fd, pid_t /*peer*/, const proto::Request &rq,
   try {
     if (pid <= 0) fail(ACL_ERROR_INVALID_PARAM, EINVAL, "invalid client pid");
     check_peer(fd, pid);
-    if (rq.op == proto::Op::ExportDevices) *payload = do_export_devices(state, pid);
+    if (rq.op == proto::Op::ExportDevices) *payload = do_export_devices(state, pid, rq.flags);
     else if (rq.op == proto::Op::LazyStatus) *payload = lazy::status(pid, static_cast<int64_t>(rq.value[1]));
-    else if (rq.op == proto::Op::Export) *payload = do_export(state, pid, body, sent.fds, rq.flags);
+    else if (rq.op == proto::Op::Export) *payload = do_export(state, pid, body, sent.fds, rq.flags, rq.value[1]);
     else *payload = do_import(state, pid, body, sent.fds);
     rp.code = ACL_SUCCESS;
   } catch (const Failure &e) {

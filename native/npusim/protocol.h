@@ -168,6 +168,14 @@ constexpr uint32_t kMallocForImport = 1;
 
 // Op::Export's flags: the tool fsyncs the files itself, later (npusnap's seal, overlapping CRIU's dump).
 constexpr uint32_t kExportNoSync = 1;
+// A live checkpoint (cow.h). kExportSnapshot: no files; the locked client's memory is snapshotted
+// copy-on-write (value[1]: the most bytes of copies), and kept across the next Release as with
+// "keep". kExportFromSnapshot: the files are written from that snapshot, the client locked or not
+// (ExportDevices with it: the snapshot's devices); the snapshot ends with it. kExportDropSnapshot:
+// it ends, nothing is written.
+constexpr uint32_t kExportSnapshot = 2;
+constexpr uint32_t kExportFromSnapshot = 4;
+constexpr uint32_t kExportDropSnapshot = 8;
 
 // cann-rest: StreamSync / DeviceSync / EventSync with this flag wait at most timeout_ms (>= 0) and
 // fail with ACL_ERROR_RT_STREAM_SYNC_TIMEOUT / ACL_ERROR_RT_EVENT_SYNC_TIMEOUT; without it, forever.

@@ -304,24 +304,40 @@ class AclError(RuntimeError):
     return os.attr("path").attr("abspath")(os.attr("fspath")(p)).cast<std::string>();
   };
   m.def("export_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
-                                             const py::object &parent, bool sync, bool keep) {
-    const std::string d = abspath(dir);
+                                             const py::object &parent, bool sync, bool keep, bool from_snapshot) {
+    const std::string d = dir.is_none() ? std::string() : abspath(dir);
     const std::string pd = parent.is_none() ? std::string() : abspath(parent);
     char *json = nullptr;
     int rc;
     {
       py::gil_scoped_release nogil;
-      rc = npusimDaemonExportFlags(socket.c_str(), pid, d.c_str(), pd.empty() ? nullptr : pd.c_str(),
-                                   (sync ? 0u : NPUSIM_EXPORT_NO_SYNC) | (keep ? NPUSIM_EXPORT_KEEP : 0u), &json);
+      rc = npusimDaemonExportFlags(socket.c_str(), pid, dir.is_none() ? nullptr : d.c_str(),
+                                   pd.empty() ? nullptr : pd.c_str(),
+                                   (sync ? 0u : NPUSIM_EXPORT_NO_SYNC) | (keep ? NPUSIM_EXPORT_KEEP : 0u) |
+                                       (from_snapshot ? NPUSIM_EXPORT_SNAPSHOT : 0u), &json);
     }
     return transfer("npusim.export_client", py::none(), rc, json);
   }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"), py::arg("parent") = py::none(),
-     py::arg("sync") = true, py::arg("keep") = false,
+     py::arg("sync") = true, py::arg("keep") = false, py::arg("from_snapshot") = false,
      "write the device memory of locked client pid into directory (dev<N>.img per device); with parent (a "
      "directory of an earlier export's images) only what changed since; sync=False: the caller fsyncs the "
      "files and the directory itself before relying on them; keep: the daemon keeps the memory across the "
      "next Release for the external restore that follows (no import then); returns "
-     "{files: [{path, size, checksum}], allocations, bytes, nonzero_bytes, referenced_bytes, written_bytes, seconds}");
+     "{files: [{path, size, checksum}], allocations, bytes, nonzero_bytes, referenced_bytes, written_bytes, seconds}; "
+     "from_snapshot: the images of client pid's snapshot (snapshot_client), which ends with this call (directory "
+     "None: it just ends)");
+  m.def("snapshot_client", [transfer](const std::string &socket, int pid, uint64_t cap) {
+    char *json = nullptr;
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = npusimDaemonSnapshot(socket.c_str(), pid, cap, &json);
+    }
+    return transfer("npusim.snapshot_client", py::none(), rc, json);
+  }, py::arg("socket_path"), py::arg("pid"), py::arg("cap"),
+     "snapshot the device memory of locked client pid copy-on-write in the daemon (at most cap bytes of copies; "
+     "a write beyond waits for the write-out), kept across the next Release like keep; export_client(..., "
+     "from_snapshot=True) writes its images; returns {files: [], allocations, bytes, snapshot: true}");
   m.def("import_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
                                              std::optional<std::vector<std::tuple<std::string, uint64_t, std::string>>> expected,
                                              const py::object &ancestors, bool lazy) {

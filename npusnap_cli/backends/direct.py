@@ -14,7 +14,7 @@ from ..errors import NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
 from ..image.prefetch import Prefetch
 from ..platform.agent import AgentProblem, agent_error
-from ..platform.simimages import export_device, import_device
+from ..platform.simimages import drop_snapshot, export_device, import_device, snapshot_device
 from .agent import AgentBackend
 from .base import BackendName, DataPath, State
 
@@ -53,6 +53,10 @@ class DirectBackend(AgentBackend):
         # --live: the daemon keeps the memory across the backup, so the resume right after the dump
         # takes it back in place instead of importing it (the images are for the disk only)
         self.keep = False
+        # --live: the backup is the daemon's copy-on-write snapshot (at most this many bytes of
+        # copies), written out by write_snapshot() once the workload runs on; None: an export
+        self.snapshot_cap: Optional[int] = None
+        self.snapped = False  # the daemon holds our snapshot, not written out yet
 
     def use_chain(self, device_dirs: Sequence[Path]) -> None:
         """Back up against the first (only what changed since its export is written) and restore
@@ -68,6 +72,14 @@ class DirectBackend(AgentBackend):
     def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
+        if self.snapshot_cap is not None:
+            snapped = snapshot_device(self.pid, self.snapshot_cap, self.daemon)
+            self.snapped = True
+            self._images = (device_dir, [])
+            started = time.monotonic()
+            self._call("backup", external=True)
+            self.parts = {"snapshot": (snapped.seconds, 0), "backup-external": (time.monotonic() - started, 0)}
+            return []
         # Not fsync'd here: the seal does it, after CRIU's dump, which runs while the disk writes them.
         exported = export_device(self.pid, device_dir, parent=self.chain[0] if self.chain else None,
                                  sync=False, keep=self.keep)
@@ -79,6 +91,47 @@ class DirectBackend(AgentBackend):
         self.parts = {"export": (exported.seconds, exported.file_bytes),
                       "backup-external": (time.monotonic() - started, 0)}
         return exported.files
+
+    def write_snapshot(self, device_dir: Path) -> list[FileEntry]:
+        """--live: the images of the backup's snapshot written into device_dir (not fsync'd: the
+        seal does it), the workload running or not; the daemon's snapshot ends with it."""
+        written = export_device(self.pid, device_dir, self.daemon, parent=self.chain[0] if self.chain else None,
+                                sync=False, from_snapshot=True)
+        self.snapped = False  # ended in the daemon (a failed write-out ends it too; drop_snapshot() is harmless then)
+        self._referenced = written.referenced_bytes
+        self._images = (device_dir, written.files)
+        self.parts = {"export": (written.seconds, written.file_bytes), "copied-aside": (0.0, written.copied_bytes)}
+        return written.files
+
+    def images(self) -> list[FileEntry]:
+        """The device images the last backup or write_snapshot() wrote."""
+        return list(self._images[1]) if self._images is not None else []
+
+    def drop_snapshot(self) -> None:
+        """The snapshot will not be written (a failed or interrupted checkpoint): its copies freed."""
+        if self.snapped:
+            self.snapped = False
+            try:
+                drop_snapshot(self.pid, self.daemon)
+            except NpusnapError:
+                pass  # no daemon to ask: none holds it either
+
+    def _take_back(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
+        """keep: the external restore takes the kept memory back in place, and the unlock needs no
+        import; when the daemon refuses it (it did not keep all of it), the images bring the data,
+        written from the snapshot first if there are none yet."""
+        try:
+            self.client.restore(external=True)
+        except AgentProblem as e:
+            raise agent_error(e, f"device restore (external) of process {self.pid}") from e
+        try:
+            self.unlock()  # the daemon had all of the memory in place
+            return
+        except NpusnapError:
+            if self.snapped:
+                files = self.write_snapshot(device_dir)
+            import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
+            self.unlock()
 
     def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
         if device_dir is None and self._images is not None:
@@ -92,21 +145,22 @@ class DirectBackend(AgentBackend):
 
     def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
         if self.keep and self.state() == State.BACKED_UP:
-            try:
-                self.client.restore(external=True)
-            except AgentProblem as e:
-                raise agent_error(e, f"device restore (external) of process {self.pid}") from e
-            try:
-                self.unlock()  # the daemon had all of the memory in place
-                return
-            except NpusnapError:  # not all of it (the daemon refuses the unlock): the images bring it
-                import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
-                self.unlock()
-                return
+            self._take_back(device_dir, files)
+            return
         super().finish_after_commit(device_dir, files)
 
     def back_to_running(self) -> None:
         state = self.state()
+        try:
+            self._back_to_running(state)
+        finally:
+            self.drop_snapshot()
+
+    def _back_to_running(self, state: State) -> None:
+        if state == State.BACKED_UP and self.snapped and self._images is not None:
+            self._take_back(*self._images)  # a rolled back live backup: its memory was kept
+            self.release()
+            return
         if state == State.BACKED_UP:
             self.restore()
         if state in (State.LOCKED, State.BACKED_UP):

@@ -134,7 +134,8 @@ def dump(term: Terminal, pid: str, directory: Path, leave_running: bool, shell_j
 @click.command()
 @pid_argument
 @click.option("--device-images", type=click.Path(file_okay=False, path_type=Path),
-              help="Where a direct backup wrote the device memory (DIR/device of the checkpoint).")
+              help="Where a direct backup wrote the device memory (DIR/device of the checkpoint); without it, the "
+                   "memory a live checkpoint's daemon kept is taken back.")
 @click.option("--parent-images", "parent_images", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="An incremental backup's parent's device images (PARENT/device), repeated up the chain, "
                    "parent first.")

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
@@ -51,6 +51,9 @@ from .progress import BytesExpected, Phases, Progress, quiet, warn
 from .services import REAL, GuardianLike, Services
 from .signals import Signals
 from .undo import UndoStack
+
+if TYPE_CHECKING:
+    from ..backends.direct import DirectBackend
 
 
 @dataclass
@@ -189,6 +192,7 @@ class CheckpointRun:
         self.live: Optional[MemStage] = None  # --live: where the images are until the write-behind
         self.in_memory = False  # criu/ and device/ are being written in self.live, not the staging
         self.live_kept = False  # a failed put-back left the device data in self.live: it stays
+        self.live_cap = 0  # --live: the most bytes the device snapshot may copy aside (live_fits)
         self.stopped_at = 0.0
         self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
         self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
@@ -220,10 +224,13 @@ class CheckpointRun:
     def live_fits(self) -> bool:
         """--live: whether the images fit in memory (their size is the extra host memory it costs);
         when not, say why: the checkpoint is then an ordinary --leave-running one."""
-        need = self.backend.describe().bytes + processes.resident_bytes([p.pid for p in self.target.tree()])
-        problem = memstage.why_not(self.opts.live_staging, need)
+        device = self.backend.describe().bytes
+        resident = processes.resident_bytes([p.pid for p in self.target.tree()])
+        problem = memstage.why_not(self.opts.live_staging, device + resident)
         if problem is not None:
             warn(self.progress, f"not live: {problem}; the workload stays stopped for the whole checkpoint")
+        # the direct path's snapshot: its copies of what the workload overwrites stay within that room
+        self.live_cap = min(device, memstage.room_beside(self.opts.live_staging, resident))
         return problem is None
 
     def go_live(self) -> None:
@@ -233,6 +240,8 @@ class CheckpointRun:
         self.in_memory = True
         if isinstance(self.backend, DirectBackend):  # the resume takes the device memory back in place
             self.backend.keep = True
+            self.backend.snapshot_cap = self.live_cap  # backed up copy-on-write, written after the resume
+            import npusim  # noqa: F401  (its first import costs 10-20 ms: not while the workload is stopped)
         from .. import warmup
 
         warmup.later("pycriu.images")  # the resume reads CRIU's files.img (network lock): imported while CRIU dumps
@@ -240,6 +249,17 @@ class CheckpointRun:
     def drop_live(self) -> None:
         if self.live is not None and not self.live_kept:
             self.live.remove()
+        if self.snapshot is not None:
+            self.snapshot.drop_snapshot()  # not written out (a failure or signal before that): freed
+
+    @property
+    def snapshot(self) -> Optional["DirectBackend"]:
+        """--live on the direct path: the backend, whose device backup is the daemon's copy-on-write
+        snapshot (written out by the write-behind)."""
+        from ..backends.direct import DirectBackend
+
+        b = self.backend
+        return b if isinstance(b, DirectBackend) and b.snapshot_cap is not None else None
 
     def stage_device_in_memory(self) -> None:
         """--compress on the direct path: the export goes to memory, and to the store from there
@@ -322,7 +342,11 @@ class CheckpointRun:
             self.backend.lock(self.opts.lock_timeout, lease=self.opts.lease)
 
     def after_lock(self) -> None:
-        if self.direct:  # if we die, it brings the device data back
+        if self.snapshot is not None:  # if we die, the restore takes the kept memory back
+            from ..platform.simimages import daemon_socket
+
+            self.guardian.recover_kept(daemon_socket(self.pid, getattr(self.backend, "daemon", None)))
+        elif self.direct:  # if we die, it brings the device data back
             self.guardian.recover_from(self.device_dir, getattr(self.backend, "chain", []))
 
     def backup(self) -> None:
@@ -403,7 +427,16 @@ class CheckpointRun:
         memory is given back at once. The seal and the commit follow, as for any checkpoint."""
         assert self.live is not None
         with self.phase("write-behind") as t:
-            t.bytes = self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
+            if (snap := self.snapshot) is not None:
+                if snap.snapped:  # the daemon writes its snapshot to the disk at once
+                    self.device_files = snap.write_snapshot(self.staging.path / DEVICE_DIR)
+                    t.bytes = sum(f.size for f in self.device_files)
+                    t.add_parts(snap.parts)
+                else:  # the resume needed the images (the daemon kept too little): in memory, copied below
+                    self.device_files = snap.images()
+                self.device = snap.describe()
+                testhooks.fail("during:write-behind")
+            t.bytes += self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
         self.in_memory = False
         self.live.remove()
 

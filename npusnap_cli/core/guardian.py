@@ -118,6 +118,8 @@ if words[-1:] != ["done"]:
     images = done[0] if done else staging  # where the checkpoint's device images are now
     # direct path: the device data is only in staging/device (a set member's: staging/device/PID)
     recovers = [(str(pids[0]), os.path.join(images, "device"))] if "recover" in words and pids else []
+    # --live on the direct path: the daemon kept the device memory, which the restore takes back
+    recovers += [(str(pids[0]), None)] if "kept" in words and pids else []
     recovers += [(w[8:], os.path.join(images, "device", w[8:])) for w in words
                  if w.startswith("recover:") and w[8:].isdigit()]
     # --live, --compress: the device data staged in memory (/dev/shm), removed after (images:PID:HEX, drop:HEX)
@@ -135,6 +137,17 @@ if words[-1:] != ["done"]:
     chain = [a for w in words if w.startswith("chain:") for a in ("--parent-images", bytes.fromhex(w[6:]).decode())]
     finish([npusnap("recover", pid, *(["--device-images", device_dir, *chain] if device_dir else []))
             for pid, device_dir in recovers], deadline)
+    # --live's device snapshot that will never be written out: the daemon's copies go
+    for w in words:
+        if w.startswith("snapshot:") and w.count(":") == 2 and w.split(":")[1].isdigit():
+            try:
+                subprocess.run([python, "-c", "import sys, npusim; npusim.export_client(sys.argv[1], "
+                                "int(sys.argv[2]), None, None, True, False, True)",
+                                bytes.fromhex(w.split(":")[2]).decode(), w.split(":")[1]],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=60)
+            except (OSError, subprocess.SubprocessError):
+                pass
     for w in words:
         if w.startswith(("meet:", "remove:", "drop:")):
             shutil.rmtree(bytes.fromhex(w.partition(":")[2]).decode(), ignore_errors=True)
@@ -190,6 +203,12 @@ class Guardian:
         mem = device_dir.parent if member else device_dir
         self._say(f"images:{pid}:{os.fsencode(os.path.abspath(device_dir)).hex()} "
                   f"drop:{os.fsencode(os.path.abspath(mem)).hex()}")
+
+    def recover_kept(self, daemon: str) -> None:
+        """--live's device snapshot: the daemon (socket) keeps the device memory; if we die, the
+        workload takes it back (`npusnap recover PID`) before the partial checkpoint is removed,
+        and the daemon drops the snapshot (also once the workload runs on)."""
+        self._say(f"kept snapshot:{self.pid}:{os.fsencode(daemon).hex()}")
 
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         """HCCL ranks (pids) that meet in directory: if we die, recover them all at once (their

@@ -5,6 +5,7 @@ and the guardian.
     stopped (a dump left the tree stopped)     -> SIGCONT the root and its descendants
     BACKED_UP in-process                       -> device restore, unlock
     BACKED_UP external (direct path)           -> restore external + import from --device-images, unlock
+                                                  (without: the memory a live checkpoint's daemon kept, taken back)
     LOCKED awaiting an import (a failed import) -> import from --device-images, unlock
     LOCKED                                     -> unlock
     RUNNING, or no agent                       -> nothing
@@ -56,15 +57,25 @@ def recover(pid: int, device_images: Optional[Path] = None, chain: Sequence[Path
                else AgentBackend(target.pid, BackendName.SIM if direct else BackendName.AUTO))
     if isinstance(backend, DirectBackend):
         backend.use_chain(chain)
-    if state == State.BACKED_UP:
-        if external and device_images is None:
-            raise WrongState(f"process {target.pid} was backed up by the direct path", hint)
+    if state == State.BACKED_UP and external and device_images is None:
+        # A live checkpoint's (its CLI died): the daemon may have kept the device memory, which the
+        # external restore takes back in place; when it did not, the unlock below is refused.
+        try:
+            backend.client.restore(external=True)
+        except AgentProblem as e:
+            raise agent_error(e, f"device restore (external) of process {target.pid}") from e
+        simimages.drop_snapshot(target.pid)  # that checkpoint is over: the daemon's copies go
+        done.steps.append("device-take-back")
+    elif state == State.BACKED_UP:
         backend.restore(device_images)
         done.steps.append("device-restore")
     try:
         backend.unlock()
     except NpusnapError as e:
         # LOCKED after `restore external` whose import failed: the daemon refuses Unlock until it is in.
+        if "device-take-back" in done.steps:
+            raise WrongState(f"process {target.pid} was backed up by the direct path and its daemon kept "
+                             "no memory of it", hint) from e
         if not direct or state != State.LOCKED:
             raise
         if device_images is None:

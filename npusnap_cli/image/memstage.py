@@ -49,6 +49,15 @@ def free_bytes(directory: Path) -> int:
     return free
 
 
+def room_beside(directory: Path, staged: int) -> int:
+    """The memory left beside `staged` bytes of images in directory's tmpfs (0 when none): what a
+    live checkpoint's device snapshot may copy aside."""
+    try:
+        return max(0, free_bytes(directory) - int(staged * SLACK) - MARGIN)
+    except OSError:
+        return 0
+
+
 def why_not(directory: Path, need: int) -> Optional[str]:
     """None when `need` bytes of images can be staged in directory; else why not, in words."""
     try:

@@ -42,6 +42,7 @@ class TransferResult:
     referenced_bytes: int = 0  # incremental: of which left in (export) or read from (import) the chain
     file_bytes: int = 0      # bytes written (export) or read (import)
     seconds: float = 0.0
+    copied_bytes: int = 0    # written from a snapshot: bytes the workload's writes had copied aside first
 
 
 def daemon_socket(pid: int, explicit: Optional[str] = None) -> str:
@@ -128,22 +129,52 @@ def _error(e: BaseException, doing: str) -> NpusnapError:
 
 
 def export_device(pid: int, device_dir: Path, socket: Optional[str] = None,
-                  parent: Optional[Path] = None, sync: bool = True, keep: bool = False) -> TransferResult:
+                  parent: Optional[Path] = None, sync: bool = True, keep: bool = False,
+                  from_snapshot: bool = False) -> TransferResult:
     """Have the daemon write process pid's device memory into device_dir (DIR/device/), one file per
     device, fsync'd (sync=False: only their write-back started; the caller fsyncs them and the
     directory before it relies on them, as the seal does). The process must be LOCKED. On failure no
     file is left and the device is untouched (the process stays LOCKED: the pipeline's lock undo
     unlocks it). parent: the device directory of an earlier checkpoint of the process: only what
     changed since is written. keep (a live checkpoint): the daemon keeps the memory across the
-    backup, for the restore right after to take back in place (its unlock then needs no import)."""
+    backup, for the restore right after to take back in place (its unlock then needs no import).
+    from_snapshot: the images of the daemon's snapshot of the process (snapshot_device), running or
+    not; the snapshot ends with this call."""
     import npusim
 
     try:
         data = npusim.export_client(daemon_socket(pid, socket), pid, os.fspath(device_dir),
-                                    None if parent is None else os.fspath(parent), sync, keep)
+                                    None if parent is None else os.fspath(parent), sync, keep, from_snapshot)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device export of process {pid}") from e
-    return _result(data, "written_bytes")  # the client created the files 0600, O_EXCL
+    result = _result(data, "written_bytes")  # the client created the files 0600, O_EXCL
+    result.copied_bytes = int(data.get("copied_bytes", 0))
+    return result
+
+
+def snapshot_device(pid: int, cap: int, socket: Optional[str] = None) -> TransferResult:
+    """A live checkpoint's device backup: the daemon snapshots locked process pid's device memory
+    copy-on-write, in microseconds and without a file (a chunk the workload writes before the images
+    are written is copied aside first, at most cap bytes at once: a write beyond waits for
+    export_device(from_snapshot=True) to pass that chunk), and keeps it across the backup as keep
+    does."""
+    import npusim
+
+    try:
+        data = npusim.snapshot_client(daemon_socket(pid, socket), pid, max(0, cap))
+    except (OSError, npusim.AclError) as e:
+        raise _error(e, f"device snapshot of process {pid}") from e
+    return _result(data, "written_bytes")
+
+
+def drop_snapshot(pid: int, socket: Optional[str] = None) -> None:
+    """Ends the daemon's snapshot of process pid, if any (its copies are freed); nothing is written."""
+    import npusim
+
+    try:
+        npusim.export_client(daemon_socket(pid, socket), pid, None, None, True, False, True)
+    except (OSError, npusim.AclError) as e:
+        raise _error(e, f"dropping the device snapshot of process {pid}") from e
 
 
 def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import npusim
 import pytest
 
 from tests.helpers import Workload, npusnap, npusnap_cmd, requires_criu, rewind_to_checkpoint
@@ -176,7 +177,8 @@ def test_ctrl_c_at_random_instants(gated: Gated, npusim_daemon, reference, tmp_p
 def test_the_cli_killed_while_the_images_are_in_memory(gated: Gated, npusim_daemon, reference, tmp_path: Path,
                                                        shm: Path) -> None:
     """SIGKILL after the dump, the workload stopped and its device data only in memory: the guardian
-    resumes it, puts its device back from the images in the tmpfs, and removes them and the staging."""
+    resumes it, gives its device back the memory the daemon kept (`npusnap recover`), has the daemon
+    drop the snapshot, and removes the images in the tmpfs and the staging."""
     ref = reference(_argv("-"))
     ck, err = tmp_path / "ck", tmp_path / "ck.err"
     env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE": "after:dump", "NPUSNAP_TEST_PAUSE_S": "120"}
@@ -190,7 +192,8 @@ def test_the_cli_killed_while_the_images_are_in_memory(gated: Gated, npusim_daem
         cli.kill()
         cli.wait()
     deadline = time.monotonic() + 120
-    while any(shm.iterdir()) or status(gated.w.pid, npusim_daemon.env)["device"]["state"] != "RUNNING":
+    while any(shm.iterdir()) or status(gated.w.pid, npusim_daemon.env)["device"]["state"] != "RUNNING" or \
+            npusim.daemon_status(npusim_daemon.socket)["snapshots"] != 0:
         assert time.monotonic() < deadline, "the guardian did not recover the workload in 120 s"
         time.sleep(0.2)
     gated.assert_running(npusim_daemon.env)

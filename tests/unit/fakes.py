@@ -193,6 +193,9 @@ class FakeGuardian:
     def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
         self.said.append("recover")
 
+    def recover_kept(self, daemon: str) -> None:
+        self.said.append("recover kept")
+
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         self.said.append(f"meet {pids}")
 

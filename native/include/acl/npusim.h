@@ -98,8 +98,20 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonImportChain(const char *socketPath, int
  * is freed at its end, at an Unlock, or once pid is gone. */
 #define NPUSIM_EXPORT_NO_SYNC 1u
 #define NPUSIM_EXPORT_KEEP 2u
+/* NPUSIM_EXPORT_SNAPSHOT: write the images from pid's snapshot (npusimDaemonSnapshot) instead,
+ * whether pid is locked or runs; the snapshot ends with this call, written or not. With dir NULL
+ * nothing is written: the snapshot just ends. */
+#define NPUSIM_EXPORT_SNAPSHOT 4u
 ACL_FUNC_VISIBILITY aclError npusimDaemonExportFlags(const char *socketPath, int pid, const char *dir,
                                                      const char *parentDir, unsigned flags, char **resultJson);
+/* A live checkpoint's device backup in microseconds: the daemon snapshots locked pid's device
+ * memory copy-on-write (until the images are written from it, the first write to a chunk copies
+ * it aside first, at most capBytes of copies at once: a write beyond waits for the write-out to
+ * pass that chunk) and keeps the memory across the next Release, as NPUSIM_EXPORT_KEEP does. The
+ * result has no files ("snapshot": true); npusimDaemonExportFlags with NPUSIM_EXPORT_SNAPSHOT
+ * writes them, its result's "copied_bytes" says how much was copied aside. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonSnapshot(const char *socketPath, int pid, unsigned long long capBytes,
+                                                  char **resultJson);
 /* Lazy restore: npusimDaemonImportLazy checks the images' structure like npusimDaemonImportChain and
  * returns before their data is in ("lazy": true in the result): the client may unlock and run at
  * once, each chunk is read and checked against its XXH3-64 on the first task that touches it (or by
