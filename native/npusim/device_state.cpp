@@ -107,18 +107,21 @@ std::string json_string(const std::string &s) {
 
 }  // namespace
 
-// Field 22 of /proc/PID/stat, 0 if the process is gone: with the pid, it names one process.
-uint64_t start_time(pid_t pid) {
+// Field n of /proc/PID/stat (3: state, 4: ppid, 22: start time), 0 if the process is gone.
+uint64_t stat_field(pid_t pid, int n) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const size_t paren = text.rfind(')');
   if (paren == std::string::npos) return 0;
   std::istringstream in(text.substr(paren + 2));
   std::string field;
-  for (int i = 3; i <= 22 && in >> field; ++i)
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  for (int i = 3; i <= n && in >> field; ++i)
+    if (i == n) return std::strtoull(field.c_str(), nullptr, 10);
   return 0;
 }
+
+// With the pid, the start time names one process.
+uint64_t start_time(pid_t pid) { return stat_field(pid, 22); }
 
 // A zombie or a process that is gone: its connections closed because it ended, not for a Backup.
 bool exited(pid_t pid) {
@@ -127,7 +130,6 @@ bool exited(pid_t pid) {
   const size_t paren = text.rfind(')');
   return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] == 'Z' || text[paren + 2] == 'X';
 }
-
 
 DeviceState::DeviceState(uint32_t devices, uint64_t memory, std::string socket_path)
     : memory_(memory),
@@ -222,13 +224,48 @@ void DeviceState::keep(pid_t pid) {
   keeping_[pid] = start_time(pid);
 }
 
-bool DeviceState::took_back(Session &s) {
+bool DeviceState::took_back(Session &s, uint64_t *base_id, uint64_t *base_epoch) {
   std::lock_guard<std::mutex> g(mu_);
   const bool whole = s.adopted && !s.fresh && kept_.count(s.pid) == 0;
   drop_kept_locked(s.pid);
   keeping_.erase(s.pid);
   s.adopted = s.fresh = false;
+  if (base_id != nullptr) *base_id = whole ? s.adopted_base_id : 0;
+  if (base_epoch != nullptr) *base_epoch = whole ? s.adopted_base_epoch : 0;
+  s.adopted_base_id = s.adopted_base_epoch = 0;
   return whole;
+}
+
+int32_t DeviceState::stage(uint32_t device, uint64_t va, uint64_t size, std::shared_ptr<Buffer> *out) {
+  if (device >= device_count() || !va::is_device(va) || va::device_of(va) != device)
+    return ACL_ERROR_RT_INVALID_DEVICEID;
+  if (size == 0 || size > memory_ || va::offset_of(va) + size > va::kWindowSize) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> g(mu_);
+  if (used_[device] + size > memory_ && !kept_.empty()) drop_gone_locked();
+  if (used_[device] + size > memory_) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  size_t mapped = 0;
+  char *base = map_device_memory(size, &mapped, nullptr, false);
+  if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  *out = std::make_shared<Buffer>(va, size, device, base, mapped);
+  (*out)->uncommitted = true;
+  used_[device] += size;
+  return ACL_SUCCESS;
+}
+
+void DeviceState::unstage(const std::vector<std::shared_ptr<Buffer>> &bufs) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto &b : bufs) used_[b->device] -= b->size;
+}
+
+void DeviceState::keep_ahead(pid_t pid, uint64_t start, const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
+                             uint64_t base_id, uint64_t base_epoch) {
+  std::lock_guard<std::mutex> g(mu_);
+  drop_kept_locked(pid);
+  Kept &k = kept_[pid];
+  k.start = start;
+  k.allocs = allocs;
+  k.base_id = base_id;
+  k.base_epoch = base_epoch;
 }
 
 void DeviceState::drop_kept_locked(pid_t pid) {
@@ -303,6 +340,8 @@ int32_t DeviceState::malloc_at(Session &s, uint32_t device, uint64_t va, uint64_
     if (it != kept->second.allocs.end() && it->second->size == size && it->second->device == device &&
         (it->second->fd >= 0 || !s.shared_memory) && start_time(s.pid) == kept->second.start) {
       s.allocs[va] = it->second;  // still counted in used_
+      s.adopted_base_id = kept->second.base_id;
+      s.adopted_base_epoch = kept->second.base_epoch;
       kept->second.allocs.erase(it);
       if (kept->second.allocs.empty()) kept_.erase(kept);
       s.adopted = true;

@@ -157,6 +157,10 @@ struct Session {
   // Release (adopted) and placed none anew (fresh), so the data is in place and no import is due.
   std::atomic<bool> adopted{false};
   std::atomic<bool> fresh{false};
+  // Adopted memory an import ahead filled (DeviceState::keep_ahead): that import's export and
+  // epoch, for took_back to make the session's base. Guarded by the daemon's mutex.
+  uint64_t adopted_base_id = 0;
+  uint64_t adopted_base_epoch = 0;
 };
 
 class DeviceState {
@@ -179,7 +183,16 @@ class DeviceState {
   // The restore's Quiesce (awaiting an import): true when all of the session's memory was taken
   // back; what is left kept is freed either way, and so is a keep() still waiting for a Release
   // (also called at Unlock).
-  bool took_back(Session &s);
+  // *base_id/*base_epoch: when it was, and an import ahead filled it, that import's (else 0).
+  bool took_back(Session &s, uint64_t *base_id = nullptr, uint64_t *base_epoch = nullptr);
+  // A restore's import ahead (export.cpp): memory for an allocation of a process that has no
+  // session yet (the one CRIU is restoring), uncommitted and counted against the device, filled
+  // by the import; keep_ahead then keeps it for pid (started at start) as keep() would, for its
+  // runtime's MallocAt to take back, and unstage gives back what a failed one made.
+  int32_t stage(uint32_t device, uint64_t va, uint64_t size, std::shared_ptr<Buffer> *out);
+  void unstage(const std::vector<std::shared_ptr<Buffer>> &bufs);
+  void keep_ahead(pid_t pid, uint64_t start, const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
+                  uint64_t base_id, uint64_t base_epoch);
 
   // Memory a client lends the device (host registration, host_mem.cpp): its memfd, mapped here.
   struct Lent {
@@ -235,6 +248,7 @@ class DeviceState {
   struct Kept {
     uint64_t start = 0;  // the process's start time (/proc/PID/stat): a reused pid takes nothing back
     std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
+    uint64_t base_id = 0, base_epoch = 0;  // filled by an import ahead: its export and epoch
   };
   std::map<pid_t, uint64_t> keeping_;  // keep(): pid -> its start time, until its Release
   std::map<pid_t, Kept> kept_;
@@ -266,6 +280,9 @@ int32_t run_work(Work &w);
 // Held shared by every task touching device memory, exclusively while DeviceState::share_memory
 // moves memory into memfds: no copy or kernel runs on memory being moved.
 std::shared_mutex &memory_swap();
+
+// Field n of /proc/PID/stat (4: the parent), 0 if the process is gone.
+uint64_t stat_field(pid_t pid, int n);
 
 // Serves one client connection until it closes (server.cpp). Returns true if the client asked the
 // daemon to shut down.

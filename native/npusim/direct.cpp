@@ -209,8 +209,9 @@ aclError do_export(const char *socketPath, int pid, const char *dir, const char 
 
 // Import: open the expected files (or every devN.img) ourselves, without following links, and send
 // them: the daemon reads only what we could read.
+// mode: the request's first line ("! lazy\n", "! ahead START\n", "! if-due\n"; export.cpp), or "".
 aclError do_import(const char *socketPath, int pid, const char *dir, const char *expected, const char *ancestors,
-                   std::string *json, bool lazy = false) {
+                   std::string *json, const std::string &mode = "") {
   Tool tool(socketPath, pid);
   Opened d;
   d.fds.push_back(open_dir(dir));
@@ -240,7 +241,7 @@ aclError do_import(const char *socketPath, int pid, const char *dir, const char 
   Opened chain_dirs;
   for (auto &a : chain) chain_dirs.fds.push_back(open_dir(a.c_str()));
   Opened files;
-  std::string body = lazy ? "! lazy\n" : "";
+  std::string body = mode;
   for (auto &line : lines) {
     const std::string name = line.substr(0, line.find(' '));
     if (name.empty() || name.find('/') != std::string::npos)
@@ -362,8 +363,27 @@ aclError npusimDaemonImportLazy(const char *socketPath, int pid, const char *dir
                                 const char *ancestors, char **resultJson) {
   if (resultJson != nullptr) *resultJson = nullptr;
   if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) {
+    return do_import(socketPath, pid, dir, expected, ancestors, json, "! lazy\n");
+  });
+}
+
+aclError npusimDaemonImportAhead(const char *socketPath, int pid, unsigned long long startTime, const char *dir,
+                                 const char *expected, const char *ancestors, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || startTime == 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  const std::string mode = "! ahead " + std::to_string(startTime) + "\n";
   return transfer(resultJson,
-                  [&](std::string *json) { return do_import(socketPath, pid, dir, expected, ancestors, json, true); });
+                  [&](std::string *json) { return do_import(socketPath, pid, dir, expected, ancestors, json, mode); });
+}
+
+aclError npusimDaemonImportIfDue(const char *socketPath, int pid, const char *dir, const char *expected,
+                                 const char *ancestors, char **resultJson) {
+  if (resultJson != nullptr) *resultJson = nullptr;
+  if (socketPath == nullptr || pid <= 0 || dir == nullptr) return ACL_ERROR_INVALID_PARAM;
+  return transfer(resultJson, [&](std::string *json) {
+    return do_import(socketPath, pid, dir, expected, ancestors, json, "! if-due\n");
+  });
 }
 
 aclError npusimDaemonLazyStatus(const char *socketPath, int pid, int waitMs, char **resultJson) {

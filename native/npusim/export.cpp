@@ -23,7 +23,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -105,6 +107,64 @@ constexpr size_t kInFlight = 8;       // chunks queued or in transfer
 constexpr uint64_t kWindow = 32ULL << 20;
 constexpr size_t kMaxRequest = 64 << 10;
 constexpr uint64_t kMaxIndex = 1ULL << 30;
+constexpr int kAheadNice = 5;  // an import ahead's threads, below CRIU's restore
+
+// An import ahead shares the CPUs with CRIU's restore of the same process, the longer of the two:
+// while CRIU restores it (the process is CRIU's child), the import's threads run at kAheadNice,
+// and each takes back its priority once CRIU is done (the process has another parent: us). On
+// a busy machine that keeps CRIU's restore from waiting for the import, and the import from
+// waiting for others once it alone holds up the restore. Each thread polls (at most every
+// kPollNs) and sets its own priority (raising it back needs CAP_SYS_NICE: a daemon of a user
+// keeps its import ahead's threads niced to the end).
+class Yield {
+ public:
+  static constexpr int64_t kPollNs = 5'000'000;
+  explicit Yield(pid_t pid) : pid_(pid), parent_(stat_field(pid, 4)) {
+    over_ = parent_ == 0;
+    poll();
+  }
+  // Per chunk, on each thread of the import.
+  void poll() {
+    if (niced() != this && !over_.load(std::memory_order_relaxed)) {
+      errno = 0;
+      const int was = ::getpriority(PRIO_PROCESS, tid());
+      if (errno != 0) return;
+      before() = was;
+      set(std::min(19, was + kAheadNice));
+      niced() = this;
+    }
+    if (niced() != this) return;
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    int64_t last = last_.load(std::memory_order_relaxed);
+    if (!over_.load(std::memory_order_relaxed) && now - last >= kPollNs && last_.compare_exchange_strong(last, now) &&
+        stat_field(pid_, 4) != parent_)
+      over_ = true;
+    if (over_.load(std::memory_order_relaxed)) back();
+  }
+  ~Yield() {
+    if (niced() == this) back();  // the connection's thread serves on at its own priority
+  }
+
+ private:
+  static const Yield *&niced() {  // the Yield this thread's priority follows
+    thread_local const Yield *y = nullptr;
+    return y;
+  }
+  static int &before() {  // this thread's own priority, to go back to
+    thread_local int nice = 0;
+    return nice;
+  }
+  static void back() {
+    set(before());
+    niced() = nullptr;
+  }
+  static id_t tid() { return static_cast<id_t>(::syscall(SYS_gettid)); }
+  static void set(int nice) { ::setpriority(PRIO_PROCESS, tid(), nice); }
+  const pid_t pid_;
+  const uint64_t parent_;
+  std::atomic<bool> over_{false};
+  std::atomic<int64_t> last_{0};
+};
 
 struct Failure {
   int32_t code;
@@ -304,6 +364,10 @@ class Transfer {
   void imported() {
     std::lock_guard<std::mutex> g(s_->mu);
     s_->awaiting_import = false;
+  }
+  bool awaiting_import() {
+    std::lock_guard<std::mutex> g(s_->mu);
+    return s_->awaiting_import;
   }
   Session &session() { return *s_; }
 
@@ -794,9 +858,11 @@ class Importer {
   // One FADV_WILLNEED request; the kernel reads at most max(io_pages, 2 x read_ahead_kb) of one.
   static constexpr uint64_t kRaStep = 2ULL << 20;
 
+  // yield: an import ahead's (null for an import), which each of its threads follows.
   Importer(int fd, const std::string &path, const std::vector<ImportJob> &jobs, uint64_t data_chunks,
-           uint64_t data_begin, uint64_t data_end)
-      : fd_(fd), path_(path), jobs_(jobs), done_(data_chunks, 0), data_end_(data_end), ra_next_(data_begin) {
+           uint64_t data_begin, uint64_t data_end, Yield *yield)
+      : fd_(fd), path_(path), jobs_(jobs), done_(data_chunks, 0), data_end_(data_end), ra_next_(data_begin),
+        yield_(yield) {
     for (const auto &j : jobs_)
       if (!j.zero && j.ref_fd < 0) order_.push_back(&j);
   }
@@ -816,6 +882,7 @@ class Importer {
           if (error_) break;
         }
         const ImportJob &j = *order_[seq];
+        if (yield_ != nullptr) yield_->poll();
         h.update(j.dst, j.rec->length);
         {
           std::lock_guard<std::mutex> g(mu_);
@@ -870,6 +937,7 @@ class Importer {
         }
       }
       const ImportJob &j = jobs_[k];
+      if (yield_ != nullptr) yield_->poll();
       try {
         // Committed here, on the reader threads and while the disk reads, rather than all at once
         // before the import (CPU work: the kernel zeroes each page); a full host fails cleanly.
@@ -937,6 +1005,7 @@ class Importer {
   const uint64_t data_end_;
   std::mutex ra_mu_;
   std::atomic<uint64_t> ra_next_;  // readahead requested up to here
+  Yield *const yield_;
 };
 
 // An ancestor of an incremental image (its parent, grandparent, ...), sent after it.
@@ -1004,12 +1073,12 @@ void prepare_lazy(int fd, const std::string &path, const Expected *want, const F
 // Reads fd, a file the tool opened with its own rights and sent, under the name it gave; its
 // references are read from the ancestors' files (chain[0] the parent).
 // li: a lazy import (lazy.h): the structure is checked and each allocation gets its Fill (into
-// fills), but no data is read here.
+// fills), but no data is read here. yield: an import ahead's (CRIU restores meanwhile).
 FileResult import_file(int fd, const std::string &name, const Expected *want, const std::vector<Ancestor> &chain,
                        const std::map<uint64_t, std::shared_ptr<Buffer>> &allocs,
                        std::map<uint64_t, bool> &covered, Totals &tot, uint64_t *export_id,
                        const std::shared_ptr<lazy::Import> &li,
-                       std::vector<std::pair<Buffer *, std::shared_ptr<lazy::Fill>>> *fills) {
+                       std::vector<std::pair<Buffer *, std::shared_ptr<lazy::Fill>>> *fills, Yield *yield = nullptr) {
   const std::string &path = name;
   const int32_t bad = ACL_ERROR_INVALID_FILE;
   struct stat st{};
@@ -1100,7 +1169,7 @@ FileResult import_file(int fd, const std::string &name, const Expected *want, co
   }
   Hasher h;
   h.update(&hdr, sizeof(hdr));
-  Importer im(fd, path, jobs, data_chunks, sizeof(hdr), ft.index_offset);
+  Importer im(fd, path, jobs, data_chunks, sizeof(hdr), ft.index_offset, yield);
   im.run(h);
   h.update(index.data(), index.size());
   h.update(&ft, sizeof(ft));
@@ -1113,20 +1182,81 @@ FileResult import_file(int fd, const std::string &name, const Expected *want, co
   return {name, size, digest};
 }
 
+using Names = std::vector<std::pair<std::string, std::optional<Expected>>>;
+
+// An import ahead (npusnap's restore, while CRIU restores the process): pid has no session yet,
+// so its allocations are made here, from the images' index, filled and checked exactly as by an
+// import, and only then kept for the process (pid started at start, CRIU's restored task) to take
+// back through MallocAt at its external Restore; its Quiesce then finds the data in place. A
+// failure gives the memory back and leaves nothing kept: the restore imports as usual.
+std::string import_ahead(DeviceState &state, pid_t pid, uint64_t start, const Names &names,
+                         const std::vector<std::vector<Ancestor>> &chains, const std::vector<int> &fds,
+                         std::chrono::steady_clock::time_point t0) {
+  const int32_t refuse = ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+  if (state.find(pid)) fail(refuse, EBUSY, "client " + std::to_string(pid) + " is connected: no import ahead for it");
+  Yield yield(pid);
+  if (start == 0 || start_time(pid) != start)
+    fail(refuse, ESRCH, "process " + std::to_string(pid) + " is not the one the import ahead was asked for");
+  struct Staged {
+    DeviceState &state;
+    std::vector<std::shared_ptr<Buffer>> bufs;
+    bool kept = false;
+    ~Staged() {
+      if (!kept) state.unstage(bufs);
+    }
+  } staged{state, {}};
+  std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
+  for (size_t i = 0, k = 0; i < names.size(); k += 1 + chains[i].size(), ++i) {
+    const Image im = read_image(fds[k], names[i].first);
+    for (const AllocRec &a : im.recs) {
+      std::shared_ptr<Buffer> b;
+      if (int32_t rc = state.stage(im.hdr.device, a.va, a.size, &b); rc != ACL_SUCCESS)
+        fail(rc, ENOMEM, "no room on device " + std::to_string(im.hdr.device) + " for the allocation at " + hex(a.va) +
+                             " of " + std::to_string(a.size) + " bytes (" + names[i].first + ")");
+      staged.bufs.push_back(b);
+      if (!allocs.emplace(a.va, b).second) fail(ACL_ERROR_INVALID_FILE, 0, names[i].first + ": inconsistent index");
+    }
+  }
+  std::map<uint64_t, bool> covered;
+  Totals tot;
+  std::vector<FileResult> files;
+  std::set<uint64_t> ids;
+  for (size_t i = 0, k = 0; i < names.size(); k += 1 + chains[i].size(), ++i) {
+    uint64_t id = 0;
+    const auto &want = names[i].second;
+    files.push_back(import_file(fds[k], names[i].first, want ? &*want : nullptr, chains[i], allocs, covered, tot, &id,
+                                nullptr, nullptr, &yield));
+    ids.insert(id);
+  }
+  state.keep_ahead(pid, start, allocs, ids.size() == 1 ? *ids.begin() : 0, dirty::close_epoch());
+  staged.kept = true;
+  return transfer_json(files, tot, "read_bytes", t0);
+}
+
 std::string do_import(DeviceState &state, pid_t pid, const std::string &request, const std::vector<int> &fds) {
   const auto t0 = std::chrono::steady_clock::now();
   // "NAME [SIZE CHECKSUM]" lines, one per file sent: exactly these files, with these checksums;
   // after one, "^ LABEL" lines for its ancestors' files (parent first), named LABEL in messages.
-  // A first line "! lazy": the data comes in after the reply (lazy.h).
+  // A first line "! lazy": the data comes in after the reply (lazy.h); "! ahead START": an import
+  // ahead (import_ahead); "! if-due": nothing read when an import ahead left the data in place.
   std::istringstream in(request);
   std::string line;
   std::shared_ptr<lazy::Import> li;
+  uint64_t ahead = 0;
+  bool if_due = false;
   if (request.rfind("! lazy\n", 0) == 0) {
     li = std::make_shared<lazy::Import>();
     li->pid = pid;
     std::getline(in, line);
+  } else if (request.rfind("! ahead ", 0) == 0) {
+    std::getline(in, line);
+    ahead = std::strtoull(line.c_str() + 8, nullptr, 10);
+    if (ahead == 0) fail(ACL_ERROR_INVALID_PARAM, EINVAL, "malformed import ahead");
+  } else if (request.rfind("! if-due\n", 0) == 0) {
+    if_due = true;
+    std::getline(in, line);
   }
-  std::vector<std::pair<std::string, std::optional<Expected>>> names;
+  Names names;
   std::vector<std::vector<Ancestor>> chains;
   size_t nfds = 0;
   while (std::getline(in, line)) {
@@ -1151,7 +1281,12 @@ std::string do_import(DeviceState &state, pid_t pid, const std::string &request,
   if (nfds != fds.size())
     fail(ACL_ERROR_INVALID_PARAM, EINVAL, "the request names " + std::to_string(nfds) + " files but sent " +
                                               std::to_string(fds.size()));
+  if (ahead != 0) return import_ahead(state, pid, ahead, names, chains, fds, t0);
   Transfer tr(state, pid, true);
+  if (if_due && !tr.awaiting_import()) {
+    std::string out = transfer_json({}, Totals{}, "read_bytes", t0);
+    return out.insert(out.size() - 1, ", \"in_place\": true");
+  }
   std::map<uint64_t, std::shared_ptr<Buffer>> allocs;
   for (auto &b : state.buffers(tr.session()))
     if (!b->lent) allocs[b->va] = b;
@@ -1237,6 +1372,12 @@ int32_t quiesce(Session &s, uint32_t flags) {
 void mark_drained(Session &s) {
   std::lock_guard<std::mutex> g(s.mu);
   s.locked = true;
+}
+
+void adopt_base(Session &s, uint64_t base_id, uint64_t base_epoch) {
+  std::lock_guard<std::mutex> g(s.mu);
+  s.base_id = base_id;
+  s.base_epoch = base_epoch;
 }
 
 }  // namespace xfer

@@ -96,5 +96,7 @@ bool serve(DeviceState &state, int fd, pid_t peer, const proto::Request &rq, pro
 int32_t quiesce(Session &s, uint32_t flags);
 // A successful Op::Drain: the client is locked and its queues are empty.
 void mark_drained(Session &s);
+// A restore whose memory an import ahead filled: that image's export is the session's base.
+void adopt_base(Session &s, uint64_t base_id, uint64_t base_epoch);
 
 }  // namespace npusim::xfer

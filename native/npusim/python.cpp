@@ -340,7 +340,8 @@ class AclError(RuntimeError):
      "from_snapshot=True) writes its images; returns {files: [], allocations, bytes, snapshot: true}");
   m.def("import_client", [transfer, abspath](const std::string &socket, int pid, const py::object &dir,
                                              std::optional<std::vector<std::tuple<std::string, uint64_t, std::string>>> expected,
-                                             const py::object &ancestors, bool lazy) {
+                                             const py::object &ancestors, bool lazy, uint64_t ahead_of,
+                                             bool if_due) {
     const std::string d = abspath(dir);
     std::string lines, chain;
     if (expected)
@@ -351,15 +352,21 @@ class AclError(RuntimeError):
     int rc;
     {
       py::gil_scoped_release nogil;
-      rc = (lazy ? npusimDaemonImportLazy : npusimDaemonImportChain)(socket.c_str(), pid, d.c_str(),
-                                                                     expected ? lines.c_str() : nullptr, chain.c_str(), &json);
+      const char *want = expected ? lines.c_str() : nullptr;
+      if (ahead_of != 0)
+        rc = npusimDaemonImportAhead(socket.c_str(), pid, ahead_of, d.c_str(), want, chain.c_str(), &json);
+      else
+        rc = (lazy ? npusimDaemonImportLazy : if_due ? npusimDaemonImportIfDue : npusimDaemonImportChain)(
+            socket.c_str(), pid, d.c_str(), want, chain.c_str(), &json);
     }
     return transfer("npusim.import_client", py::none(), rc, json);
   }, py::arg("socket_path"), py::arg("pid"), py::arg("directory"), py::arg("expected") = py::none(),
-     py::arg("ancestors") = py::none(), py::arg("lazy") = false,
+     py::arg("ancestors") = py::none(), py::arg("lazy") = false, py::arg("ahead_of") = 0, py::arg("if_due") = false,
      "read device images from directory into the (re-created, locked) allocations of client pid; "
      "expected: [(name, size, xxh3_128 hex)] to read exactly those files and refuse any mismatch; "
-     "lazy: return before the data is in (chunks come on first touch and in the background, checked)");
+     "lazy: return before the data is in (chunks come on first touch and in the background, checked); "
+     "ahead_of: the start time of process pid, not yet reconnected (CRIU restores it): the data goes into "
+     "memory kept for its external restore to take back; if_due: nothing read when no import is due");
   m.def("lazy_status", [transfer](const std::string &socket, int pid, int wait_ms) {
     char *json = nullptr;
     int rc;

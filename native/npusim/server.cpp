@@ -65,8 +65,11 @@ int32_t handle(DeviceState &state, Session &s, const proto::Request &rq, proto::
     case Op::Quiesce: {
       // A live checkpoint's restore that took all of its memory back has its data in place; an
       // Unlock ends any keeping (a rolled back live checkpoint's export asked for one).
-      const bool in_place = rq.flags == proto::kQuiesceAwaitingImport && state.took_back(s);
+      // Memory an import ahead filled becomes the session's base, as an import's would.
+      uint64_t base_id = 0, base_epoch = 0;
+      const bool in_place = rq.flags == proto::kQuiesceAwaitingImport && state.took_back(s, &base_id, &base_epoch);
       if (rq.flags == proto::kQuiesceUnlocking) state.took_back(s);
+      if (base_id != 0) xfer::adopt_base(s, base_id, base_epoch);
       return xfer::quiesce(s, in_place ? proto::kQuiesceLocked : rq.flags);
     }
     case Op::Release:

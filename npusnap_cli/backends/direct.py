@@ -5,6 +5,8 @@ in-process path. The file transfers themselves are platform/simimages.py."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -22,12 +24,14 @@ Parts = dict[str, tuple[float, int]]  # a step's (seconds, bytes), for its phase
 
 
 def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                   socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False) -> Parts:
+                   socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False,
+                   ahead: bool = False) -> Parts:
     """`restore external` through the agent, then the import: the process ends LOCKED with its
     device memory back (the undo of `backup external`, and the restore's device phase). Returns
-    the two steps' (seconds, bytes)."""
+    the two steps' (seconds, bytes). ahead: an ImportAhead filled the memory; the restore takes it
+    back and the import reads only if that was not all of it."""
     expected = None if expected is None else list(expected)
-    names = [Path(f.path).name for f in expected or ()]
+    names = [] if ahead else [Path(f.path).name for f in expected or ()]
     started = time.monotonic()
     try:
         # The disk would idle while the runtime re-creates its allocations: read ahead meanwhile.
@@ -36,8 +40,71 @@ def restore_direct(client: Any, pid: int, device_dir: Path, expected: Optional[I
     except AgentProblem as e:
         raise agent_error(e, f"device restore (external) of process {pid}") from e
     recreated = time.monotonic() - started
-    imported = import_device(pid, device_dir, expected, socket, chain, lazy)
+    imported = import_device(pid, device_dir, expected, socket, chain, lazy, if_due=ahead)
     return {"restore-external": (recreated, 0), "import": (imported.seconds, imported.file_bytes)}
+
+
+class ImportAhead:
+    """A restore's device import while CRIU restores the tree, not after it (DEVICE RESTORE needs
+    the restored runtime, but its data does not): once CRIU has made the process (pid, a child of
+    `criu swrk`), the daemon reads and checks the images into memory it keeps for that process
+    (pid and start time), which the runtime's `restore external` then takes back in place. The
+    ordering stands: the process is LOCKED until the unlock, which the daemon refuses while any
+    memory is missing, and nothing unchecked is kept. Any failure here only means the restore
+    imports as usual (and reports what is wrong)."""
+
+    POLL_S = 0.002
+
+    def __init__(self, pid: int, socket: str, device_dir: Path, expected: Sequence[FileEntry]) -> None:
+        self.pid, self.socket, self.device_dir, self.expected = pid, socket, device_dir, list(expected)
+        self.criu: Optional[int] = None  # `criu swrk`'s pid, once it runs
+        self.stop = threading.Event()
+        self.done = False  # the memory is kept for the process
+        self.error: Optional[BaseException] = None
+        self.seconds = 0.0
+        self.bytes = 0
+        self.thread = threading.Thread(target=self._run, name="import-ahead", daemon=True)
+
+    def criu_started(self, pid: int) -> None:
+        self.criu = pid
+        self.thread.start()
+
+    def _restored(self) -> int:
+        """The start time of the process CRIU made at pid, once it has (0: stopped first)."""
+        from ..platform.procfs import proc_stat
+
+        parents = {self.criu, os.getpid()}  # its parent: criu, or us once criu is gone
+        while not self.stop.is_set():
+            fields = proc_stat(self.pid)  # one read: ppid and start time of the same process
+            if len(fields) > 20 and int(fields[2]) in parents:
+                return int(fields[20])
+            self.stop.wait(self.POLL_S)
+        return 0
+
+    def _run(self) -> None:
+        try:
+            start = self._restored()
+            if start:
+                began = time.monotonic()
+                result = import_device(self.pid, self.device_dir, self.expected, self.socket, ahead_of=start)
+                self.seconds, self.bytes = time.monotonic() - began, result.file_bytes
+                self.done = True
+        except BaseException as e:  # the restore's own import says what is wrong
+            self.error = e
+
+    def parts(self) -> Parts:
+        """After CRIU returned: waits for it; its steps for the criu-restore phase's profile."""
+        waited = time.monotonic()
+        if not self.result():
+            return {}
+        return {"import-ahead": (self.seconds, self.bytes), "import-ahead-wait": (time.monotonic() - waited, 0)}
+
+    def result(self) -> bool:
+        """Waits for it (CRIU has returned): True when the memory is kept for the process."""
+        self.stop.set()
+        if self.thread.is_alive() or self.criu is not None:
+            self.thread.join()
+        return self.done
 
 
 class DirectBackend(AgentBackend):
@@ -48,6 +115,7 @@ class DirectBackend(AgentBackend):
         self._images: Optional[tuple[Path, list[FileEntry]]] = None
         self.chain: list[Path] = []  # incremental: the ancestors' device directories, parent first
         self.lazy = False  # restore --lazy: the import returns before the data is in (lazy_status)
+        self.ahead = False  # restore: an ImportAhead filled the memory (the import reads only if due)
         self._referenced = 0
         self.parts: Parts = {}  # the last backup's or restore's steps
         # --live: the daemon keeps the memory across the backup, so the resume right after the dump
@@ -141,7 +209,7 @@ class DirectBackend(AgentBackend):
                              f"name them: npusnap recover {self.pid} --device-images DIR/device")
         # Without a file list (recover), every image in the directory is read; each chunk is still checked.
         self.parts = restore_direct(self.client, self.pid, device_dir, list(files) if files else None,
-                                    self.daemon, chain=self.chain, lazy=self.lazy)
+                                    self.daemon, chain=self.chain, lazy=self.lazy, ahead=self.ahead)
 
     def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
         if self.keep and self.state() == State.BACKED_UP:

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..backends import Backend, BackendName, DataPath, State
 from ..criuopts import CriuOptions
@@ -41,6 +41,9 @@ from .lazy import LazyRestore
 from .progress import Phases, Progress, info, quiet, warn
 from .services import REAL, Services
 from .signals import Signals
+
+if TYPE_CHECKING:
+    from ..backends.direct import ImportAhead
 
 RESTORE_LEASE_S = 10.0  # the lease a restore keeps renewing on the restored lock until its unlock
 
@@ -95,6 +98,7 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     restored = [manifest.pid]  # the root to kill on failure: CRIU's answer once it has one
     guardian = services.guardian(None, manifest.pid)
     lazy_pages = None
+    ahead = _import_ahead(root, manifest, opts)
     try:
         with Signals() as signals, services.images_view() as view, assembled(root, manifest) as images:
             try:
@@ -109,7 +113,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                                                    log_dir, shell_job=bool(manifest.options.get("shell_job")),
                                                    tcp_established=bool(manifest.options.get("tcp_established")),
                                                    extra=_restore_options(manifest, opts),
-                                                   started=guardian.wait_for_criu, leave_stopped=pages is not None,
+                                                   started=_criu_started(guardian, ahead),
+                                                   leave_stopped=pages is not None,
                                                    lazy_pages=opts.lazy)
                     except NpusnapError:
                         if pages is not None:
@@ -121,10 +126,12 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                         pages.result()
                         t.add_parts({"page-checksums-wait": (time.monotonic() - waited, pages.bytes)})
                         processes.resume(restored[0], pids)
+                    if ahead is not None:
+                        t.add_parts(ahead.parts())
                 _unlock_closed_connections(root / CRIU_DIR, manifest, opts, progress)
                 if manifest.device.backend != BackendName.NONE and not opts.criu_only:
                     _finish_device(restored[0], manifest, root, opts, phase, signals, progress, services,
-                                   opts.rendezvous)
+                                   opts.rendezvous, ahead=ahead is not None and ahead.done)
                 else:
                     signals.settled = True
             except BaseException:
@@ -135,6 +142,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
                     lazy_pages.kill()
                 raise
     finally:
+        if ahead is not None:
+            ahead.result()  # joined on every path; after a failure the daemon frees what it kept once the pid is gone
         guardian.release()
     lazy = None
     if opts.lazy:
@@ -166,6 +175,29 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
         verify_chain(root, manifest, deep=False)  # an incremental's ancestors; the daemon checks each chunk it takes
     return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
+
+
+def _import_ahead(root: Path, manifest: Manifest, opts: RestoreOptions) -> Optional["ImportAhead"]:
+    """The device memory read in while CRIU restores the tree (backends/direct.ImportAhead): for one
+    process's plain direct-path images, from the daemon the checkpoint (or --daemon-socket) names."""
+    device = on_daemon(manifest.device, opts)
+    images = [f for f in manifest.files if f.path.startswith(f"{DEVICE_DIR}/")]
+    if (device.backend != BackendName.SIM or device.method != DataPath.DIRECT or not device.endpoint
+            or opts.lazy or opts.criu_only or opts.device_map or manifest.is_set or manifest.parent is not None
+            or not images or any(f.chunks for f in images)):
+        return None  # a lazy, incremental or compressed image, or a set: imported after CRIU, as it needs
+    from ..backends.direct import ImportAhead
+
+    return ImportAhead(manifest.pid, device.endpoint, root / DEVICE_DIR, images)
+
+
+def _criu_started(guardian: Any, ahead: Optional["ImportAhead"]) -> Callable[[int], None]:
+    def started(pid: int) -> None:  # CRIU runs as pid
+        guardian.wait_for_criu(pid)
+        if ahead is not None:
+            ahead.criu_started(pid)
+
+    return started
 
 
 def _can_wait_stopped(root: Path, manifest: Manifest) -> bool:
@@ -234,14 +266,20 @@ def holds_communicators(manifest: Manifest) -> bool:
 
 def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOptions, phase: Phases,
                    signals: Signals, progress: Progress, services: Services,
-                   meet: Optional[Path] = None) -> None:
+                   meet: Optional[Path] = None, ahead: bool = False) -> None:
     """DEVICE RESTORE and UNLOCK of a restored tree; the unlock is the commit point. meet: the
-    set's rendezvous directory for HCCL ranks (communicators.py); a lone process gets its own."""
+    set's rendezvous directory for HCCL ranks (communicators.py); a lone process gets its own.
+    ahead: an ImportAhead kept the device memory for the process in its daemon."""
     if meet is None and holds_communicators(manifest):
         with communicators.rendezvous(True, os.stat(f"/proc/{pid}").st_uid) as own:
-            _finish_device(pid, manifest, root, opts, phase, signals, progress, services, own)
+            _finish_device(pid, manifest, root, opts, phase, signals, progress, services, own, ahead)
         return
     backend = services.restore_backend(pid, manifest.device, opts.device_map)
+    if ahead:
+        from ..backends.direct import DirectBackend
+
+        if isinstance(backend, DirectBackend):
+            backend.ahead = True
     try:
         # The restored agent carries the dump's lease: renewed from now on. If it ran out before
         # we got here (we were stopped), the agent put the device back itself (in-process).

@@ -15,7 +15,9 @@ Checkpoint, in the pipeline's order (each with its undo):
 
 Restore: CRIU restore -> restore external (agent) -> import_device -> unlock. A failure after
 CRIU restore kills the restored tree (the process never runs on a half-imported device: the
-daemon refuses its Unlock until an import succeeded).
+daemon refuses its Unlock until an import succeeded). core/restore.py runs the import ahead,
+while CRIU restores (import_device with ahead_of: into memory the daemon keeps for the restored
+process), and after the restore external only an import still due (if_due).
 """
 
 from __future__ import annotations
@@ -178,12 +180,16 @@ def drop_snapshot(pid: int, socket: Optional[str] = None) -> None:
 
 
 def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEntry]],
-                  socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False) -> TransferResult:
+                  socket: Optional[str] = None, chain: Sequence[Path] = (), lazy: bool = False,
+                  ahead_of: int = 0, if_due: bool = False) -> TransferResult:
     """Have the daemon read exactly the expected device files (manifest entries, paths
     "device/devN.img") into process pid's re-created allocations (after `restore external`),
     verifying sizes, chunk checksums and each file's xxh3_128 while reading. chain: an incremental
     image's ancestors' device directories, parent first (each referenced chunk checked as read).
-    lazy: only the structure is checked now; the data comes after (lazy_status)."""
+    lazy: only the structure is checked now; the data comes after (lazy_status). ahead_of: pid's
+    start time, while CRIU restores it: the data goes, checked the same, into memory the daemon
+    keeps for its `restore external` to take back (no import due then). if_due: nothing is read
+    when no import is due (an import ahead's memory was taken back whole)."""
     import npusim
 
     wanted: Optional[list[tuple[str, int, str]]] = None if expected is None else []
@@ -195,7 +201,7 @@ def import_device(pid: int, device_dir: Path, expected: Optional[Iterable[FileEn
         wanted.append((parts[1], int(f.size), f.checksum))
     try:
         data = npusim.import_client(daemon_socket(pid, socket), pid, os.fspath(device_dir), wanted,
-                                    [os.fspath(p) for p in chain] or None, lazy)
+                                    [os.fspath(p) for p in chain] or None, lazy, ahead_of, if_due)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"device import into process {pid}") from e
     return _result(data, "read_bytes")

@@ -258,3 +258,61 @@ def test_an_unlock_ends_a_keep_that_no_backup_followed(npusim_daemon, client, tm
     npusim.export_client(npusim_daemon.socket, c.pid, tmp_path, keep=True)
     c.call("unlock")
     _back_through_the_import(npusim_daemon, c, tmp_path / "b", before, keep=False)
+
+
+def _start_time(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[19])  # field 22
+
+
+def test_an_import_ahead_is_taken_back_in_place(npusim_daemon, client, tmp_path):
+    """A restore's import ahead (while CRIU restores the process): the daemon reads and checks the
+    images into memory kept for the process, whose external restore takes it back at the same
+    addresses: no import is due after it (if_due reads nothing), and nothing is counted twice.
+    Refused for another process (a start time that does not match) or a connected client."""
+    c = client()
+    _fill(c)
+    before = c.call("contents")
+    c.call("lock")
+    used = npusim.daemon_status(npusim_daemon.socket)["devices"]
+    with pytest.raises(OSError, match="is connected"):
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, None, ahead_of=_start_time(c.pid))
+    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+    c.call("backup_external")
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] != used  # released
+    with pytest.raises(OSError, match="not the one"):
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out), ahead_of=_start_time(c.pid) + 1)
+    ahead = npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out), ahead_of=_start_time(c.pid))
+    assert ahead["read_bytes"] == out["written_bytes"] and ahead["nonzero_bytes"] == out["nonzero_bytes"]
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used  # kept, counted once
+    c.call("restore")
+    due = npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out), if_due=True)
+    assert due.get("in_place") is True and due["files"] == [] and due["read_bytes"] == 0
+    c.call("unlock")  # in place: no import was due
+    assert c.call("contents") == before
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == used
+
+
+def test_a_failed_import_ahead_keeps_nothing(npusim_daemon, client, tmp_path):
+    """A damaged image: the import ahead is refused and gives its memory back; the restore then has
+    nothing to take back, and the import that is due refuses the image as ever (the client stays
+    locked: nothing unchecked reaches it)."""
+    c = client()
+    _fill(c)
+    c.call("lock")
+    out = npusim.export_client(npusim_daemon.socket, c.pid, tmp_path)
+    c.call("backup_external")
+    released = npusim.daemon_status(npusim_daemon.socket)["devices"]
+    img = tmp_path / "dev0.img"
+    data = bytearray(img.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    img.write_bytes(bytes(data))
+    with pytest.raises(npusim.AclError, match="checksum mismatch"):
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out), ahead_of=_start_time(c.pid))
+    assert npusim.daemon_status(npusim_daemon.socket)["devices"] == released  # nothing kept
+    c.call("restore")
+    with pytest.raises(npusim.AclError, match="checksum mismatch"):
+        npusim.import_client(npusim_daemon.socket, c.pid, tmp_path, _expected(out), if_due=True)
+    with pytest.raises(ClientError) as ei:
+        c.call("unlock")
+    assert ei.value.code == UNLOCK_FAILED
+    assert c.state() == "LOCKED"

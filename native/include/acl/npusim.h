@@ -121,6 +121,18 @@ ACL_FUNC_VISIBILITY aclError npusimDaemonSnapshot(const char *socketPath, int pi
  * "chunks", "ready", "bad", "bytes", "seconds", "errors": [...]}. */
 ACL_FUNC_VISIBILITY aclError npusimDaemonImportLazy(const char *socketPath, int pid, const char *dir,
                                                     const char *expected, const char *ancestors, char **resultJson);
+/* Import ahead (a restore's, while CRIU restores the process): npusimDaemonImportAhead reads and
+ * checks the images like npusimDaemonImportChain, for process pid (started at startTime: field 22 of
+ * /proc/PID/stat) before its runtime has reconnected, into memory the daemon makes from the images'
+ * index and keeps for it (as NPUSIM_EXPORT_KEEP does): the external Restore that follows takes it back
+ * at the same addresses, with the data in place, so no import is due. npusimDaemonImportIfDue is
+ * npusimDaemonImportChain, except that it reads nothing ("in_place": true in the result) when the
+ * restored client awaits no import. A failed import ahead keeps nothing: the restore imports. */
+ACL_FUNC_VISIBILITY aclError npusimDaemonImportAhead(const char *socketPath, int pid, unsigned long long startTime,
+                                                     const char *dir, const char *expected, const char *ancestors,
+                                                     char **resultJson);
+ACL_FUNC_VISIBILITY aclError npusimDaemonImportIfDue(const char *socketPath, int pid, const char *dir,
+                                                     const char *expected, const char *ancestors, char **resultJson);
 ACL_FUNC_VISIBILITY aclError npusimDaemonLazyStatus(const char *socketPath, int pid, int waitMs, char **resultJson);
 
 /* cann-kernel-host: the launch behind every aclrtlaunch_<kernel> that npusim's ascendc.cmake
