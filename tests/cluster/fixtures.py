@@ -31,6 +31,16 @@ def down_stale_sessions() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+DOWN_TEST = "tests/cluster/test_cluster.py::test_down_leaves_nothing"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test that brings the cluster down runs last of the session: the tests of tests/job after
+    tests/cluster find it up, instead of bringing it up a second time."""
+    down = [item for item in items if item.nodeid == DOWN_TEST]
+    items[:] = [item for item in items if item.nodeid != DOWN_TEST] + down
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     why = missing()

@@ -4,7 +4,7 @@ a running job, scancel, --signal=B:USR1, scontrol requeue with SLURM_RESTART_COU
 directory, and a `down` that leaves nothing. Real Slurm daemons, real namespaces.
 
 The tests share one session's cluster; test_down_leaves_nothing brings it down and so runs last
-(pytest keeps the file's order)."""
+of the session (tests/cluster/fixtures.py moves it there)."""
 
 from __future__ import annotations
 

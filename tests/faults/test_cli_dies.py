@@ -26,6 +26,7 @@ from .support import (
 )
 
 LEASE = CheckpointOptions(directory=None).lease  # type: ignore[arg-type]
+SHORT_LEASE = 3  # where only the lease brings the workload back (locked, no guardian's work): waited for
 
 POINTS = [
     "before:lock",
@@ -45,9 +46,10 @@ def test_cli_sigkilled_at_phase_boundary(point, npusim_daemon, reference, tmp_pa
     target = tmp_path / "ckpt"
     cli = None
     try:
-        cli = PausedCli(["checkpoint", w.pid, "-D", target], point, npusim_daemon.env)
+        lease = SHORT_LEASE if point == "after:lock" else LEASE
+        cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", lease], point, npusim_daemon.env)
         cli.kill()
-        bound = (LEASE or 0) + 10  # the lease in run time, plus slack for the guardian and the restore
+        bound = lease + 10  # the lease in run time, plus slack for the guardian and the restore
         wait_recovers(w, bound=bound, env=npusim_daemon.env)
         assert_running_intact(w, reference, npusim_daemon.env)
         left = assert_no_valid_checkpoint(target, partial_ok=True)

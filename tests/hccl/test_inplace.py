@@ -29,7 +29,7 @@ from .test_snapshot import cli_env, start_training
 pytestmark = [requires_criu, pytest.mark.criu]
 
 LONG = {"HCCL_TRAIN_STEPS": "1000000", "HCCL_TRAIN_SLEEP_US": "20000"}  # ends when the test stops it
-SIGINTS = int(os.environ.get("NPUSNAP_FAULT_HCCL_SIGINT") or 10)
+SIGINTS = int(os.environ.get("NPUSNAP_FAULT_HCCL_SIGINT") or 4)  # `make faults`: 40
 ADVANCE_S = 60  # bound on a rank's next steps after a case (a few ms each; 30 s is HCCL's connect timeout)
 
 

@@ -30,8 +30,11 @@ def test_ranks_restored_onto_another_daemon_use_it(daemons, ranks, short_dir: Pa
     a, b = daemons(2)
     env = {**a.env, "LD_LIBRARY_PATH": ranks.ld_path}  # the ranks' and this npusnap's: daemon A
     # Slow steps (the results do not depend on them): the restored ranks still train for seconds
-    # when asked whose clients they are, however slowly a loaded host runs that question.
-    workers = start_training(ranks, a, 2, str(short_dir / "moved.info"), env={"HCCL_TRAIN_SLEEP_US": "150000"})
+    # when asked whose clients they are, however slowly a loaded host runs that question; then
+    # the steps left run unpaused (HCCL_TRAIN_FAST).
+    fast = short_dir / "fast"
+    workers = start_training(ranks, a, 2, str(short_dir / "moved.info"),
+                             env={"HCCL_TRAIN_SLEEP_US": "150000", "HCCL_TRAIN_FAST": str(fast)})
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
     ck = short_dir / "set"
@@ -52,4 +55,5 @@ def test_ranks_restored_onto_another_daemon_use_it(daemons, ranks, short_dir: Pa
     while not pids <= _clients(env, b.socket):
         assert time.monotonic() < deadline, (pids, _clients(env, b.socket))
         time.sleep(0.05)
+    fast.touch()
     finish_and_compare(workers, want, 0, 0.0)

@@ -171,7 +171,10 @@ def test_the_coordinator_killed_at_each_stage_every_rank_runs_on(ranks: RankJob,
     node = node_of(ranks, 3)
     target = c.shared / f"ck-ckill-{stage}-{uuid.uuid4().hex[:8]}"
     env = {k: v.format(node=node) for k, v in hook.items()}
-    kill_at(coordinator(c, target, ranks.id, {**env, "NPUSNAP_TEST_PAUSE_S": "3"}), line)
+    go = c.shared / f"go-{uuid.uuid4().hex[:8]}"  # a pipeline pause (NPUSNAP_TEST_PAUSE) ends at the kill
+    kill_at(coordinator(c, target, ranks.id, {**env, "NPUSNAP_TEST_PAUSE_S": "3", "NPUSNAP_TEST_PAUSE_UNTIL": str(go)}),
+            line)
+    go.touch()
     try:
         no_workers_left(c)  # each undid its ranks and ended: none waits for a lease forever
         ranks.assert_all_run_on(timeout=90)
@@ -192,11 +195,14 @@ def test_a_second_job_checkpoint_is_refused_while_one_runs(ranks: RankJob) -> No
     node = node_of(ranks, 3)
     first_dir = c.shared / f"ck-first-{uuid.uuid4().hex[:8]}"
     second_dir = c.shared / f"ck-second-{uuid.uuid4().hex[:8]}"
-    first = coordinator(c, first_dir, ranks.id, {"NPUSNAP_TEST_JOB_PAUSE": f"vote@{node}", "NPUSNAP_TEST_PAUSE_S": "25"},
-                        "--leave-running")
+    go = c.shared / f"go-{uuid.uuid4().hex[:8]}"  # ends the first one's pause once the second was refused
+    point = f"after:dump@{rank_pid(ranks, 3)}"  # the last rank dumped, its node's vote not sent
+    first = coordinator(c, first_dir, ranks.id, {"NPUSNAP_TEST_PAUSE": point, "NPUSNAP_TEST_PAUSE_S": "120",
+                                                 "NPUSNAP_TEST_PAUSE_UNTIL": str(go)}, "--leave-running")
     try:
-        lines = read_until(first, f"test pause vote@{node}")  # every node's worker holds the job's lock
+        lines = read_until(first, f"test pause {point}")  # every node's worker holds the job's lock
         r = npusnap(c, "job", "checkpoint", "-D", str(second_dir), "--job", ranks.id)
+        go.touch()
         _, err = first.communicate(timeout=180)
     finally:
         if first.poll() is None:

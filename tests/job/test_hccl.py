@@ -31,15 +31,17 @@ TRAIN_ENV = {"HCCL_TRAIN_STEPS": str(STEPS), "HCCL_EXEC_TIMEOUT": "60", "HCCL_CO
 class HcclJob:
     """A batch job of 2 nodes x 2 hccl_ranks `train` ranks under `npusnap run` (rank = SLURM_PROCID,
     device = SLURM_LOCALID, rank 0 writes the root info on the shared storage). Its requeued run
-    (SLURM_RESTART_COUNT > 0) restores the job checkpoint named in its `restore` file instead."""
+    (SLURM_RESTART_COUNT > 0) restores the job checkpoint named in its `restore` file instead.
+    finish_fast() lets its ranks run the steps left without their pause."""
 
     def __init__(self, c: Cluster, exe: Path, ld_path: str, sleep_us: int, steps: int = STEPS,
                  extra: Optional[dict[str, str]] = None) -> None:
         self.c = c
         self.out = c.shared / f"hccl-{uuid.uuid4().hex[:8]}"
         self.out.mkdir()
+        self.fast = self.out / "fast"
         env = {**TRAIN_ENV, "HCCL_TRAIN_STEPS": str(steps), "HCCL_TRAIN_SLEEP_US": str(sleep_us),
-               "LD_LIBRARY_PATH": ld_path, **(extra or {})}
+               "HCCL_TRAIN_FAST": str(self.fast), "LD_LIBRARY_PATH": ld_path, **(extra or {})}
         rank = "exec \"$0\" train \"$SLURM_PROCID\" \"$SLURM_NTASKS\" \"$SLURM_LOCALID\" \"$1\""
         script = self.out / "ranks.sh"
         script.write_text(
@@ -50,6 +52,10 @@ class HcclJob:
             + f"{exe} {self.out}/root.info\n")
         script.chmod(0o755)
         self.id = c.sbatch(script, "--nodes=2", "--ntasks-per-node=2", "--open-mode=append")
+
+    def finish_fast(self) -> None:
+        """The test is done with the running ranks: the steps left run without their pause."""
+        self.fast.touch()
 
     def lines(self, t: int) -> list[str]:
         f = self.out / f"rank-{t}.out"
@@ -103,6 +109,7 @@ def test_hccl_ranks_checkpointed_requeued_and_restored_on_swapped_nodes_bit_iden
 
     assert poll(on_new_daemons, 120), \
         f"daemons' clients {({n: sorted(_clients(c, n)) for n in c.nodes})}, ranks were {old}:\n{c.output(job.id)[-4000:]}"
+    job.finish_fast()
     state = wait_finished(c, job.id, timeout=180)
     text = c.output(job.id)
     assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 1, text

@@ -25,7 +25,7 @@ from tests.hccl.conftest import hccl_ranks  # noqa: F401
 from .support import as_json, held_checkpoint, no_checkpoint_left, npusnap, sigkill, wait_finished, workers
 from .test_hccl import HcclJob
 
-STEPS = 2500  # at 30 ms a step the job outlives seven checkpoint attempts
+STEPS = 2500  # at 30 ms a step the job outlives seven checkpoint attempts (then runs the rest unpaused)
 ABORTED = 15
 
 ABORTS = [  # (variable, value with {node} filled in): each after every rank of a node was backed up
@@ -93,6 +93,7 @@ def test_hccl_ranks_across_nodes_come_back_from_every_abort_after_backup_bit_ide
     runs_on(job, "--leave-running")
     assert as_json(npusnap(c, "job", "verify", str(ck), "--json"))["valid"] is True
 
+    job.finish_fast()
     state = wait_finished(c, job.id, timeout=300)
     assert state["job_state"] == "COMPLETED", c.output(job.id)[-3000:]
     for t in range(4):

@@ -11,7 +11,7 @@ from tests.cluster.support import Cluster, poll
 
 from .support import RankJob, as_json, held_checkpoint, no_checkpoint_left, npusnap, reference, wait_finished
 
-STEPS = 200  # at 150 ms a step: two checkpoints mid-run fit however late a loaded machine locks the ranks
+STEPS = 40  # at 150 ms a step, held before the last step until both checkpoints are taken (a step gate)
 
 
 def test_checkpoint_kill_restore_swapped_then_same_nodes_bit_identical(live_cluster: Cluster) -> None:

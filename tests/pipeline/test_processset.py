@@ -26,15 +26,15 @@ STEPS, AT, SLEEP_MS = 80, 3, 60  # ~5 s: the members still run when a slow check
 DEVICES = (0, 1, 0)  # two members share device 0: their allocations keep their own addresses
 
 
-def _train(device: int, sleep_ms: int = SLEEP_MS, steps: int = STEPS) -> list[str]:
-    return [*train_argv(steps, sleep_ms), "--device", str(device)]
+def _train(device: int, sleep_ms: int = SLEEP_MS) -> list[str]:
+    return [*train_argv(STEPS, sleep_ms), "--device", str(device)]
 
 
-def _start(tmp_path: Path, env: dict[str, str], steps: int = STEPS) -> list[Workload]:
+def _start(tmp_path: Path, env: dict[str, str]) -> list[Workload]:
     ws: list[Workload] = []
     try:
         for i, device in enumerate(DEVICES):
-            ws.append(Workload(under_agent(_train(device, steps=steps)), tmp_path / f"train{i}.out", env=env))
+            ws.append(Workload(under_agent(_train(device)), tmp_path / f"train{i}.out", env=env))
         for w in ws:
             w.wait_for_line(f"step {AT} ", timeout=60)
     except BaseException:
@@ -98,9 +98,9 @@ def test_a_set_checkpointed_killed_and_restored_is_bit_identical(npusim_daemon, 
 
 
 def test_leave_running_runs_every_member_on_unlocked(npusim_daemon, reference, tmp_path) -> None:
-    long = 400  # ~24 s: the members are still running when the checkpoint returns, even on a loaded machine
-    refs = {device: reference(_train(device, 0, long)) for device in set(DEVICES)}
-    ws = _start(tmp_path, npusim_daemon.env, steps=long)
+    refs = {device: reference(_train(device, 0)) for device in set(DEVICES)}
+    gate = StepGate(tmp_path / "gate", STEPS - 2)  # the members still run when the checkpoint returns, however late
+    ws = _start(tmp_path, {**npusim_daemon.env, **gate.env})
     try:
         r = npusnap("checkpoint", *(w.pid for w in ws), "-D", tmp_path / "ck", "--leave-running",
                     env=npusim_daemon.env)
@@ -108,6 +108,7 @@ def test_leave_running_runs_every_member_on_unlocked(npusim_daemon, reference, t
         assert "checkpointed the set" in r.stderr
         for w in ws:
             assert pid_alive(w.pid) and status(w.pid, npusim_daemon.env)["state"] == "RUNNING"
+        gate.open()
         for w, device in zip(ws, DEVICES):
             assert w.proc.wait(timeout=180) == 0
             assert strip_ready(w.lines()) == refs[device]
