@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -533,6 +532,8 @@ def assembled(root: Path, manifest: Manifest, sub: str = CRIU_DIR, member: str =
     if not packed:
         yield root / sub
         return
+    import tempfile  # only here: every restore imports this module
+
     with Store(store_of(root)) as store:
         view = Path(tempfile.mkdtemp(prefix="restore-", dir=store.path))
         try:
