@@ -368,6 +368,11 @@ class Packer:
     chunk until close(), after the commit: prune cannot collect a chunk this checkpoint found
     in the store before its manifest says so."""
 
+    @staticmethod
+    def packs(entry: FileEntry) -> bool:
+        """Whether an image goes to the store (CRIU's page images): packable()."""
+        return packable(entry)
+
     def __init__(self, final: Path, choice: str) -> None:
         self.choice = choice
         self.runs: dict[str, list[tuple[int, int]]] = {}  # a page image's path -> its runs of pages (cuts)

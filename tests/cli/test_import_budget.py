@@ -16,9 +16,9 @@ from tests.helpers import Workload, kill_and_wait, requires_criu
 # Measured: help 115, checkpoint 169, restore 167.
 BUDGET = {"help": 118, "checkpoint": 173, "restore": 171}
 # A whole real run of a CPU-only process (`--device none --json`), the warm-up thread's imports
-# included. Measured: checkpoint 177, restore 175 (195 and 195 while the manifest was block YAML,
+# included. Measured: checkpoint 175, restore 175 (195 and 195 while the manifest was block YAML,
 # 198 while click's parse of -D imported difflib; before #18's trim: 204, 201).
-REAL_BUDGET = {"checkpoint": 179, "restore": 177}
+REAL_BUDGET = {"checkpoint": 177, "restore": 177}
 # `npusnap checkpoint --help`, `npusnap restore --help`: the command's options only, none of its
 # pipeline. Measured: 135, 128.
 HELP_BUDGET = {"checkpoint": 137, "restore": 130}
@@ -103,6 +103,8 @@ def test_checkpoint_and_restore_never_import_protobuf(tmp_path) -> None:
             assert not [m for m in imported if m in DEVICE_ONLY], args[0]
             assert "difflib" not in imported, args[0]  # click's suggestions for an option it took as long
             assert args[0] == "restore" or "npusnap_cli.image.signing" not in imported
+            # nor, by a checkpoint, the chunk store (only with --dedup/--compress)
+            assert args[0] == "restore" or "npusnap_cli.image.store" not in imported
             assert len(imported) <= REAL_BUDGET[args[0]], f"{len(imported)} modules for a real {args[0]}"
             if args[0] == "checkpoint":
                 w.proc.wait(timeout=10)  # killed by the checkpoint: its pid is free for the restore
