@@ -221,3 +221,28 @@ def sweep(res: Resources, criu: str, workdir: Path, sizes: list[int], repeat: in
 def section_name(nbytes: int) -> str:
     return f"cpu-only-{nbytes >> 20}m"
 
+
+
+def main() -> None:
+    """python -m bench.cpuonly [--mib 1] [--repeat 7]: only the fixed-cost rows (a tiny CPU-only
+    process, bare CRIU vs npusnap, alternating), without the rest of the bench."""
+    from npusnap_cli.platform.criu import find_criu
+
+    from .util import become_subreaper, rows_main
+
+    def run(mib: int, repeat: int, workdir: Path) -> dict[str, Any]:
+        become_subreaper()
+        with Resources() as res:
+            s = measure(res, find_criu().path, workdir, mib << 20, repeat, Budget(None, [("cpu-only", 1.0)]))
+        s.pop("runs")
+        ms = {k: round(v * 1000, 1) for k, v in s.items() if k.endswith("_s")}
+        rows = {op: {k.removesuffix("_s").replace(f"{op}_", ""): v for k, v in ms.items() if op in k}
+                for op in ("checkpoint", "restore")}
+        return {"state_mib": mib, "repeat": repeat, "ms": ms, "rows": rows}
+
+    rows_main(main.__doc__ or "", "npusnap-bench-tiny-", 1, run,
+              lambda r: " ".join(f"{k} {v:.0f}ms" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()

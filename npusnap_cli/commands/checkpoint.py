@@ -80,7 +80,7 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     """
     from .. import warmup
 
-    warmup.later("yaml", *term.closing_modules())  # the manifest's YAML, the closing line: while CRIU dumps
+    warmup.later(*term.closing_modules())  # the closing line: imported while CRIU dumps
     from ..backends import BackendName, DataPathChoice
     from ..core.checkpoint import CheckpointOptions
     from ..core.checkpoint import checkpoint as run_checkpoint

@@ -36,6 +36,7 @@ from ..image.format import (
     DeviceState,
     FileEntry,
     Manifest,
+    ParentRef,
     PhaseTiming,
     ProcessEntry,
     in_member,
@@ -43,7 +44,6 @@ from ..image.format import (
 from ..image.memstage import DEFAULT_DIR as LIVE_STAGING
 from ..image.memstage import MemStage
 from ..image.staging import Staging
-from ..image.store import Packer
 from ..platform.criu import DumpOptions, page_runs
 from ..platform.procfs import process_exists
 from . import communicators, processes
@@ -54,6 +54,7 @@ from .undo import UndoStack
 
 if TYPE_CHECKING:
     from ..backends.direct import DirectBackend
+    from ..image.store import Packer
 
 
 @dataclass
@@ -443,6 +444,8 @@ class CheckpointRun:
     def seal(self) -> None:
         with self.phase("seal") as t:
             if self.packs and self.packer is None:
+                from ..image.store import Packer
+
                 self.packer = Packer(self.staging.final, self.opts.compress)
                 try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
                     self.packer.add_runs(self.criu_dir, page_runs(self.criu_dir))
@@ -515,11 +518,9 @@ class CheckpointRun:
 
     # -- helpers and undos
     def _manifest(self) -> Manifest:
-        from ..image.chain import parent_ref
-
         opts = self.opts
         return Manifest(
-            parent=parent_ref(opts.published or self.staging.final, self.parent[0]) if self.parent else None,
+            parent=self._parent_ref(),
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
             host=socket.gethostname(),
@@ -538,6 +539,15 @@ class CheckpointRun:
             phases=self.phase.timings,
             files=self.files,
         )
+
+    def _parent_ref(self) -> Optional[ParentRef]:
+        """An incremental's reference to its parent (image/chain.py, and the chunk store with it,
+        imported only then)."""
+        if self.parent is None:
+            return None
+        from ..image.chain import parent_ref
+
+        return parent_ref(self.opts.published or self.staging.final, self.parent[0])
 
     def _run_on(self, images_dir: Path) -> None:
         """Resume a dumped tree that runs on: first undo CRIU's network lock, which it keeps

@@ -156,14 +156,22 @@ if words[-1:] != ["done"]:
 """
 
 
+# native/guardian: the guardian's waiting half, without an interpreter's start-up (built and
+# installed with the package; a source checkout without it runs the script alone).
+WAITER = Path(__file__).resolve().parent.parent / "_native" / "bin" / "npusnap-guardian"
+
+
 class Guardian:
     def __init__(self, staging: Optional[Path], pid: int) -> None:
         """staging: the partial checkpoint to remove if we die (None: a restore, nothing to remove)."""
         from ..platform.criu import clean_env
 
         self.staging, self.pid = staging, pid
+        argv = [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging) if staging else "-", sys.executable]
+        if os.access(WAITER, os.X_OK):  # reads until we are done; runs the script above only if we die
+            argv = [str(WAITER), *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging) if staging else "-", sys.executable],
+            argv,
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C aimed at us must not take it down too
             env=clean_env(),

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +90,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
         log_dir = restore_log_dir(root)
     except (OSError, ImageInvalid):
+        import tempfile
+
         log_dir = Path(tempfile.mkdtemp(prefix="npusnap-restore-logs-"))
         info(progress, f"cannot write logs in {root / LOG_DIR}; CRIU logs go to {log_dir}")
     services.become_subreaper()  # the restored root is adopted by us once `criu swrk` exits: we can wait for it

@@ -29,7 +29,6 @@ from .format import (
     load_manifest,
     manifest_text,
 )
-from .store import PAGE_IMAGE, packable
 
 if TYPE_CHECKING:
     from .store import Packer
@@ -76,7 +75,12 @@ class Staging:
     def follow(self, directory: Path, packing: bool = False) -> Follower:
         """Around the writing of directory (CRIU's dump): its files are hashed and their write-back
         started while they are written; seal() takes those checksums instead of reading again."""
-        follower = Follower(directory, keep_cached=PAGE_IMAGE if packing else None)
+        keep_cached: Optional[re.Pattern[str]] = None
+        if packing:  # the chunk store's module only with --dedup/--compress, not on every checkpoint's path
+            from .store import PAGE_IMAGE
+
+            keep_cached = PAGE_IMAGE
+        follower = Follower(directory, keep_cached=keep_cached)
         self.followers.append(follower)
         return follower
 
@@ -115,7 +119,7 @@ class Staging:
                 if size != os.lstat(p).st_size:
                     size, digest = checksum_file(p)
                 entry = FileEntry(str(rel), size, digest)
-                if packer is not None and packable(entry):
+                if packer is not None and packer.packs(entry):
                     entry = packer.pack(p, entry)
                 else:
                     to_sync.append(p)

@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -386,6 +385,11 @@ class Packer:
     chunk until close(), after the commit: prune cannot collect a chunk this checkpoint found
     in the store before its manifest says so."""
 
+    @staticmethod
+    def packs(entry: FileEntry) -> bool:
+        """Whether an image goes to the store (CRIU's page images): packable()."""
+        return packable(entry)
+
     def __init__(self, final: Path, choice: str) -> None:
         self.choice = choice
         self.runs: dict[str, list[tuple[int, int]]] = {}  # a page image's path -> its runs of pages (cuts)
@@ -550,6 +554,8 @@ def assembled(root: Path, manifest: Manifest, sub: str = CRIU_DIR, member: str =
     if not packed:
         yield root / sub
         return
+    import tempfile  # only here: every restore imports this module
+
     with Store(store_of(root)) as store:
         view = Path(tempfile.mkdtemp(prefix="restore-", dir=store.path))
         try:

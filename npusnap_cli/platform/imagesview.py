@@ -13,10 +13,7 @@ descriptors, never by name. A taken name of any other socket is one clear error.
 from __future__ import annotations
 
 import os
-import quopri
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -44,6 +41,8 @@ def bound_abstract_names() -> set[bytes]:
 
 
 def _name(usk: dict[str, Any]) -> bytes:
+    import quopri
+
     raw = usk.get("name", "")
     return quopri.decodestring(raw.encode() if isinstance(raw, str) else raw)
 
@@ -59,6 +58,8 @@ class ImagesView:
 
     def __exit__(self, *exc: Any) -> None:
         if self.tmp is not None:
+            import shutil
+
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def enter(self, images_dir: Path, warn: Callable[[str], None]) -> Path:
@@ -98,6 +99,8 @@ class ImagesView:
             # os.urandom is what secrets.token_hex reads, without hmac's import
             suffix = os.urandom(AGENT_SOCKET_SUFFIX_HEX // 2).hex().encode()
             fresh = _AGENT_PREFIX + agent_name.group(1) + b"-" + suffix
+            import quopri
+
             usk["name"] = quopri.encodestring(fresh).decode()
             changed = True
             warn(f"another process holds the agent's socket name @{shown}; the restored agent "
@@ -105,6 +108,8 @@ class ImagesView:
         return img if changed else None
 
     def _view(self, images_dir: Path, edited_name: str, img: Any) -> Path:
+        import tempfile
+
         from pycriu import images
 
         self.tmp = Path(tempfile.mkdtemp(prefix="npusnap-images-"))

@@ -16,9 +16,12 @@ from tests.helpers import Workload, kill_and_wait, requires_criu
 # Measured: help 115, checkpoint 169, restore 167.
 BUDGET = {"help": 118, "checkpoint": 173, "restore": 171}
 # A whole real run of a CPU-only process (`--device none --json`), the warm-up thread's imports
-# (YAML) included. Measured: checkpoint 195 (198 while click's parse of -D imported difflib),
-# restore 195 (before #18's trim: 204, 201).
-REAL_BUDGET = {"checkpoint": 197, "restore": 198}
+# included. Measured: checkpoint 175, restore 175 (195 and 195 while the manifest was block YAML,
+# 198 while click's parse of -D imported difflib; before #18's trim: 204, 201).
+REAL_BUDGET = {"checkpoint": 177, "restore": 177}
+# `npusnap checkpoint --help`, `npusnap restore --help`: the command's options only, none of its
+# pipeline. Measured: 135, 128.
+HELP_BUDGET = {"checkpoint": 137, "restore": 130}
 # Never loaded by a CPU-only checkpoint or restore: the device backends and their platform
 # adapters (ctypes bindings), the network lock (only with TCP connections); nor, by a checkpoint,
 # signing (only with --sign-key; a restore always checks for a signature).
@@ -45,6 +48,14 @@ def test_help_fits_its_budget() -> None:
     modules = _loaded("from npusnap_cli.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass")
     assert not _heavy(modules)
     assert len(modules) <= BUDGET["help"], f"{len(modules)} modules for --help"
+
+
+@pytest.mark.parametrize("command", ["checkpoint", "restore"])
+def test_a_commands_help_loads_no_pipeline(command: str) -> None:
+    modules = _loaded(f"from npusnap_cli.cli import main\ntry: main([{command!r}, '--help'])\nexcept SystemExit: pass")
+    assert not _heavy(modules)
+    assert not [m for m in modules if m.startswith(("npusnap_cli.core", "npusnap_cli.platform"))]
+    assert len(modules) <= HELP_BUDGET[command], f"{len(modules)} modules for {command} --help"
 
 
 @pytest.mark.parametrize("command", ["checkpoint", "restore"])
@@ -86,10 +97,14 @@ def test_checkpoint_and_restore_never_import_protobuf(tmp_path) -> None:
             imported = [line.rpartition("|")[2].strip() for line in r.stderr.splitlines()
                         if line.startswith("import time:") and "imported package" not in line]
             assert "npusnap_cli.platform.criurpc" in imported
-            assert not [m for m in imported if m.split(".")[0] in ("google", "pycriu", "secrets", "rich")], args[0]
+            # nor yaml: the manifest is written and read as JSON lines (image/format.py: flow_yaml)
+            assert not [m for m in imported if m.split(".")[0] in ("google", "pycriu", "secrets", "rich", "yaml")], \
+                args[0]
             assert not [m for m in imported if m in DEVICE_ONLY], args[0]
             assert "difflib" not in imported, args[0]  # click's suggestions for an option it took as long
             assert args[0] == "restore" or "npusnap_cli.image.signing" not in imported
+            # nor, by a checkpoint, the chunk store (only with --dedup/--compress)
+            assert args[0] == "restore" or "npusnap_cli.image.store" not in imported
             assert len(imported) <= REAL_BUDGET[args[0]], f"{len(imported)} modules for a real {args[0]}"
             if args[0] == "checkpoint":
                 w.proc.wait(timeout=10)  # killed by the checkpoint: its pid is free for the restore

@@ -192,7 +192,9 @@ def test_manifest_value_of_the_wrong_type(checkpoint: Checkpoint, tmp_path: Path
 def test_manifest_path_outside_is_refused(checkpoint: Checkpoint, tmp_path: Path) -> None:
     ck = relinked(checkpoint, tmp_path)
     m = ck / "manifest.yaml"
-    rewrite(m, m.read_text().replace("path: criu/files.img", "path: ../../etc/passwd"))
+    text = m.read_text()
+    assert '"path": "criu/files.img"' in text  # one JSON value a line (image/format.py: flow_yaml)
+    rewrite(m, text.replace('"path": "criu/files.img"', '"path": "../../etc/passwd"'))
     assert "outside the checkpoint" in assert_one_line_error(npusnap("inspect", ck))
 
 

@@ -140,7 +140,8 @@ def test_edited_manifest_is_refused(pristine, tmp_path):
     text = (ck / "manifest.yaml").read_text()
     m = manifest(ck)
     pid = m["pid"]
-    edited = text.replace(f"bytes: {m['device']['bytes']}", f"bytes: {int(m['device']['bytes']) + 4096}", 1)
+    size = m["device"]["bytes"]  # the device's bytes: the first "bytes" of the manifest's lines of JSON
+    edited = text.replace(f'"bytes": {size}', f'"bytes": {int(size) + 4096}', 1)
     assert edited != text
     (ck / "manifest.yaml").write_text(edited)
     assert_refused_everywhere(ck, tmp_path, pid, "edited manifest")
