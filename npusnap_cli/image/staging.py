@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from .. import testhooks
 from ..errors import ImageInvalid, StorageProblem
 from .checksums import Follower, fsync_all, fsync_path, start_writeback
 from .format import (
@@ -29,7 +30,7 @@ from .format import (
     load_manifest,
     manifest_text,
 )
-from .store import PAGE_IMAGE, packable
+from .store import PAGE_IMAGE
 
 if TYPE_CHECKING:
     from .store import Packer
@@ -115,7 +116,7 @@ class Staging:
                 if size != os.lstat(p).st_size:
                     size, digest = checksum_file(p)
                 entry = FileEntry(str(rel), size, digest)
-                if packer is not None and packable(entry):
+                if packer is not None and packer.takes(entry):
                     entry = packer.pack(p, entry)
                 else:
                     to_sync.append(p)
@@ -126,6 +127,8 @@ class Staging:
         # cache flush, which concurrent fsyncs share instead of paying one each.
         if packer is not None:
             to_sync += packer.store.to_sync()
+        # the device export charged itself as it was written; CRIU's images go to the disk now
+        testhooks.disk(sum(e.size for e in entries if not e.chunks and e.path not in {f.path for f in known}), 0)
         checked = time.monotonic()
         fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         self.parts = {"checksums": (checked - started, 0),
