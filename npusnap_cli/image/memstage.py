@@ -142,6 +142,7 @@ def send(src: Path, dst: Path, upto: int = -1, then: Callable[[int], None] = sta
                 n = os.sendfile(fout, fin, off + sent, min(left, 64 << 20))
                 if n == 0:
                     raise StorageProblem(f"{src} shrank while it was copied")
+                start_writeback(fout, off + sent, n)  # the disk writes while we copy on
                 sent += n
                 left -= n
             then(fout)
