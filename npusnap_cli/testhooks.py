@@ -12,6 +12,8 @@ unless its environment variable is set.
 * NPUSNAP_TEST_JOB_FAIL=POINT@NODE / NPUSNAP_TEST_JOB_PAUSE=POINT@NODE: a job worker on NODE
   fails (or announces the point and waits, as above) at POINT: lock (before its set starts),
   vote, committed, restore (tests/job).
+* NPUSNAP_TEST_DISK_MBPS=N: the checkpoint's disk is made N MB/s slow (bench.devicecompress's
+  slow sink; this machine has no throttled block device): see disk().
 * NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a
   process driven by the shim as a CUDA process (real ones are found by /dev/nvidia* mappings).
 
@@ -24,8 +26,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from .errors import NpusnapError
 
@@ -81,3 +84,26 @@ def shim_cuda_process(pid: int, maps: str) -> bool:
     except (CudaError, NpusnapError):
         return False
     return True
+
+
+_disk_free = 0.0  # NPUSNAP_TEST_DISK_MBPS: when the slow disk will have written all it was given
+_disk_lock = threading.Lock()  # charged from the packing thread too
+
+
+def disk(nbytes: int = 0, window: Optional[int] = None) -> None:
+    """NPUSNAP_TEST_DISK_MBPS=N: every byte written for the checkpoint is charged at N MB/s, as a
+    disk with a write-back cache takes them: nbytes are queued behind what is already queued;
+    window: then wait until at most window bytes are left (0: all written, as an fsync waits).
+    Charged: the direct export (to the disk), CRIU's images and the device files at the seal's
+    fsync, the chunk store's chunks as they are written (store.Pacer), a copied-out image."""
+    global _disk_free
+    rate = float(os.environ.get("NPUSNAP_TEST_DISK_MBPS") or 0) * 1e6
+    if rate <= 0:
+        return
+    with _disk_lock:
+        _disk_free = max(_disk_free, time.monotonic()) + nbytes / rate
+        free = _disk_free
+    if window is not None:
+        left = free - window / rate - time.monotonic()
+        if left > 0:
+            time.sleep(left)

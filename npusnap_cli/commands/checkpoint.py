@@ -53,8 +53,9 @@ if TYPE_CHECKING:
               help="Keep host pages as chunks in a store beside DIRECTORY (PARENT/.npusnap-store), each chunk "
                    "stored once: what did not change since an earlier checkpoint there costs nothing again.")
 @click.option("--compress", type=click.Choice(COMPRESS), default="none", show_default=True,
-              help="Compress host pages, and direct device images, in the chunk store (implies --dedup); "
-                   "auto compresses only while compressing keeps up with the disk.")
+              help="Compress host pages, and direct device images, in the chunk store (zstd, lz4: imply "
+                   "--dedup); auto compresses direct device images only, where it beats the disk (never slower "
+                   "than none; none on a tmpfs).")
 @dump_flags
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None, metavar="KEYFILE",
               help="Sign the manifest with this Ed25519 private key (PEM); restore/verify check it.")

@@ -57,8 +57,8 @@ def job() -> None:
               help="Keep every rank's host pages as chunks, each stored once, in DIRECTORY/nodes/.npusnap-store.")
 @click.option("--compress", type=click.Choice(COMPRESS), default="none", show_default=True,
               help="Compress every rank's host pages (with the in-process data path: its device memory too; "
-                   "with --data-path direct: its device images) in that store (implies --dedup); auto only "
-                   "while compressing keeps up with the disk.")
+                   "with --data-path direct: its device images) in that store (zstd, lz4: imply --dedup); auto "
+                   "only direct device images, where compressing beats the disk.")
 @click.option("--data-path", type=click.Choice(["in-process", "direct"]), default="in-process", show_default=True,
               help="How device memory is saved: through each rank (in-process) or by the daemon (direct, which "
                    "--parent needs; the ranks are then restored on the nodes that hold their daemons' state).")

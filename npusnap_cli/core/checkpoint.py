@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import socket
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -92,6 +93,36 @@ class CheckpointOptions:
     # a job's node staged on local storage: where its copy will live (the job's staging directory
     # on the shared storage), which its parent (--parent) is named relative to
     published: Optional[Path] = None
+
+    def __post_init__(self) -> None:
+        from ..image.codecs import effective
+
+        self.compress = effective(self.compress, self.directory)  # auto into memory (a tmpfs): none
+
+
+class Background:
+    """A function run on a thread of its own; result() waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[[], list[FileEntry]]) -> None:
+        self.value: list[FileEntry] = []
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name="pack", daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], list[FileEntry]]) -> None:
+        try:
+            self.value = fn()
+        except BaseException as e:  # raised where result() is called
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+
+    def result(self) -> list[FileEntry]:
+        self.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
@@ -197,6 +228,7 @@ class CheckpointRun:
         self.stopped_at = 0.0
         self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
         self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
+        self.packing: Optional[Background] = None  # --compress: its way to the store, while CRIU dumps
         self.views = contextlib.ExitStack()  # a packed parent chain's device images, reassembled
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
@@ -361,6 +393,24 @@ class CheckpointRun:
             self.back_up_device()
             t.bytes = self.device.bytes
             t.add_parts(getattr(self.backend, "parts", {}))
+        self.start_packing()
+
+    def start_packing(self) -> None:
+        """--compress on the direct path: the device images go from memory to the store (or to
+        DIR/device) while CRIU dumps, as a plain export's write-back overlaps the dump; the seal
+        waits for it. A failure before stops it first (a set's members pack at the set's seal)."""
+        if self.mem is None or not self.packs or self.sub:
+            return
+        from ..image.store import Packer
+
+        packer = self.packer = Packer(self.staging.final, self.opts.compress, self.opts.dedup)
+        packing = self.packing = Background(self.pack_device)
+
+        def stop() -> None:
+            packer.stop()
+            packing.wait()
+
+        self.undos.push(self._what("device packing"), stop)
 
     def back_up_device(self, again: bool = False) -> None:
         """The backup phase's work. again: a set's rollback backs up a member left locked between
@@ -371,6 +421,8 @@ class CheckpointRun:
         if self.sub:
             self.device_dir.mkdir(0o700, exist_ok=True)
         self.device_files = self.backend.backup(self.device_dir)
+        if self.mem is None and self.direct:
+            testhooks.disk(sum(f.size for f in self.device_files))  # its write-back starts now
         if self.sub:  # the backend names its files as in a single checkpoint
             self.device_files = [in_member(f, self.pid) for f in self.device_files]
         self.device = self.backend.describe()
@@ -446,12 +498,13 @@ class CheckpointRun:
             if self.packs and self.packer is None:
                 from ..image.store import Packer
 
-                self.packer = Packer(self.staging.final, self.opts.compress)
+                self.packer = Packer(self.staging.final, self.opts.compress, self.opts.dedup)
+            if self.packer is not None:
                 try:  # chunks cut along the memory's runs of pages; without them, at fixed offsets
                     self.packer.add_runs(self.criu_dir, page_runs(self.criu_dir))
                 except (OSError, ValueError):
                     pass
-            device = self.pack_device()
+            device = self.packing.result() if self.packing is not None else self.pack_device()
             self.files = [f for f in device if f.chunks] + self.staging.seal(
                 known=[f for f in device if not f.chunks] if self.mem is not None else self.device_files,
                 packer=self.packer)
@@ -460,19 +513,16 @@ class CheckpointRun:
 
     def pack_device(self) -> list[FileEntry]:
         """--compress: the device images staged in memory go into the chunk store (their entries,
-        packed), or, once auto found that compressing does not pay here, into DIR/device as they
-        are (a plain file costs less than raw chunks). They stay in memory for --leave-running's
-        import after the commit."""
+        packed), or, where auto found that compressing does not pay here, into DIR/device as they
+        are. They stay in memory for --leave-running's import after the commit."""
         if self.mem is None or self.packer is None:
             return []
         out = []
         for f in self.device_files:
             src = self.mem / Path(*Path(f.path).parts[1:])
-            packed = self.packer.try_pack(src, f) if self.packer.compressing() else None
+            packed = self.packer.device_image(src, self.staging.path / f.path, f)
             if packed is None:
-                memstage.copy_out(src, self.staging.path / f.path)
                 self.packer.device_stats.plain_bytes += f.size
-                self.packer.device_stats.codec = "raw"
             out.append(packed or f)
         return out
 

@@ -348,7 +348,7 @@ class SetCheckpoint:
         first = self.members[0]
         if not first.packs:
             return None
-        packer = Packer(self.staging.final, self.opts.compress)
+        packer = Packer(self.staging.final, self.opts.compress, self.opts.dedup)
         for m in self.members:
             m.packer = packer
             try:  # each member's page images cut along its memory's runs of pages

@@ -168,8 +168,10 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
             return manifest, None
         # Direct device images are checksummed again as the daemon reads them in: sizes suffice here.
         direct = manifest.device.method == DataPath.DIRECT
-        # --lazy: the page server hands pages over as they are touched, so all are checked first.
-        wait_stopped = not opts.lazy and _can_wait_stopped(root, manifest)
+        # --lazy too: the page server may pour pages in before they are checked, but the tree stays
+        # stopped until all are (the first step waits for the slower of the check and the restore,
+        # not for both); a tree that cannot wait stopped has them all checked here first.
+        wait_stopped = _can_wait_stopped(root, manifest)
         pages = [e for e in page_entries(manifest) if not e.chunks] if wait_stopped else []
         # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
         later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}

@@ -26,16 +26,26 @@ from typing import Any, Callable, Iterable, Optional
 from ..errors import ImageInvalid
 from .format import FileEntry, hash_fd, new_hasher, safe_member
 
-SYNC_FILE_RANGE_WRITE = 2
+SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
 _libc: Optional[Any] = None
+
+
+def _sync_file_range(fd: int, offset: int, length: int, flags: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), flags)
 
 
 def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
     """sync_file_range(SYNC_FILE_RANGE_WRITE): begin writing dirty pages (length 0: to EOF), without waiting."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), SYNC_FILE_RANGE_WRITE)
+    _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)
+
+
+def wait_writeback(fd: int) -> None:
+    """Wait until the file's dirty pages are on the disk (its data only: fsync still owes the
+    metadata and the disk's cache flush)."""
+    _sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
 
 
 @dataclass

@@ -10,7 +10,7 @@ falls back to an ordinary --leave-running checkpoint when it would not fit.
 --compress stages a direct export here too (create(), copy_out(), remove()): written to the
 checkpoint's disk first and packed from there, every byte would reach the disk twice and a
 compressed checkpoint could never be faster than a plain one. The chunk store takes its chunks from
-the memory copy (compressed or raw, as the Chooser decides, timed against the disk), and
+the memory copy (compressed or raw, as auto's race against the disk decides: codecs.py), and
 --leave-running imports the device memory back from it. Without room for it, the export goes to
 the disk as without --compress. The directory is removed when the checkpoint is done, except after
 a failed put-back, when it holds the workload's only copy of its device memory (the pipeline says
@@ -27,10 +27,10 @@ from typing import Callable, Optional
 
 from ..errors import StorageProblem
 from .checksums import fsync_all, start_writeback
+from .codecs import TMPFS_MAGIC, fs_type
 from .format import CRIU_DIR, DEVICE_DIR
 
 DEFAULT_DIR = Path("/dev/shm")
-TMPFS_MAGIC = 0x01021994
 MARGIN = 64 << 20  # left free beyond the estimate: CRIU's own images beside the pages, the page cache
 SLACK = 1.1        # the estimate is of memory, the images carry headers and page maps too
 
@@ -63,7 +63,7 @@ def why_not(directory: Path, need: int) -> Optional[str]:
     try:
         if not stat.S_ISDIR(os.lstat(directory).st_mode):
             return f"{directory} is not a directory"
-        if _fs_type(directory) != TMPFS_MAGIC:
+        if fs_type(directory) != TMPFS_MAGIC:
             return f"{directory} is not a tmpfs"
         free = free_bytes(directory)
     except OSError as e:
@@ -72,20 +72,6 @@ def why_not(directory: Path, need: int) -> Optional[str]:
     if wanted > free:
         return f"staging needs about {wanted >> 20} MiB in {directory}, {free >> 20} MiB free"
     return None
-
-
-def _fs_type(directory: Path) -> int:
-    import ctypes
-
-    class StatFs(ctypes.Structure):
-        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
-
-    buf = StatFs()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.statfs(os.fsencode(directory), ctypes.byref(buf)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(directory))
-    return int(buf.f_type) & 0xFFFFFFFF
 
 
 class MemStage:
@@ -136,34 +122,39 @@ def create(need: int, base: Path = DEFAULT_DIR) -> Optional[Path]:
         return None
 
 
-def copy_out(src: Path, dst: Path) -> None:
-    """An image that is not compressed after all (auto): written to the checkpoint as it is, fsync'd
-    (the seal takes it as checksummed: the export hashed it while streaming)."""
-    dst.parent.mkdir(0o700, exist_ok=True)
-    _copy(src, dst)
-    fsync_all([dst])
-
-
 def remove(path: Optional[Path]) -> None:
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _copy(src: Path, dst: Path) -> int:
-    """One file, in the kernel (sendfile: copy_file_range refuses to cross file systems), its
-    write-back started at once."""
+    return send(src, dst)
+
+
+def send(src: Path, dst: Path, upto: int = -1, then: Callable[[int], None] = start_writeback,
+         new: bool = True, check: Callable[[], None] = lambda: None) -> int:
+    """src's bytes from dst's end on (new: dst is created, and must not exist), upto that many
+    (-1: all the rest), copied in the kernel (sendfile: copy_file_range refuses to cross file
+    systems); then(dst's descriptor) after (default: its write-back started), check() between
+    pieces. Returns how many bytes."""
     fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if new else 0) | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
         try:
-            size = os.fstat(fin).st_size
-            left = size
+            off = os.lseek(fout, 0, os.SEEK_END)
+            left = os.fstat(fin).st_size - off
+            left = left if upto < 0 else min(upto, left)
+            sent = 0
             while left > 0:
-                n = os.sendfile(fout, fin, None, min(left, 1 << 30))
+                check()
+                n = os.sendfile(fout, fin, off + sent, min(left, 64 << 20))
                 if n == 0:
                     raise StorageProblem(f"{src} shrank while it was copied")
+                start_writeback(fout, off + sent, n)  # the disk writes while we copy on
+                sent += n
                 left -= n
-            start_writeback(fout)
+            then(fout)
         finally:
             os.close(fout)
     except OSError as e:
@@ -171,4 +162,4 @@ def _copy(src: Path, dst: Path) -> int:
                              "free space in the checkpoint's file system or choose another directory") from e
     finally:
         os.close(fin)
-    return size
+    return sent

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from .. import testhooks
 from ..errors import ImageInvalid, StorageProblem
 from .checksums import Follower, fsync_all, fsync_path, start_writeback
 from .format import (
@@ -119,7 +120,7 @@ class Staging:
                 if size != os.lstat(p).st_size:
                     size, digest = checksum_file(p)
                 entry = FileEntry(str(rel), size, digest)
-                if packer is not None and packer.packs(entry):
+                if packer is not None and packer.takes(entry):
                     entry = packer.pack(p, entry)
                 else:
                     to_sync.append(p)
@@ -130,6 +131,8 @@ class Staging:
         # cache flush, which concurrent fsyncs share instead of paying one each.
         if packer is not None:
             to_sync += packer.store.to_sync()
+        # the device export charged itself as it was written; CRIU's images go to the disk now
+        testhooks.disk(sum(e.size for e in entries if not e.chunks and e.path not in {f.path for f in known}), 0)
         checked = time.monotonic()
         fsync_all([*to_sync, *(self.path / sub for sub in CHECKSUMMED_DIRS)])
         self.parts = {"checksums": (checked - started, 0),

@@ -25,14 +25,18 @@ import re
 import shutil
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Iterator, Optional, Sequence
+from typing import Any, Collection, Iterable, Iterator, Optional, Sequence
 
+from .. import testhooks
 from ..errors import ImageInvalid, StorageProblem
 from . import format as fmt
-from .checksums import fsync_all
+from .checksums import start_writeback, wait_writeback
+from .codecs import AUTO_CODEC, Race, decompress
 from .format import CRIU_DIR, DEVICE_IMAGE, MANIFEST, PAGES, FileEntry, Manifest, load_manifest, new_hasher
+from .memstage import send
 
 STORE_NAME = ".npusnap-store"
 CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites little
@@ -76,95 +80,50 @@ def store_of(root: Path) -> Path:
     return root.absolute().parent / STORE_NAME
 
 
-# ---------------------------------------------------------------- codecs
+# ---------------------------------------------------------------- the writer's pace
 
-def _compress(codec: str, data: bytes) -> bytes:
-    if codec == "zstd":
-        import zstandard
-
-        return bytes(zstandard.ZstdCompressor(level=1).compress(data))
-    if codec == "lz4":
-        import lz4.frame
-
-        return bytes(lz4.frame.compress(data))
-    return data
+PACE = 8 << 20  # bytes whose write-back may be under way before the writer waits for the oldest's
 
 
-def _decompress(codec: str, data: bytes, size: int) -> bytes:
-    if codec == "zstd":
-        import zstandard
+class Pacer:
+    """Keeps the writer at the disk's speed: each chunk's write-back starts once it is written,
+    and once more than PACE bytes are under way the writer waits for the oldest chunk's to end.
+    Without it the chunks would go to the page cache at memory speed and the disk's speed would
+    show only in the seal's fsync, too late for auto to race against it (codecs.py)."""
 
-        return bytes(zstandard.ZstdDecompressor().decompress(data, max_output_size=size))
-    if codec == "lz4":
-        import lz4.frame
+    def __init__(self) -> None:
+        self.fds: deque[tuple[int, int]] = deque()
+        self.bytes = 0
 
-        return bytes(lz4.frame.decompress(data))
-    return data
+    def wrote(self, fd: int, size: int) -> None:
+        self.fds.append((fd, size))
+        self.bytes += size
+        start_writeback(fd)
+        testhooks.disk(size, PACE)
+        while self.bytes > PACE:
+            fd, n = self.fds.popleft()
+            try:
+                wait_writeback(fd)
+            finally:
+                os.close(fd)
+            self.bytes -= n
 
+    def wait(self) -> None:
+        """Wait until everything written so far is on the disk."""
+        testhooks.disk(0, 0)
+        while self.fds:
+            fd, _ = self.fds.popleft()
+            try:
+                wait_writeback(fd)
+            finally:
+                os.close(fd)
+        self.bytes = 0
 
-class Chooser:
-    """--compress auto: compress only while it does not make writing slower. The first chunks
-    are written raw and timed to the disk (fsync'd together, as the seal does), and a sample of
-    them compressed by each codec on the side; a codec is taken only if compressing plus writing
-    what it leaves beats writing raw (we write one chunk after the other, so the costs add). Its
-    compress rate is watched on: should it fall, the rest is written raw."""
-
-    PROBE = 64 * CHUNK_SIZE  # 4 MiB: long enough to see through a busy machine, short against a checkpoint
-
-    def __init__(self, choice: str) -> None:
-        self.fixed = None if choice == "auto" else _STORED[choice]
-        self.codec = "raw"
-        self.seen = 0
-        self.write_s = self.written = self.sampled = 0.0
-        self.trial: dict[str, list[float]] = {"zstd": [0.0, 0.0], "lz4": [0.0, 0.0]}  # seconds, stored bytes
-        self.spent = self.fed = 0.0
-        self.ratio = 1.0
-
-    def probing(self) -> bool:
-        return self.fixed is None and self.written < self.PROBE
-
-    def pick(self) -> str:
-        return self.fixed if self.fixed is not None else self.codec
-
-    def probe(self, data: bytes, write: Callable[[], None], sync: Callable[[], None]) -> None:
-        if self.seen % 4 == 0:  # a sample of the probe's chunks: the trial itself must cost little
-            for codec, acc in self.trial.items():
-                t = time.perf_counter()
-                acc[1] += len(_compress(codec, data))
-                acc[0] += time.perf_counter() - t
-            self.sampled += len(data)
-        t = time.perf_counter()
-        write()
-        self.write_s += time.perf_counter() - t
-        self.written += len(data)
-        self.seen += 1
-        if self.written >= self.PROBE:
-            t = time.perf_counter()
-            sync()  # as the seal does: the probe's chunks fsync'd together
-            self.write_s += time.perf_counter() - t
-            per_byte_w = self.write_s / max(self.written, 1)
-            best, cost = "raw", per_byte_w
-            for codec, (secs, stored) in self.trial.items():
-                ratio = stored / max(self.sampled, 1)
-                c = secs / max(self.sampled, 1) + ratio * per_byte_w
-                if c < cost * 0.8:  # a margin: never slower
-                    best, cost, self.ratio = codec, c, ratio
-            self.codec = best
-            self.per_byte_w = per_byte_w
-
-    def timed(self, data: bytes) -> bytes:
-        """Compress with the chosen codec; under auto, give up on it when it no longer pays."""
-        codec = self.pick()
-        if codec == "raw":
-            return data
-        t = time.perf_counter()
-        out = _compress(codec, data)
-        if self.fixed is None:
-            self.spent += time.perf_counter() - t
-            self.fed += len(data)
-            if self.fed >= 64 * CHUNK_SIZE and self.spent / self.fed > (1 - self.ratio) * self.per_byte_w:
-                self.codec = "raw"
-        return out
+    def close(self) -> None:
+        """The descriptors closed; what is still being written is the seal's fsync's to wait for."""
+        while self.fds:
+            os.close(self.fds.popleft()[0])
+        self.bytes = 0
 
 
 # ---------------------------------------------------------------- the store directory
@@ -279,17 +238,24 @@ class Store:
                 return Chunk(digest, codec, -1, st.st_size)
         return None
 
-    def put(self, digest: str, codec: str, data: bytes) -> None:
-        """Store one chunk under its name, atomically (a temporary file renamed into place)."""
+    def put(self, digest: str, codec: str, data: bytes) -> int:
+        """Store one chunk under its name, atomically (a temporary file renamed into place).
+        Returns its descriptor, still open, for the caller to close (Pacer)."""
         fan = self._fan(digest, create=True)
         tmp = f".tmp-{os.getpid()}-{os.urandom(4).hex()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=fan)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.rename(tmp, f"{digest}.{codec}", src_dir_fd=fan, dst_dir_fd=fan)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.rename(tmp, f"{digest}.{codec}", src_dir_fd=fan, dst_dir_fd=fan)
+        except BaseException:
+            os.close(fd)
+            raise
         self.written.append((digest[:2], f"{digest}.{codec}"))
         if self.names_known is not None:
             self.names_known.add(f"{digest}.{codec}")
+        return fd
 
     def read(self, chunk: Chunk, where: str) -> bytes:
         """A chunk's raw bytes, checked against its digest."""
@@ -323,7 +289,7 @@ class Store:
 
     def _checked(self, chunk: Chunk, stored: bytes, where: str) -> bytes:
         try:
-            data = _decompress(chunk.codec, stored, chunk.size) if len(stored) == chunk.stored else b""
+            data = decompress(chunk.codec, stored, chunk.size) if len(stored) == chunk.stored else b""
         except Exception:
             data = b""
         h = new_hasher()
@@ -369,77 +335,138 @@ class PackStats:
     referenced_bytes: int = 0  # raw bytes of chunks that were there already
     codec: str = "raw"
     plain_bytes: int = 0       # device images auto left as files in DIR (compressing did not pay)
+    compressed_bytes: int = 0  # raw bytes of the new chunks stored compressed (auto: those its codec had ready)
 
     def recorded(self, choice: str) -> dict[str, Any]:
         return {"store": STORE_NAME, "compress": choice, "codec": self.codec, "raw_bytes": self.raw_bytes,
                 "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes,
+                "compressed_bytes": self.compressed_bytes,
                 **({"plain_bytes": self.plain_bytes} if self.plain_bytes else {})}
 
 
-class _NotCompressing(Exception):
-    pass
+AHEAD = 32 << 20  # bytes read ahead of the writer, for the codec's threads to work on
+PROBE = 16 << 20  # auto: the bytes of the first device image written plain, timed, before it judges
 
 
 class Packer:
     """Moves a checkpoint's page images (and device images) into the store. Its lock (shared) is held from the first
     chunk until close(), after the commit: prune cannot collect a chunk this checkpoint found
-    in the store before its manifest says so."""
+    in the store before its manifest says so. Chunks are compressed (--compress) on the race's
+    threads while the writer stores them (codecs.py: auto takes only what is ready in time).
 
-    @staticmethod
-    def packs(entry: FileEntry) -> bool:
-        """Whether an image goes to the store (CRIU's page images): packable()."""
-        return packable(entry)
+    auto compresses device images only (CRIU has written the page images to the disk already:
+    packing them again could only add writes; with --dedup they go to the store uncompressed),
+    and only where it pays: device_image() writes the first PROBE bytes of the first image as the
+    plain file it would otherwise be, timed to the disk, while the threads compress the same
+    bytes; Race.pays() then judges, once for the checkpoint."""
 
-    def __init__(self, final: Path, choice: str) -> None:
+    def __init__(self, final: Path, choice: str, dedup: bool = False) -> None:
         self.choice = choice
+        self.dedup = dedup
         self.runs: dict[str, list[tuple[int, int]]] = {}  # a page image's path -> its runs of pages (cuts)
         self.store = Store(store_of(final), create=True)
         self.store.index()
-        self.chooser = Chooser(choice)
+        self.race = Race(choice) if choice != "none" else None
+        self.judged = choice != "auto"
+        self.stopped = False  # stop(): the checkpoint is being undone
         self.stats = PackStats()         # host pages
         self.device_stats = PackStats()  # device images
 
     def close(self) -> None:
+        if self.race is not None:
+            self.race.close()
         self.store.close()
 
-    def compressing(self) -> bool:
-        """Whether images still go into the store compressed: a codec chosen, or auto still
-        probing (it writes raw then, timed), or chose one."""
-        return self.chooser.pick() != "raw" or self.chooser.probing()
+    def stop(self) -> None:
+        """From another thread: a pack under way ends at its next chunk (StorageProblem)."""
+        self.stopped = True
+
+    def _check(self) -> None:
+        if self.stopped:
+            raise StorageProblem("the checkpoint was stopped while its images went into the chunk store")
+
+    def takes(self, entry: FileEntry) -> bool:
+        """Whether a page image goes into the store: --dedup, or a codec named."""
+        return packable(entry) and (self.dedup or self.choice in ("zstd", "lz4"))
 
     def add_runs(self, criu_dir: Path, runs: dict[str, list[tuple[int, int]]]) -> None:
         """The runs of pages of criu_dir's page images (platform/criu.page_runs), by image name."""
         self.runs.update({str(criu_dir / name): r for name, r in runs.items()})
 
-    def try_pack(self, path: Path, entry: FileEntry) -> Optional[FileEntry]:
-        """A device image staged in memory: packed (and kept there), or None as soon as auto finds
-        that compressing does not pay (the caller then writes the file as it is: cheaper than raw
-        chunks; what the probe stored stays for prune to collect)."""
-        try:
-            return self.pack(path, entry, keep=True, give_up=True)
-        except _NotCompressing:
-            return None
+    def device_image(self, src: Path, dst: Path, entry: FileEntry) -> Optional[FileEntry]:
+        """A device image staged in memory (src): packed into the store and kept in memory (its
+        entry, chunked), or, where auto finds that compressing does not pay here, written to dst
+        as it is and fsync'd (None)."""
+        probed = False
+        if self.race is not None:
+            if self.judged:
+                return self.pack(src, entry, keep=True)
+            self.judged = probed = True
+            if self._probe(src, dst):
+                return self.pack(src, entry, keep=True)
+        # plain: after the probe's bytes, if it wrote them (they are the file's start)
+        testhooks.disk(send(src, dst, then=os.fsync, new=not probed, check=self._check), 0)
+        return None
 
-    def pack(self, path: Path, entry: FileEntry, keep: bool = False, give_up: bool = False) -> FileEntry:
+    def _probe(self, src: Path, dst: Path) -> bool:
+        """auto's probe: src's first PROBE bytes written to dst plain (waited for: the disk's
+        rate) while the threads compress them (the codec's rate and ratio). True: compressing
+        pays (dst removed); False: auto compresses no more (the caller writes dst on from there)."""
+        assert self.race is not None
+        with open(src, "rb", buffering=0) as f:
+            for _ in range(0, PROBE, DEVICE_CHUNK):
+                data = f.read(DEVICE_CHUNK)
+                if not data:
+                    break
+                self.race.submit(data)
+        t = time.perf_counter()
+        n = send(src, dst, PROBE, then=wait_writeback)
+        testhooks.disk(n, 0)
+        rate = n / max(time.perf_counter() - t, 1e-9)
+        self.race.settle()
+        if n and self.race.pays(rate):
+            os.unlink(dst)
+            return True
+        self.race.close()
+        self.race = None
+        return False
+
+    def pack(self, path: Path, entry: FileEntry, keep: bool = False) -> FileEntry:
         """Store the file's chunks (checking the whole checksum on the way), then remove it
-        (keep: the caller still needs it, as a device image imported back for --leave-running)."""
+        (keep: the caller still needs it, as a device image imported back for --leave-running).
+        The chunks are read AHEAD of the writer, each new one handed to the race's threads."""
         chunks = []
         whole = new_hasher()
         device = bool(DEVICE_IMAGE.fullmatch(entry.path))
         stats = self.device_stats if device else self.stats
-        lengths = device_cuts(entry.size) if device else cuts(self.runs.get(str(path), []), entry.size)
+        lengths = iter(device_cuts(entry.size) if device else cuts(self.runs.get(str(path), []), entry.size))
+        ahead: deque[tuple[str, bytes, Any]] = deque()
+        pacer = Pacer()
+        read = 0
         fd = os.open(path, os.O_RDONLY | _OPEN)
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-                for length in lengths:
-                    data = f.read(length)
-                    whole.update(data)
-                    chunks.append(self._one(data, stats))
-                    if len(data) < length:
+                more = True
+                while more or ahead:
+                    while more and read < AHEAD:
+                        length = next(lengths, 0)
+                        data = f.read(length) if length else b""
+                        more = len(data) == length > 0
+                        if not data:
+                            break
+                        whole.update(data)
+                        digest = _digest(data)
+                        new = self.race is not None and self.store.find(digest) is None
+                        ahead.append((digest, data, self.race.submit(data) if new and self.race else None))
+                        read += len(data)
+                    if not ahead:
                         break
-                    if give_up and not self.compressing():
-                        raise _NotCompressing()
+                    self._check()
+                    digest, data, job = ahead.popleft()
+                    read -= len(data)
+                    chunks.append(self._one(digest, data, job, stats, pacer))
         finally:
+            pacer.close()
             os.close(fd)
         size = sum(c.size for c in chunks)
         if size != entry.size or whole.hexdigest() != entry.checksum:
@@ -447,30 +474,32 @@ class Packer:
         if not keep:
             os.unlink(path)
         stats.raw_bytes += size
-        stats.codec = self.chooser.pick() if not self.chooser.probing() else "raw"
+        if stats.compressed_bytes:
+            stats.codec = AUTO_CODEC if self.choice == "auto" else self.choice
         return FileEntry(entry.path, entry.size, entry.checksum, [c.text() for c in chunks])
 
-    def _one(self, data: bytes, stats: PackStats) -> Chunk:
-        h = new_hasher()
-        h.update(data)
-        digest = h.hexdigest()
-        found = self.store.find(digest)
+    def _one(self, digest: str, data: bytes, job: Any, stats: PackStats, pacer: Pacer) -> Chunk:
+        """The writer's turn for one chunk: referenced if the store has it, else stored,
+        compressed if the race has it so."""
+        found = self.store.find(digest)  # also a chunk this image stored a moment ago
+        race = self.race
         if found is not None:
+            if job is not None and race is not None:
+                race.drop(job)  # an earlier chunk of this image had the same bytes
             stats.referenced_bytes += len(data)
             return Chunk(digest, found.codec, len(data), found.stored)
-        if self.chooser.probing():
-            self.chooser.probe(data, lambda: self.store.put(digest, "raw", data),
-                               lambda: fsync_all(self.store.to_sync()[:-2]))
-            stored, codec = data, "raw"
-        else:
-            codec = self.chooser.pick()
-            stored = self.chooser.timed(data)
-            codec = codec if stored is not data else "raw"
-            if len(stored) >= len(data):
-                stored, codec = data, "raw"  # incompressible: stored as it is
-            self.store.put(digest, codec, stored)
+        out = race.taken(job) if job is not None and race is not None else None
+        codec, stored = ("raw", data) if out is None or race is None else (race.codec, out)
+        pacer.wrote(self.store.put(digest, codec, stored), len(stored))
         stats.new_bytes += len(stored)
+        stats.compressed_bytes += len(data) if out is not None else 0
         return Chunk(digest, codec, len(data), len(stored))
+
+
+def _digest(data: bytes) -> str:
+    h = new_hasher()
+    h.update(data)
+    return str(h.hexdigest())
 
 
 def device_cuts(size: int) -> list[int]:

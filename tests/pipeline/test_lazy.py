@@ -205,3 +205,32 @@ def _daemon_lazy_state(env: dict[str, str], pid: int) -> str:
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
+
+
+def test_a_killed_page_server_fails_the_restore_clearly(lazy) -> None:  # type: ignore[no-untyped-def]
+    """The page server killed as soon as it is seen: the restore fails in one clear line (before
+    its commit: CRIU's restore could not reach it; after: the workload is killed, since it would
+    read zeros where its pages never came), or, if every page was in by then, the workload ends
+    as ever. Either way the checkpoint stays valid."""
+    cli = lazy.popen()
+    killed = []
+    try:
+        deadline = time.monotonic() + 30
+        while not killed and cli.poll() is None and time.monotonic() < deadline:
+            for server in _lazy_servers(lazy.ck):
+                os.kill(server, signal.SIGKILL)
+                killed.append(server)
+        lazy.open_gates()  # a workload whose memory was all in runs to its end
+        code = cli.wait(timeout=120)
+        assert cli.stderr is not None
+        err = cli.stderr.read()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert killed, "the page server was never seen"
+    assert "Traceback" not in err, err
+    if code != 0:
+        assert err.count("npusnap: error:") == 1, err
+        assert "lazy-pages" in err or "page server" in err or "CRIU" in err, err
+    assert npusnap("verify", lazy.ck, env=lazy.env).returncode == 0
