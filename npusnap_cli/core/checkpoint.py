@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, cast
 
 from .. import __version__, testhooks
 from ..backends import Backend, BackendName, DataPath, DataPathChoice, State
@@ -288,11 +288,10 @@ class CheckpointRun:
     @property
     def snapshot(self) -> Optional["DirectBackend"]:
         """--live on the direct path: the backend, whose device backup is the daemon's copy-on-write
-        snapshot (written out by the write-behind)."""
-        from ..backends.direct import DirectBackend
-
+        snapshot (written out by the write-behind). Only a DirectBackend has a snapshot_cap (no
+        import of the device backends on a CPU-only checkpoint's path)."""
         b = self.backend
-        return b if isinstance(b, DirectBackend) and b.snapshot_cap is not None else None
+        return cast("DirectBackend", b) if getattr(b, "snapshot_cap", None) is not None else None
 
     def stage_device_in_memory(self) -> None:
         """--compress on the direct path: the export goes to memory, and to the store from there

@@ -36,7 +36,6 @@ from . import format as fmt
 from .checksums import start_writeback, wait_writeback
 from .codecs import AUTO_CODEC, Race, decompress
 from .format import CRIU_DIR, DEVICE_IMAGE, MANIFEST, PAGES, FileEntry, Manifest, load_manifest, new_hasher
-from .memstage import send
 
 STORE_NAME = ".npusnap-store"
 CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites little
@@ -404,6 +403,8 @@ class Packer:
             self.judged = probed = True
             if self._probe(src, dst):
                 return self.pack(src, entry, keep=True)
+        from .memstage import send  # only here: every restore imports this module
+
         # plain: after the probe's bytes, if it wrote them (they are the file's start)
         testhooks.disk(send(src, dst, then=os.fsync, new=not probed, check=self._check), 0)
         return None
@@ -419,6 +420,8 @@ class Packer:
                 if not data:
                     break
                 self.race.submit(data)
+        from .memstage import send
+
         t = time.perf_counter()
         n = send(src, dst, PROBE, then=wait_writeback)
         testhooks.disk(n, 0)
