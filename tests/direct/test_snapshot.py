@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import npusim
 import pytest
@@ -47,12 +48,17 @@ def test_the_images_hold_the_memory_as_it_was_at_the_snapshot(npusim_daemon, cli
     assert _snapshots(npusim_daemon) == 0  # it ends with its write-out
     assert c.call("contents") == after  # the client's memory is its own
 
-    c.call("lock")  # the images bring back the memory of the snapshot
+    _restore_from(npusim_daemon, c, tmp_path / "ck", out)  # the images bring back the snapshot's memory
+    assert c.call("contents") == before
+
+
+def _restore_from(daemon, c, images: Path, out: dict) -> None:
+    """The client's device memory brought back from the written images (Lock, Backup, Restore, import, Unlock)."""
+    c.call("lock")
     c.call("backup_external")
     c.call("restore")
-    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "ck", _expected(out))
+    npusim.import_client(daemon.socket, c.pid, images, _expected(out))
     c.call("unlock")
-    assert c.call("contents") == before
 
 
 def test_beyond_its_bound_with_no_write_out_the_snapshot_ends(npusim_daemon, client, tmp_path):
@@ -94,11 +100,7 @@ def test_at_its_bound_a_write_waits_for_the_write_out_running_meanwhile(npusim_d
     if "error" in result:
         assert "reached the bound of 1 MiB before the write-out began" in result["error"], result
         return
-    c.call("lock")
-    c.call("backup_external")
-    c.call("restore")
-    npusim.import_client(npusim_daemon.socket, c.pid, tmp_path / "ck", _expected(result["out"]))
-    c.call("unlock")
+    _restore_from(npusim_daemon, c, tmp_path / "ck", result["out"])
     assert c.call("contents") == before
 
 
