@@ -1,6 +1,7 @@
 """native/guardian: the guardian's waiting half. Told "done", it exits without ever starting the
 Python guardian; when the pipe closes otherwise (the CLI died), the Python guardian runs with
-every word it was told as its stdin."""
+every word it was told as its stdin. Not in tests/unit: it needs the native parts, which the
+unprivileged unit suite (tests/test_unit_unprivileged.py) runs without."""
 
 from __future__ import annotations
 
