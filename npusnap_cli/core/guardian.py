@@ -141,9 +141,9 @@ if words[-1:] != ["done"]:
     for w in words:
         if w.startswith("snapshot:") and w.count(":") == 2 and w.split(":")[1].isdigit():
             try:
-                subprocess.run([python, "-c", "import sys, npusim; npusim.export_client(sys.argv[1], "
-                                "int(sys.argv[2]), None, None, True, False, True)",
-                                bytes.fromhex(w.split(":")[2]).decode(), w.split(":")[1]],
+                subprocess.run([python, "-c", "import sys; from npusnap_cli.platform.simimages import drop_snapshot; "
+                                "drop_snapshot(int(sys.argv[1]), sys.argv[2])",
+                                w.split(":")[1], bytes.fromhex(w.split(":")[2]).decode()],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                timeout=60)
             except (OSError, subprocess.SubprocessError):

@@ -174,7 +174,7 @@ def drop_snapshot(pid: int, socket: Optional[str] = None) -> None:
     import npusim
 
     try:
-        npusim.export_client(daemon_socket(pid, socket), pid, None, None, True, False, True)
+        npusim.export_client(daemon_socket(pid, socket), pid, None, from_snapshot=True)
     except (OSError, npusim.AclError) as e:
         raise _error(e, f"dropping the device snapshot of process {pid}") from e
 
