@@ -15,15 +15,23 @@ since this machine has no throttled block device; the export's bytes from when i
 CRIU's at the seal, the store's chunks as they are written, fsync waiting for all):
   plain                 --data-path direct (the reference, on each sink)
   zstd | lz4 | auto     the same with --compress X
+  auto-2nd              a second --compress auto checkpoint into the same parent directory: the
+                        first's verdict (kept in the store) followed, no probe. The first is
+                        untimed, taken before the sink's plain one (so that the second follows
+                        another way's checkpoint as every way does), then removed with its
+                        chunks (the verdict kept: the second stores the state afresh)
 The codecs' single-thread rates and ratios on a sample of the same state are reported beside.
 Bytes are the device images' bytes on disk (what the store took for them, and what stayed a
 plain file in DIR/device: plain, and auto once it found compressing does not pay); time is the
-CLI's wall time, and the checkpoint's phases (lock..seal), median of --repeat. Host pages are
+CLI's wall time, and the checkpoint's phases (lock..seal), median of --repeat; each checkpoint
+starts after a sync (the one before it written back: on a fast disk its write-back would
+otherwise land in the next one's fsyncs, whichever way that is). Host pages are
 packed too under --compress; their bytes are reported apart.
 Figures, not pass/fail: nothing here asserts a time."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -66,14 +74,13 @@ def _inspect(ck: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
 
 
 WAYS = [("plain", ()), ("zstd", ("--compress", "zstd")), ("lz4", ("--compress", "lz4")),
-        ("auto", ("--compress", "auto"))]
+        ("auto", ("--compress", "auto")), ("auto-2nd", ("--compress", "auto"))]
 SAMPLE = 32 << 20
 SLOW_MBPS = 150  # the slow sink: a disk (or network file system) of this rate, emulated (testhooks.disk)
 
 
 def _disk_rate(directory: Path) -> float:
     """The sink's fsync'd write rate (MB/s), in this run: 64 MiB written and fsync'd."""
-    import os
     import time
 
     path = directory / "rate.tmp"
@@ -131,10 +138,17 @@ def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
         rows: dict[str, Any] = {}
         for i in range(repeat):  # the ways interleaved: a busy machine's drift hits them alike
             for sink, (base, sink_env) in sinks.items():
+                first = base / f"auto-2nd-{i}"  # auto-2nd's first, untimed: it probes and leaves its verdict
+                first.mkdir()
+                npusnap(["checkpoint", w.pid, "-D", first / "ck0", "--leave-running", "--data-path", "direct",
+                         "--compress", "auto"], env=sink_env, workdir=work)
+                shutil.rmtree(first / "ck0")
+                shutil.rmtree(first / ".npusnap-store" / "chunks", ignore_errors=True)
                 for way, flags in WAYS:
                     parent = base / f"{way}-{i}"
-                    parent.mkdir()
+                    parent.mkdir(exist_ok=way == "auto-2nd")
                     ck = parent / "ck"
+                    os.sync()  # the previous checkpoint's write-back is not charged to this one
                     r = npusnap(["checkpoint", w.pid, "-D", ck, "--leave-running", "--data-path", "direct",
                                  *flags], env=sink_env, workdir=work)
                     doc = _inspect(ck, env, work)

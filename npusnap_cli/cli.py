@@ -81,10 +81,21 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Optional[str
             raise
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """click's own version option, but the version is this command's whole outcome: once it is
+    being printed a Ctrl-C must not report a rollback (exit 130 after the version was out)."""
+    if not value or ctx.resilient_parsing:
+        return
+    _outcome_out()
+    click.echo(f"npusnap, version {__version__}")
+    ctx.exit()
+
+
 # Precedence, later wins: /etc/npusnap, ~/.config/npusnap, --config, NPUSNAP_* variables, flags.
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "NPUSNAP"},
              epilog=_exit_code_epilog())
-@click.version_option(__version__, prog_name="npusnap")
+@click.option("--version", is_flag=True, is_eager=True, expose_value=False, callback=_print_version,
+              help="Show the version and exit.")
 @click.option("--config", metavar="FILE", envvar="NPUSNAP_CONFIG", is_eager=True, expose_value=False,
               callback=_load_config, type=click.Path(exists=True, dir_okay=False),
               help="Read settings from FILE too, after /etc/npusnap/config.yaml and ~/.config/npusnap/config.yaml.")
@@ -153,7 +164,6 @@ def _run(argv: Optional[list[str]]) -> None:
         sys.unraisablehook = _unraisable
         _main(argv)
     except KeyboardInterrupt:
-        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
         _fail(Interrupted())
     finally:
         # The process's own CLI (argv from sys.argv) exits next; a caller in-process gets its handler back.
@@ -226,7 +236,16 @@ def _main(argv: Optional[list[str]]) -> Any:
         sys.exit(3)
 
 
+def _outcome_out() -> None:
+    """The outcome is about to be reported: a Ctrl-C from here on waits for our exit. Any
+    KeyboardInterrupt still to come was raised before this returned, so before the report."""
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+
+
 def _fail(error: NpusnapError) -> None:
+    _outcome_out()  # one line: a second Ctrl-C must not add "interrupted" after the real error
     if _debug_env():
         import traceback
 

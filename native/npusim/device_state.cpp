@@ -278,7 +278,7 @@ void DeviceState::drop_kept_locked(pid_t pid) {
 void DeviceState::drop_gone_locked() {
   std::vector<pid_t> gone;
   for (auto &[pid, k] : kept_)
-    if (start_time(pid) != k.start) gone.push_back(pid);
+    if (start_time(pid) != k.start || exited(pid)) gone.push_back(pid);  // a zombie never runs again
   for (pid_t pid : gone) drop_kept_locked(pid);
 }
 
@@ -484,6 +484,7 @@ int32_t DeviceState::resolve(Session &s, const proto::Task &t, uint32_t stream_d
 
 std::string DeviceState::status_json(bool clients) {
   std::lock_guard<std::mutex> g(mu_);
+  drop_gone_locked();  // memory kept for a process that ended (killed after its checkpoint) is free
   std::ostringstream o;
   o << "{\"pid\": " << ::getpid() << ", \"socket\": " << json_string(socket_path_) << ", \"devices\": [";
   for (size_t d = 0; d < used_.size(); ++d) {

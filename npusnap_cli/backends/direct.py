@@ -225,8 +225,8 @@ class DirectBackend(AgentBackend):
             self.drop_snapshot()
 
     def _back_to_running(self, state: State) -> None:
-        if state == State.BACKED_UP and self.snapped and self._images is not None:
-            self._take_back(*self._images)  # a rolled back live backup: its memory was kept
+        if state == State.BACKED_UP and (self.snapped or self.keep) and self._images is not None:
+            self._take_back(*self._images)  # a rolled back snapshot backup: its memory was kept
             self.release()
             return
         if state == State.BACKED_UP:

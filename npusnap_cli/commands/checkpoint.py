@@ -76,8 +76,9 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
     process running and unlocked, and no checkpoint directory behind.
 
     Several PIDs make one set: every process (each with its tree) is locked at once,
-    backed up and dumped into the one DIRECTORY, all or nothing; `npusnap restore`
-    brings the whole set back.
+    backed up and dumped into the one DIRECTORY, all or nothing (with --live every
+    process runs on together once all are in memory); `npusnap restore` brings the
+    whole set back.
     """
     from .. import warmup
 
@@ -102,8 +103,6 @@ def checkpoint(term: Terminal, pids: tuple[str, ...], directory: Path, leave_run
 
         signer = Signer(sign_key)  # a bad key fails before anything starts
     targets = [parse_pid(p) for p in pids]
-    if live and len(targets) > 1:
-        raise click.UsageError("--live is for one process for now, not a set")
     if live and compress != "none":
         raise click.UsageError("--live and --compress both stage the images in memory: give one of them")
     with term.reporter(live=not shell_job) as report:
@@ -149,6 +148,7 @@ def _report_set(term: Terminal, m: Manifest, directory: Path, leave_running: boo
                                  "pids": [e.pid for e in m.members], "left_running": leave_running,
                                  "bytes": size, "device": m.device.__dict__,
                                  "phases": [p.__dict__ for p in m.phases], "members": members,
+                                 "downtime_s": (m.options.get("live") or {}).get("downtime_s"),
                                  "warnings": term.warnings})
         return
     phases = ", ".join(f"{p.name} {p.seconds:.2f}s" for p in m.phases)
@@ -157,5 +157,8 @@ def _report_set(term: Terminal, m: Manifest, directory: Path, leave_running: boo
     for s in members:
         term.info(f"  process {s['pid']}: {human_bytes(s['bytes'])} in {s['files']} files, "
                   f"device {s['device']['backend']} {human_bytes(s['device']['bytes'])}")
+    if m.options.get("live"):
+        term.info(f"live: the set was stopped for {m.options['live']['downtime_s']:.2f}s "
+                  "(until its last process ran on)")
     if not leave_running:
         term.info(f"the processes were stopped; `npusnap restore {directory}` brings them all back")

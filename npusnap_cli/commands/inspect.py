@@ -98,7 +98,8 @@ def render_tree(ins: Inspection) -> Tree:
                       f"{human_bytes(_num(di.get('new_bytes')))} stored (codec {_clean(str(di.get('codec')))}), "
                       f"{human_bytes(_num(di.get('referenced_bytes')))} referenced (stored before)"
                       + (f", {human_bytes(_num(di.get('plain_bytes')))} left as plain files (compressing did not pay)"
-                         if di.get("plain_bytes") else "")))
+                         if di.get("plain_bytes") else "")
+                      + _auto_verdict(di)))
     largest = sorted(ins.images.files, key=lambda f: (-f.size, f.path))
     for f in largest[:LARGEST_IMAGES]:
         images.add(_t(f"{_clean(f.path)}  {human_bytes(f.size)}"))
@@ -113,6 +114,16 @@ def render_tree(ins: Inspection) -> Tree:
 
 def _num(v: object) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _auto_verdict(di: dict[str, object]) -> str:
+    """--compress auto: which way it went, and whether by this checkpoint's probe or a verdict
+    remembered in the store from an earlier one."""
+    how = {"probed": "probed by this checkpoint", "remembered": "remembered from an earlier checkpoint"}
+    if di.get("compress") != "auto" or di.get("verdict") not in how:
+        return ""
+    way = "plain wins here" if di.get("plain_bytes") else "compressing pays here"
+    return f"; auto: {way} ({how[str(di.get('verdict'))]})"
 
 
 def _process(parent: Tree, p: ProcessInfo) -> Tree:

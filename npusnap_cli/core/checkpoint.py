@@ -103,10 +103,10 @@ class CheckpointOptions:
 class Background:
     """A function run on a thread of its own; result() waits for it and raises what it raised."""
 
-    def __init__(self, fn: Callable[[], list[FileEntry]]) -> None:
+    def __init__(self, fn: Callable[[], list[FileEntry]], name: str) -> None:
         self.value: list[FileEntry] = []
         self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._run, args=(fn,), name="pack", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
         self.thread.start()
 
     def _run(self, fn: Callable[[], list[FileEntry]]) -> None:
@@ -152,25 +152,50 @@ def dump(pid: int, opts: CheckpointOptions, progress: Progress = quiet, services
     return run.execute([run.describe_device, run.dump, run.seal], run.finish_dump)
 
 
-def transaction(signals: Signals, undos: UndoStack, progress: Progress, discard: Callable[[], None],
+def transaction(signals: Signals, undos: UndoStack, progress: Progress,
                 work: Callable[[], Manifest], finish: Callable[[Manifest], None]) -> Manifest:
     """Run work (the steps, then the commit) under the signal handlers; on any failure or
-    signal the undos run, newest first (discard, the oldest, removes the staging directory)."""
-    with signals:
-        undos.push("cleanup", discard)
-        try:
-            manifest = work()
-        except BaseException:
-            signals.rolling_back = True
-            undos.rollback()
-            raise
-        undos.forget()
-        # Committed: signals no longer interrupt, and a failure from here on costs
-        # nothing but this process's own state.
-        if signals.pending:
-            warn(progress, "interrupt received after the checkpoint was committed: finishing it")
-        finish(manifest)
-        return manifest
+    signal the undos run, newest first (the oldest, "cleanup", removes the staging directory:
+    make_staging pushed it)."""
+    try:
+        with signals:
+            try:
+                manifest = work()
+            except BaseException:
+                signals.rolling_back = True
+                undos.rollback()
+                raise
+            undos.forget()
+            # Committed: signals no longer interrupt, and a failure from here on costs
+            # nothing but this process's own state.
+            if signals.pending:
+                warn(progress, "interrupt received after the checkpoint was committed: finishing it")
+            finish(manifest)
+            return manifest
+    except BaseException:
+        staged_on(undos)  # a Ctrl-C as the handlers went in
+        raise
+
+
+def make_staging(staging: Staging, undos: UndoStack, discard: Callable[[], None],
+                 start_guardian: Callable[[], GuardianLike]) -> GuardianLike:
+    """staging (named, not made yet) made, and the guardian started for it; its cleanup (discard)
+    is pushed first, so a Ctrl-C from here on, before the pipeline's handlers, leaves nothing."""
+    undos.push("cleanup", discard)
+    try:
+        staging.create()
+        return start_guardian()  # from now on, our death is cleaned up after
+    except BaseException:
+        staged_on(undos)
+        raise
+
+
+def staged_on(undos: UndoStack) -> None:
+    """An interrupt (the CLI's own SIGINT handler: KeyboardInterrupt) between the staging
+    directory's creation and the pipeline's handlers: the cleanup pushed with the staging runs,
+    and whatever else was pushed by then (nothing, once rolled back or committed)."""
+    if undos.names:
+        undos.rollback()
 
 
 def commit(staging: Staging, signals: Signals, manifest: Manifest, guardian: Optional[GuardianLike] = None,
@@ -184,6 +209,30 @@ def commit(staging: Staging, signals: Signals, manifest: Manifest, guardian: Opt
         staging.commit(manifest)
         testhooks.pause("commit", until=lambda: signals.pending)
     return manifest
+
+
+def add_parts(t: PhaseTiming, parts: dict[str, tuple[float, int]]) -> None:
+    """Steps added to a phase's, summed by name (a set's members' write-outs)."""
+    for name, (seconds, nbytes) in parts.items():
+        was = t.parts.get(name, {"seconds": 0.0, "bytes": 0})
+        t.add_parts({name: (was["seconds"] + seconds, int(was["bytes"]) + nbytes)})
+
+
+def live_fits(runs: list["CheckpointRun"], staging: Path, progress: Progress) -> bool:
+    """--live: whether the images of every run (one process, or each member of a set) fit in memory
+    together (the sum of their device and resident bytes); when not, say why: the checkpoint is
+    then an ordinary --leave-running one. Each run's device snapshot may copy aside at most its
+    share (by device bytes) of the room left beside the staged images."""
+    needs = [r.live_need() for r in runs]
+    device = sum(d for d, _ in needs)
+    resident = sum(r for _, r in needs)
+    problem = memstage.why_not(staging, device + resident)
+    if problem is not None:
+        warn(progress, f"not live: {problem}; the workload stays stopped for the whole checkpoint")
+    room = memstage.room_beside(staging, resident)
+    for run, (d, _) in zip(runs, needs):
+        run.live_cap = min(d, room * d // device) if device else 0
+    return problem is None
 
 
 class CheckpointRun:
@@ -225,10 +274,13 @@ class CheckpointRun:
         self.in_memory = False  # criu/ and device/ are being written in self.live, not the staging
         self.live_kept = False  # a failed put-back left the device data in self.live: it stays
         self.live_cap = 0  # --live: the most bytes the device snapshot may copy aside (live_fits)
+        self.wrote_snapshot = False  # --live: the write-behind wrote the daemon's snapshot out
         self.stopped_at = 0.0
         self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
         self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
+        self.plain_remembered = False  # auto: the store's verdict says plain wins here; nothing staged
         self.packing: Optional[Background] = None  # --compress: its way to the store, while CRIU dumps
+        self.writing: Optional[Background] = None  # the direct path's device images, written while CRIU dumps
         self.views = contextlib.ExitStack()  # a packed parent chain's device images, reassembled
 
     def share(self, staging: Staging, guardian: GuardianLike, undos: UndoStack, signals: Signals) -> None:
@@ -254,22 +306,21 @@ class CheckpointRun:
         """Where the images are written now: in memory (--live, until the write-behind) or the staging."""
         return self.live.path if self.live is not None and self.in_memory else self.staging.path
 
+    def live_need(self) -> tuple[int, int]:
+        """--live: what staging this process in memory costs: its device bytes and its tree's
+        resident bytes."""
+        return self.backend.describe().bytes, processes.resident_bytes([p.pid for p in self.target.tree()])
+
     def live_fits(self) -> bool:
         """--live: whether the images fit in memory (their size is the extra host memory it costs);
         when not, say why: the checkpoint is then an ordinary --leave-running one."""
-        device = self.backend.describe().bytes
-        resident = processes.resident_bytes([p.pid for p in self.target.tree()])
-        problem = memstage.why_not(self.opts.live_staging, device + resident)
-        if problem is not None:
-            warn(self.progress, f"not live: {problem}; the workload stays stopped for the whole checkpoint")
-        # the direct path's snapshot: its copies of what the workload overwrites stay within that room
-        self.live_cap = min(device, memstage.room_beside(self.opts.live_staging, resident))
-        return problem is None
+        return live_fits([self], self.opts.live_staging, self.progress)
 
-    def go_live(self) -> None:
+    def go_live(self, stage: Optional[MemStage] = None) -> None:
+        """Stage the images in memory: in a MemStage of our own, or (a set member) the set's."""
         from ..backends.direct import DirectBackend
 
-        self.live = MemStage(self.opts.live_staging)
+        self.live = stage if stage is not None else MemStage(self.opts.live_staging)
         self.in_memory = True
         if isinstance(self.backend, DirectBackend):  # the resume takes the device memory back in place
             self.backend.keep = True
@@ -285,6 +336,22 @@ class CheckpointRun:
         if self.snapshot is not None:
             self.snapshot.drop_snapshot()  # not written out (a failure or signal before that): freed
 
+    def write_while_dumping(self) -> None:
+        """The direct path (one process, plain images: --compress none, or auto that remembers plain
+        wins): the daemon writes the device images while CRIU dumps, not before it. The backup is
+        --live's copy-on-write snapshot, kept across the Release (so a rollback, or --leave-running's
+        finish, takes the memory back in place); it is written out on a thread from the backup's
+        end (start_writing), and the seal waits for it. The process stays locked until the commit,
+        so nothing is copied aside (a cap of 0)."""
+        plain = self.opts.compress == "none" or self.plain_remembered  # auto, after a verdict of plain
+        if not self.direct or self.sub or self.live is not None or self.mem is not None or not plain:
+            return  # (a CPU-only checkpoint imports no device backend)
+        from ..backends.direct import DirectBackend
+
+        if isinstance(self.backend, DirectBackend):
+            self.backend.keep = True
+            self.backend.snapshot_cap = 0
+
     @property
     def snapshot(self) -> Optional["DirectBackend"]:
         """--live on the direct path: the backend, whose device backup is the daemon's copy-on-write
@@ -295,9 +362,18 @@ class CheckpointRun:
 
     def stage_device_in_memory(self) -> None:
         """--compress on the direct path: the export goes to memory, and to the store from there
-        (memstage.py); without room for it there, to the disk, uncompressed, as without --compress."""
+        (memstage.py); without room for it there, to the disk, uncompressed, as without --compress.
+        auto, where the chunk store's remembered verdict says plain wins on this file system: to
+        the disk as with --compress none (no staging, no probe; image/store.py: Verdict)."""
         if not (self.direct and self.opts.compress != "none") or self.mem is not None:
             return
+        if self.opts.compress == "auto":
+            from ..image.store import remembered
+
+            verdict = remembered(self.staging.final)
+            self.plain_remembered = verdict is not None and not verdict.pays
+            if self.plain_remembered:
+                return
         self.mem = memstage.create(self.backend.describe().bytes)
         if self.mem is None:
             warn(self.progress, f"no room in {memstage.DEFAULT_DIR} for process {self.pid}'s device images: "
@@ -329,16 +405,20 @@ class CheckpointRun:
         processes.refuse_device_children(self.target)
 
     def execute(self, steps: list[Callable[[], None]], finish: Callable[[Manifest], None]) -> Manifest:
-        self.staging = Staging(self.opts.directory, self.opts.replace)
-        # From now on, our death is cleaned up after.
-        self.guardian = self.services.guardian(self.staging.path, self.pid)
+        self.staging = Staging(self.opts.directory, self.opts.replace, create=False)
+        self.guardian = make_staging(self.staging, self.undos, self._discard,
+                                     lambda: self.services.guardian(self.staging.path, self.pid))
+
         def work() -> Manifest:
             for step in steps:
                 step()
             return self._commit()
 
         try:
-            return transaction(self.signals, self.undos, self.progress, self._discard, work, finish)
+            return transaction(self.signals, self.undos, self.progress, work, finish)
+        except BaseException:
+            staged_on(self.undos)  # before the pipeline's handlers: nothing but the staging to undo
+            raise
         finally:
             self.backend.release()
             self.guardian.release()
@@ -361,6 +441,7 @@ class CheckpointRun:
         if self.live is not None:
             self.guardian.remove_after(self.live.path)
         self.stage_device_in_memory()
+        self.write_while_dumping()
         self.push_device_rollback()
         self.lock_device()
         self.after_lock()
@@ -377,7 +458,8 @@ class CheckpointRun:
         if self.snapshot is not None:  # if we die, the restore takes the kept memory back
             from ..platform.simimages import daemon_socket
 
-            self.guardian.recover_kept(daemon_socket(self.pid, getattr(self.backend, "daemon", None)))
+            self.guardian.recover_kept(daemon_socket(self.pid, getattr(self.backend, "daemon", None)),
+                                       self.pid if self.sub else None)
         elif self.direct:  # if we die, it brings the device data back
             self.guardian.recover_from(self.device_dir, getattr(self.backend, "chain", []))
 
@@ -393,6 +475,28 @@ class CheckpointRun:
             t.bytes = self.device.bytes
             t.add_parts(getattr(self.backend, "parts", {}))
         self.start_packing()
+        self.start_writing()
+
+    def start_writing(self) -> None:
+        """write_while_dumping(): the snapshot written into the staging directory on a thread. A
+        failure before the seal waits for it (the files are in the staging, which goes next)."""
+        snap = self.snapshot
+        if snap is None or self.live is not None or not snap.snapped:
+            return
+
+        def write() -> list[FileEntry]:
+            testhooks.pause("during:device-write", until=lambda: not snap.snapped)
+            testhooks.fail("during:device-write")
+            files = snap.write_snapshot(self.device_dir)
+            testhooks.fail("after:device-write")
+            return files
+
+        def stop() -> None:  # a write-out still running fails at its next chunk, the files are staged
+            snap.drop_snapshot()
+            writing.wait()
+
+        writing = self.writing = Background(write, "device-write")
+        self.undos.push(self._what("device write-out"), stop)
 
     def start_packing(self) -> None:
         """--compress on the direct path: the device images go from memory to the store (or to
@@ -403,7 +507,7 @@ class CheckpointRun:
         from ..image.store import Packer
 
         packer = self.packer = Packer(self.staging.final, self.opts.compress, self.opts.dedup)
-        packing = self.packing = Background(self.pack_device)
+        packing = self.packing = Background(self.pack_device, "pack")
 
         def stop() -> None:
             packer.stop()
@@ -447,7 +551,7 @@ class CheckpointRun:
             criu_dir.mkdir(0o700, exist_ok=True)
         log_dir = self.log_dir or self.staging.log_dir
         # In memory (--live) nothing is hashed while CRIU writes: that would lengthen the stop.
-        follow = contextlib.nullcontext() if self.in_memory else self.staging.follow(criu_dir, packing=self.packs)
+        follow = contextlib.nullcontext() if self.in_memory else self.staging.follow(criu_dir, packing=self.packs_pages)
         with self.phase("dump") as self.dump_timing, self.signals.critical(), follow:
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
@@ -479,21 +583,47 @@ class CheckpointRun:
         memory is given back at once. The seal and the commit follow, as for any checkpoint."""
         assert self.live is not None
         with self.phase("write-behind") as t:
-            if (snap := self.snapshot) is not None:
-                if snap.snapped:  # the daemon writes its snapshot to the disk at once
-                    self.device_files = snap.write_snapshot(self.staging.path / DEVICE_DIR)
-                    t.bytes = sum(f.size for f in self.device_files)
-                    t.add_parts(snap.parts)
-                else:  # the resume needed the images (the daemon kept too little): in memory, copied below
-                    self.device_files = snap.images()
-                self.device = snap.describe()
-                testhooks.fail("during:write-behind")
+            t.bytes += self.write_out_device()
+            add_parts(t, self.snapshot_parts())
             t.bytes += self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
         self.in_memory = False
         self.live.remove()
 
+    def write_out_device(self) -> int:
+        """--live on the direct path, the workload running on: the daemon writes its snapshot of the
+        device memory straight into the staging directory (a set member's: device/PID/); the bytes
+        written (its steps: snapshot_parts()). Without a snapshot (the resume needed the images, as
+        the daemon kept too little) the images are in memory, copied with the rest."""
+        if (snap := self.snapshot) is None:
+            return 0
+        written = 0
+        if snap.snapped:  # the daemon writes its snapshot to the disk at once
+            target = self._in(self.staging.path / DEVICE_DIR)
+            if self.sub:
+                target.mkdir(0o700, exist_ok=True)
+            files = snap.write_snapshot(target)
+            written = sum(f.size for f in files)
+            self.wrote_snapshot = True
+        else:
+            files = snap.images()
+        self.device_files = [in_member(f, self.pid) for f in files] if self.sub else files
+        self.device = snap.describe()
+        testhooks.fail("during:write-behind")
+        return written
+
+    def snapshot_parts(self) -> dict[str, tuple[float, int]]:
+        """The steps of the snapshot's write-out (none when there was none)."""
+        snap = self.snapshot
+        return dict(snap.parts) if snap is not None and self.wrote_snapshot else {}
+
     def seal(self) -> None:
         with self.phase("seal") as t:
+            if self.writing is not None:  # its write-back ran beside CRIU's: the seal's fsync waits for both
+                waited = time.monotonic()
+                self.device_files = self.writing.result()
+                self.device = self.backend.describe()
+                written = getattr(self.backend, "parts", {}).get("export", (0.0, 0))
+                t.add_parts({"device-write": written, "device-write-wait": (time.monotonic() - waited, 0)})
             if self.packs and self.packer is None:
                 from ..image.store import Packer
 
@@ -513,7 +643,12 @@ class CheckpointRun:
     def pack_device(self) -> list[FileEntry]:
         """--compress: the device images staged in memory go into the chunk store (their entries,
         packed), or, where auto found that compressing does not pay here, into DIR/device as they
-        are. They stay in memory for --leave-running's import after the commit."""
+        are. They stay in memory for --leave-running's import after the commit. auto after a
+        remembered "plain wins": the export is in DIR/device already, and recorded as left plain."""
+        if self.packer is not None and self.mem is None and self.plain_remembered:
+            self.packer.device_stats.plain_bytes += sum(f.size for f in self.device_files)
+            self.packer.device_stats.verdict = "remembered"
+            return []
         if self.mem is None or self.packer is None:
             return []
         out = []
@@ -527,8 +662,15 @@ class CheckpointRun:
 
     @property
     def packs(self) -> bool:
-        """Whether CRIU's page images go to the chunk store (--dedup, --compress)."""
+        """Whether the checkpoint uses the chunk store (--dedup, --compress)."""
         return self.opts.dedup or self.opts.compress != "none"
+
+    @property
+    def packs_pages(self) -> bool:
+        """Whether CRIU's page images go to the chunk store (store.Packer.takes): --dedup or a named
+        codec. auto leaves them where CRIU wrote them, so their write-back starts while CRIU
+        writes them, as with --compress none (left for the seal, the fsync waited for all of it)."""
+        return self.opts.dedup or self.opts.compress in ("zstd", "lz4")
 
     def _commit(self) -> Manifest:
         return commit(self.staging, self.signals, self._manifest(), self.guardian, not self.opts.leave_running)
@@ -582,7 +724,7 @@ class CheckpointRun:
                      **({"live": {"downtime_s": self.downtime}} if self.downtime is not None else {}),
                      **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {}),
                      **({"device_images": self.packer.device_stats.recorded(opts.compress)}
-                        if self.packer and self.mem is not None else {})},
+                        if self.packer and (self.mem is not None or self.plain_remembered) else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,

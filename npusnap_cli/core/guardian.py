@@ -120,6 +120,7 @@ if words[-1:] != ["done"]:
     recovers = [(str(pids[0]), os.path.join(images, "device"))] if "recover" in words and pids else []
     # --live on the direct path: the daemon kept the device memory, which the restore takes back
     recovers += [(str(pids[0]), None)] if "kept" in words and pids else []
+    recovers += [(w[5:], None) for w in words if w.startswith("kept:") and w[5:].isdigit()]  # a set member's
     recovers += [(w[8:], os.path.join(images, "device", w[8:])) for w in words
                  if w.startswith("recover:") and w[8:].isdigit()]
     # --live, --compress: the device data staged in memory (/dev/shm), removed after (images:PID:HEX, drop:HEX)
@@ -129,7 +130,7 @@ if words[-1:] != ["done"]:
     # rank's restore waits for its peers' in the set's rendezvous directory, removed after
     hccl = [w[5:] for w in words if w.startswith("hccl:") and w[5:].isdigit()]
     recovers += [(pid, None) for pid in hccl if pid not in [r[0] for r in recovers]]
-    if sig == signal.SIGKILL:
+    if sig == signal.SIGKILL or "resumed" in words:  # resumed: a live checkpoint's workload (a set: all of it) runs on
         recovers = []
     elif hccl and not done and "restoring" not in words:  # restoring: the ranks' restores are under way
         even_out(hccl, deadline)
@@ -212,11 +213,13 @@ class Guardian:
         self._say(f"images:{pid}:{os.fsencode(os.path.abspath(device_dir)).hex()} "
                   f"drop:{os.fsencode(os.path.abspath(mem)).hex()}")
 
-    def recover_kept(self, daemon: str) -> None:
+    def recover_kept(self, daemon: str, member: Optional[int] = None) -> None:
         """--live's device snapshot: the daemon (socket) keeps the device memory; if we die, the
         workload takes it back (`npusnap recover PID`) before the partial checkpoint is removed,
-        and the daemon drops the snapshot (also once the workload runs on)."""
-        self._say(f"kept snapshot:{self.pid}:{os.fsencode(daemon).hex()}")
+        and the daemon drops the snapshot (also once the workload runs on). member: a set member's
+        (every member's is recovered and dropped; none once the set runs on: resumed())."""
+        kept = "kept" if member is None else f"kept:{member}"
+        self._say(f"{kept} snapshot:{member or self.pid}:{os.fsencode(daemon).hex()}")
 
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         """HCCL ranks (pids) that meet in directory: if we die, recover them all at once (their
@@ -244,7 +247,8 @@ class Guardian:
         self._say("remove:" + os.fsencode(os.path.abspath(directory)).hex())
 
     def resumed(self) -> None:
-        """--live: the workload runs on: if we die, nothing is resumed or recovered any more."""
+        """--live: the workload (a set: every member) runs on: if we die, nothing is resumed or
+        recovered any more; the daemon's snapshots are dropped, the staging removed."""
         self._say("resumed")
 
     def _say(self, words: str) -> None:

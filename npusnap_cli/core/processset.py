@@ -5,6 +5,10 @@ of a multi-node job runs this; `npusnap checkpoint PID PID ...` is its command.
     checkpoint:  lock every member at once (one thread each: the set's skew is one lock's time)
                  -> back up each -> dump each (CRIU: one tree per dump, criu/PID/) -> seal
                  -> commit the set's manifest -> kill all | run all on (--leave-running)
+    live:        lock every member -> back up each (the direct path: the daemon's copy-on-write
+                 snapshot) -> dump each, all into one MemStage (image/memstage.py) -> every member
+                 runs on, unlocked (the set's downtime: until the last one does) -> write-behind of
+                 every member's images -> seal -> commit (--live)
     restore:     verify -> per member: CRIU restore + device restore (it stays LOCKED)
                  -> unlock every member (the commit point)
 
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, Sequence
 
+from .. import testhooks
 from ..backends import Backend, BackendName, DataPath, State
 from ..errors import NpusnapError, UnsupportedTarget, WrongState
 from ..image.format import (
@@ -42,11 +47,21 @@ from ..image.format import (
     restore_log_dir,
     set_device,
 )
+from ..image.memstage import MemStage
 from ..image.staging import Staging
 from ..image.store import Packer, assembled
 from ..platform.criu import page_runs
 from . import communicators, processes
-from .checkpoint import CheckpointOptions, CheckpointRun, commit, transaction
+from .checkpoint import (
+    CheckpointOptions,
+    CheckpointRun,
+    add_parts,
+    commit,
+    live_fits,
+    make_staging,
+    staged_on,
+    transaction,
+)
 from .progress import Event, Phases, Progress, quiet, warn
 from .restore import (
     RESTORE_LEASE_S,
@@ -143,6 +158,8 @@ class SetCheckpoint:
         self.locked_at = 0.0  # monotonic: when the members' locks began
         self.downtime: dict[int, float] = {}  # each member that ran on: seconds from the lock to running
         self.ran_on = False  # opts.run_on_at_seal: every member runs on already
+        self.live: Optional[MemStage] = None  # --live: where every member's images are until the write-behind
+        self.live_downtime: Optional[float] = None  # --live: from the lock until the last member runs on
 
     def _refuse_overlaps(self) -> None:
         """A member inside another member's tree would be dumped twice (and CRIU refuses a
@@ -183,16 +200,34 @@ class SetCheckpoint:
     # -- the pipeline
     def execute(self) -> Manifest:
         first = self.members[0]
-        self.staging = Staging(self.opts.directory, self.opts.replace)
-        # From now on, our death is cleaned up after.
-        self.guardian = self.services.guardian(self.staging.path, first.pid)
-        for m in self.members:
-            m.share(self.staging, self.guardian, self.undos, self.signals)
+        live = self.opts.live and self.opts.leave_running and live_fits(self.members, self.opts.live_staging,
+                                                                        self.progress)
         try:
+            return self._execute(first, live)
+        finally:
+            for m in self.members:  # the snapshots never written out dropped, the memory given back
+                m.drop_live()
+            if self.live is not None and not any(m.live_kept for m in self.members):
+                self.live.remove()  # also when no member was handed it yet
+
+    def _execute(self, first: CheckpointRun, live: bool) -> Manifest:
+        self.staging = Staging(self.opts.directory, self.opts.replace, create=False)
+        self.guardian = make_staging(self.staging, self.undos, self._discard,
+                                     lambda: self.services.guardian(self.staging.path, first.pid))
+        try:
+            if live:  # one directory in memory for the set (criu/PID/, device/PID/), removed if we die
+                self.live = MemStage(self.opts.live_staging)
+                self.guardian.remove_after(self.live.path)
+                for m in self.members:
+                    m.go_live(self.live)
+            for m in self.members:
+                m.share(self.staging, self.guardian, self.undos, self.signals)
             # Removed once every member is back or gone (by the guardian if we die).
             with self._rendezvous() as self.meet:
-                return transaction(self.signals, self.undos, self.progress, self._discard, self._work,
-                                   self._finish)
+                return transaction(self.signals, self.undos, self.progress, self._work, self._finish)
+        except BaseException:
+            staged_on(self.undos)  # before the pipeline's handlers: nothing but the staging to undo
+            raise
         finally:
             for m in self.members:
                 m.backend.release()
@@ -289,6 +324,9 @@ class SetCheckpoint:
         with self.phase("dump") as self.dump_timing:
             for m in self.members:
                 self._dump(m)
+        if self.live is not None:
+            self._resume_now()
+            self._write_behind()
         self._seal()
         manifest = self._manifest()
         if self.opts.run_on_at_seal:
@@ -329,6 +367,50 @@ class SetCheckpoint:
             leftover.unlink()
         m.log_dir.rmdir()
 
+    def _resume_now(self) -> None:
+        """--live: every member's images are in memory, so every member runs on now, as after the
+        commit of a --leave-running set (every tree first, then every device restored and unlocked
+        at once: an HCCL rank's restore re-forms its communicators, which waits for its peers');
+        from here a failure costs only the checkpoint. One that fails to run on fails the set,
+        before anything reached the disk: the rollback undoes every member."""
+        assert self.live is not None
+        with self.phase("resume"), self.signals.critical():
+            failed = self._run_all_on(self.live.path)
+            for m in self.members:
+                if m.pid in failed:
+                    with self._member(m):
+                        raise failed[m.pid]
+            for m in self.members:
+                m.device_back = True
+            self.ran_on = True  # nothing left for after the commit
+            self.undos.keep_only("cleanup")  # every member resumed and unlocked: only the staging is left
+            self.guardian.resumed()
+        self.live_downtime = max(self.downtime.values(), default=None)
+
+    def _write_behind(self) -> None:
+        """--live: every member's device snapshot written out by the daemon (at once: a member that
+        writes where its snapshot was not yet passed waits for it), then the images in memory copied
+        into the staging directory and fsync'd, the memory given back; the seal and the commit follow."""
+        assert self.live is not None
+        with self.phase("write-behind") as t:
+            written: dict[int, int] = {}
+
+            def out(m: CheckpointRun) -> None:
+                written[m.pid] = m.write_out_device()
+
+            with self.signals.critical():  # as one process's: a signal waits for the daemon's write-outs
+                failed = self._at_once(out)
+            for m in self.members:
+                if m.pid in failed:
+                    raise failed[m.pid]
+            t.bytes = sum(written.values())
+            for m in self.members:
+                add_parts(t, m.snapshot_parts())
+            t.bytes += self.live.write_behind(self.staging.path, lambda: testhooks.fail("during:write-behind"))
+        for m in self.members:
+            m.in_memory = False
+        self.live.remove()
+
     def _seal(self) -> None:
         with self.phase("seal") as t:
             packer = self._packer()
@@ -362,8 +444,11 @@ class SetCheckpoint:
         first = self.members[0]._manifest()  # host, versions, options: the same for every member
         members = [MemberEntry(pid=m.pid, command=m.target.command, processes=m.tree, device=m.device,
                                phases=m.phase.timings) for m in self.members]
+        options = dict(first.options)
+        if self.live_downtime is not None:  # the set's: until its last member ran on
+            options["live"] = {"downtime_s": self.live_downtime}
         return dataclasses.replace(
-            first, processes=[p for m in self.members for p in m.tree],
+            first, options=options, processes=[p for m in self.members for p in m.tree],
             device=set_device([m.device for m in self.members]), phases=self.phase.timings,
             files=self.files, format_version=SET_FORMAT_VERSION, members=members)
 
@@ -437,8 +522,13 @@ class SetCheckpoint:
         self.undos.keep_only("cleanup")
 
     def _discard(self) -> None:
-        kept = [m.pid for m in self.members if m.keeps_device_data()]  # every member warns for itself
-        if not kept:
+        # every member warns for itself (one not yet handed the staging has nothing staged)
+        kept = [m.pid for m in self.members if hasattr(m, "staging") and m.keeps_device_data()]
+        in_memory = any(m.in_memory for m in self.members)
+        if kept and in_memory:  # --live: the set's memory holds a member's only copy: it stays
+            for m in self.members:
+                m.live_kept = True
+        if not kept or in_memory:
             self.staging.discard()
 
 

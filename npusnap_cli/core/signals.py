@@ -31,6 +31,14 @@ class Signals:
         if self.rolling_back or self.settled or self.depth:
             self.pending = True
             return
+        if _starting_a_thread(frame):
+            # Raised inside Thread.start(), right after the thread began, the exception makes start()
+            # take back the new thread's registration, which the thread then fails to find (Python
+            # prints "Exception ignored in thread started by ... KeyError" beside our error line):
+            # the signal comes again in a moment, once start() has returned.
+            signal.signal(signal.SIGALRM, lambda _s, _f: signal.raise_signal(signum))
+            signal.setitimer(signal.ITIMER_REAL, 0.002)
+            return
         raise Interrupted()
 
     def __enter__(self) -> "Signals":
@@ -63,3 +71,15 @@ class Signals:
             self.settled = True
         finally:
             self.depth -= 1
+
+
+def _starting_a_thread(frame: Any) -> bool:
+    """Whether frame is inside threading.Thread.start (the fsync and member threads start often)."""
+    import threading
+
+    start = threading.Thread.start.__code__
+    while frame is not None:
+        if frame.f_code is start:
+            return True
+        frame = frame.f_back
+    return False

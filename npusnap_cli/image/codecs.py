@@ -188,11 +188,18 @@ class Race:
         took disk_rate bytes a second. The race writes while the threads compress, so a byte
         costs the slower of the two: compressing (the threads' rate) and writing what it leaves;
         a margin, since a slower checkpoint is the one thing auto must not make."""
-        raw, out, secs = self.done
-        if not raw or disk_rate <= 0:
+        measured = self.measured()
+        if measured is None or disk_rate <= 0:
             return False
-        rate = len(self.threads) * raw / max(secs, 1e-9)
-        return max(1 / rate, (out / raw) / disk_rate) < 0.8 / disk_rate
+        rate, ratio = measured
+        return max(1 / rate, ratio / disk_rate) < 0.8 / disk_rate
+
+    def measured(self) -> Optional[tuple[float, float]]:
+        """The threads' rate together (bytes/s) and ratio (compressed/raw) so far; None before any."""
+        raw, out, secs = self.done
+        if not raw:
+            return None
+        return len(self.threads) * raw / max(secs, 1e-9), out / raw
 
     def settle(self) -> None:
         """Wait until the threads have compressed everything submitted."""

@@ -12,7 +12,8 @@ checkpoint's disk first and packed from there, every byte would reach the disk t
 compressed checkpoint could never be faster than a plain one. The chunk store takes its chunks from
 the memory copy (compressed or raw, as auto's race against the disk decides: codecs.py), and
 --leave-running imports the device memory back from it. Without room for it, the export goes to
-the disk as without --compress. The directory is removed when the checkpoint is done, except after
+the disk as without --compress; so it does under auto once the chunk store's remembered verdict
+says plain wins there (store.py: Verdict). The directory is removed when the checkpoint is done, except after
 a failed put-back, when it holds the workload's only copy of its device memory (the pipeline says
 where, and `npusnap recover` takes it from there)."""
 
@@ -95,7 +96,11 @@ class MemStage:
             rel = src.relative_to(self.path)
             st = os.lstat(src)
             if stat.S_ISDIR(st.st_mode):
-                os.mkdir(to / rel, 0o700)
+                try:
+                    os.mkdir(to / rel, 0o700)
+                except FileExistsError:  # a set member's device/PID/, where its snapshot was written
+                    if not stat.S_ISDIR(os.lstat(to / rel).st_mode):
+                        raise
                 continue
             if not stat.S_ISREG(st.st_mode):
                 raise StorageProblem(f"{src} is not a regular file: the live staging was tampered with")

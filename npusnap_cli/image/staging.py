@@ -42,7 +42,9 @@ class Staging:
     manifest npusnap can read: never a file, a device node or a symlink, which a
     rename would silently take the place of. Commit checks again, atomically."""
 
-    def __init__(self, final: Path, replace: bool = False) -> None:
+    def __init__(self, final: Path, replace: bool = False, create: bool = True) -> None:
+        """create=False: checked and named only; create() makes it, once the caller has registered
+        discard() (a Ctrl-C in between then leaves nothing behind)."""
         self.final = final.absolute()
         self.replace = replace
         self.found = _check_target(self.final, replace)  # what DIR was, to recognise it at commit
@@ -50,6 +52,15 @@ class Staging:
         if not parent.is_dir():
             raise StorageProblem(f"{parent} does not exist", "create the parent directory first")
         self.path = hidden_sibling(self.final, "partial")
+        self.committed = False
+        self.followers: list[Follower] = []  # one per dump (a process set dumps each member apart)
+        self.parts: dict[str, tuple[float, int]] = {}  # the last seal's steps: (seconds, bytes)
+        if create:
+            self.create()
+
+    log_dir: Path  # CRIU's logs until the commit (create())
+
+    def create(self) -> None:
         try:
             os.mkdir(self.path, 0o700)
             for sub in (CRIU_DIR, DEVICE_DIR, LOG_DIR):
@@ -60,9 +71,6 @@ class Staging:
         except OSError as e:
             shutil.rmtree(self.path, ignore_errors=True)
             raise StorageProblem(f"cannot create the checkpoint next to {self.final}: {e.strerror}") from e
-        self.committed = False
-        self.followers: list[Follower] = []  # one per dump (a process set dumps each member apart)
-        self.parts: dict[str, tuple[float, int]] = {}  # the last seal's steps: (seconds, bytes)
 
     @property
     def criu_dir(self) -> Path:
@@ -168,8 +176,8 @@ class Staging:
         (a private temporary directory), so an error's hint can point at them."""
         if not self.committed:
             shutil.rmtree(self.path, ignore_errors=True)
-            with contextlib.suppress(OSError):  # gone already when a late commit step failed
-                os.rmdir(self.log_dir)          # only when empty
+            with contextlib.suppress(OSError, AttributeError):  # gone when a late commit step failed,
+                os.rmdir(self.log_dir)                          # never made; removed only when empty
 
 
     def _put_in_place(self) -> None:

@@ -4,6 +4,9 @@ content-addressed chunks, each stored once.
     PARENT/.npusnap-store/          beside the checkpoints (0700, ours, never a link)
         lock                        flock: shared while a checkpoint adds or references chunks,
                                     exclusive while prune collects the unreferenced ones
+        auto-verdict                --compress auto's last verdict here (compressing pays, or
+                                    plain wins), with the rates it measured: later auto
+                                    checkpoints follow it without probing (Verdict)
         chunks/AB/HEX.CODEC         one chunk: its xxh3-128 (of the raw bytes) names it; CODEC is
                                     how it is stored (raw | zstd | lz4)
 
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import math
 import os
 import re
 import shutil
@@ -31,7 +36,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Iterator, Optional, Sequence
 
 from .. import testhooks
-from ..errors import ImageInvalid, StorageProblem
+from ..errors import ImageInvalid, NpusnapError, StorageProblem
 from . import format as fmt
 from .checksums import start_writeback, wait_writeback
 from .codecs import AUTO_CODEC, Race, decompress
@@ -325,6 +330,120 @@ class Store:
         return size
 
 
+# ---------------------------------------------------------------- auto's remembered verdict
+
+VERDICT = "auto-verdict"
+# How long a verdict is followed. The disk's and the codec's rates drift with what else the
+# machine runs, and a file system's st_dev (an anonymous one's: a tmpfs, NFS, overlay) may be
+# another mount's after a remount; a day bounds what a stale verdict can cost (an auto checkpoint
+# slower than it need be) while a job checkpointing every few minutes probes once a day, not
+# each time (the probe itself stages the export in memory: what a remembered verdict saves).
+VERDICT_TTL_S = 24 * 3600.0
+_VERDICT_SKEW_S = 60.0  # a verdict from the future: a clock set back, or planted; judged afresh
+_VERDICT_MAX = 4096
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """auto's verdict on one store's file system: whether compressing device images pays there
+    (Race.pays), the rates it was judged on, the st_dev of the checkpoints' file system (the
+    store's parent directory, where the probe wrote) and when (time.time())."""
+    pays: bool
+    disk_rate: float   # bytes/s: the probe's plain write, waited for
+    codec_rate: float  # bytes/s: the codec's threads together
+    ratio: float       # compressed / raw
+    dev: int
+    at: float
+
+    def text(self) -> str:
+        return json.dumps({"version": 1, "pays": self.pays, "disk_rate": round(self.disk_rate),
+                           "codec_rate": round(self.codec_rate), "ratio": round(self.ratio, 4),
+                           "st_dev": self.dev, "at": round(self.at, 3)}) + "\n"
+
+    @classmethod
+    def parse(cls, data: bytes, dev: int, now: float) -> Optional["Verdict"]:
+        """The verdict data holds, if it is well formed, for the file system dev and fresh at
+        now; else None (judged afresh)."""
+        try:
+            d = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(d, dict) or d.get("version") != 1 or not isinstance(d.get("pays"), bool):
+            return None
+        rates = [_positive(d.get(k)) for k in ("disk_rate", "codec_rate", "ratio", "at")]
+        if not all(rates):
+            return None
+        st_dev = d.get("st_dev")
+        if type(st_dev) is not int or st_dev != dev:
+            return None
+        disk_rate, codec_rate, ratio, at = rates
+        if not now - VERDICT_TTL_S <= at <= now + _VERDICT_SKEW_S:
+            return None
+        return cls(d["pays"], disk_rate, codec_rate, ratio, dev, at)
+
+
+def _positive(x: object) -> float:
+    """x as a finite positive number (a JSON int or float, not a bool), or 0.0."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf else 0.0
+
+
+def _fs_dev(final: Path) -> int:
+    """st_dev of the file system the checkpoint (and its plain device images) is written to."""
+    return os.stat(final.absolute().parent).st_dev
+
+
+def read_verdict(store_fd: int, dev: int, now: Optional[float] = None) -> Optional[Verdict]:
+    """The store's verdict (its directory open as store_fd), if one of ours is there and holds:
+    a regular file, not followed through a link, owned by us and writable by no one else, small,
+    well formed, for the file system dev, and fresh. None otherwise: auto judges afresh."""
+    try:
+        fd = os.open(VERDICT, os.O_RDONLY | os.O_NONBLOCK | _OPEN, dir_fd=store_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_size > _VERDICT_MAX):
+            return None
+        data = os.read(fd, _VERDICT_MAX + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return Verdict.parse(data, dev, time.time() if now is None else now)
+
+
+def remembered(final: Path) -> Optional[Verdict]:
+    """auto, before the device export: the verdict in the store beside final, if it holds (no
+    store, or one that is not ours: None; the packer reports a store it cannot use)."""
+    try:
+        dev = _fs_dev(final)
+        fd = _own_dir(store_of(final), create=False)
+    except (OSError, NpusnapError):
+        return None
+    try:
+        return read_verdict(fd, dev)
+    finally:
+        os.close(fd)
+
+
+def write_verdict(store_fd: int, verdict: Verdict) -> None:
+    """The verdict into the store, atomically (a temporary file renamed over the old one, or over
+    whatever was planted under its name: the name is replaced, nothing is followed). Best effort:
+    a verdict not written is judged again next time."""
+    tmp = f".tmp-verdict-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=store_fd)
+        try:
+            os.write(fd, verdict.text().encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, VERDICT, src_dir_fd=store_fd, dst_dir_fd=store_fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=store_fd)
+
+
 # ---------------------------------------------------------------- checkpoint: pack
 
 @dataclass
@@ -335,12 +454,14 @@ class PackStats:
     codec: str = "raw"
     plain_bytes: int = 0       # device images auto left as files in DIR (compressing did not pay)
     compressed_bytes: int = 0  # raw bytes of the new chunks stored compressed (auto: those its codec had ready)
+    verdict: str = ""          # auto, device images: "probed" (judged by this checkpoint) or "remembered"
 
     def recorded(self, choice: str) -> dict[str, Any]:
         return {"store": STORE_NAME, "compress": choice, "codec": self.codec, "raw_bytes": self.raw_bytes,
                 "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes,
                 "compressed_bytes": self.compressed_bytes,
-                **({"plain_bytes": self.plain_bytes} if self.plain_bytes else {})}
+                **({"plain_bytes": self.plain_bytes} if self.plain_bytes else {}),
+                **({"verdict": self.verdict} if self.verdict else {})}
 
 
 AHEAD = 32 << 20  # bytes read ahead of the writer, for the codec's threads to work on
@@ -357,7 +478,10 @@ class Packer:
     packing them again could only add writes; with --dedup they go to the store uncompressed),
     and only where it pays: device_image() writes the first PROBE bytes of the first image as the
     plain file it would otherwise be, timed to the disk, while the threads compress the same
-    bytes; Race.pays() then judges, once for the checkpoint."""
+    bytes; Race.pays() then judges, once for the checkpoint, and its verdict is kept in the store
+    (Verdict). A later auto checkpoint into the same store follows a fresh one without a probe:
+    compressing pays, it packs at once; plain wins, it does not even stage the export in memory
+    (core/checkpoint.py: the export goes to the disk as with --compress none)."""
 
     def __init__(self, final: Path, choice: str, dedup: bool = False) -> None:
         self.choice = choice
@@ -370,6 +494,19 @@ class Packer:
         self.stopped = False  # stop(): the checkpoint is being undone
         self.stats = PackStats()         # host pages
         self.device_stats = PackStats()  # device images
+        self.dev = -1
+        if choice == "auto":
+            try:
+                self.dev = _fs_dev(final)
+            except OSError:
+                pass
+            verdict = read_verdict(self.store.fd, self.dev) if self.dev >= 0 else None
+            if verdict is not None:  # followed, not probed again
+                self.judged = True
+                self.device_stats.verdict = "remembered"
+                if not verdict.pays and self.race is not None:
+                    self.race.close()
+                    self.race = None
 
     def close(self) -> None:
         if self.race is not None:
@@ -427,7 +564,12 @@ class Packer:
         testhooks.disk(n, 0)
         rate = n / max(time.perf_counter() - t, 1e-9)
         self.race.settle()
-        if n and self.race.pays(rate):
+        pays = bool(n) and self.race.pays(rate)
+        self.device_stats.verdict = "probed"
+        measured = self.race.measured()
+        if n and measured is not None and self.dev >= 0:
+            write_verdict(self.store.fd, Verdict(pays, rate, *measured, self.dev, time.time()))
+        if pays:
             os.unlink(dst)
             return True
         self.race.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +164,35 @@ def test_check_fails_with_a_fix_when_criu_is_too_old(capsys: pytest.CaptureFixtu
     fake.chmod(0o755)
     rc, _, err = run(capsys, "check", "--criu", fake)
     assert rc == 6 and "install-criu" in one_line(err)
+
+
+class _SigintAfterWrite:
+    """A stream that sends this process SIGINT right after each write: a Ctrl-C landing the
+    instant an outcome is out."""
+
+    def __init__(self, stream: object) -> None:
+        self.stream = stream
+        self.written = ""
+
+    def write(self, text: str) -> int:
+        self.written += text
+        os.kill(os.getpid(), signal.SIGINT)
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
+@pytest.mark.parametrize("args, code, stream, words", [
+    (["--version"], 0, "stdout", "npusnap, version"),
+    (["status", "1"], 13, "stderr", "refusing"),
+])
+def test_a_ctrl_c_once_the_outcome_is_out_does_not_replace_it(
+        monkeypatch: pytest.MonkeyPatch, args: list[str], code: int, stream: str, words: str) -> None:
+    # Before, the version went out and the command still exited 130, "rolled back".
+    sink = _SigintAfterWrite(getattr(sys, stream))
+    monkeypatch.setattr(sys, stream, sink)
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == code, sink.written
+    assert words in sink.written and "interrupted" not in sink.written

@@ -4,10 +4,11 @@ comparison, and the checks every test makes on a workload after a phase."""
 from __future__ import annotations
 
 import json
+import queue
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Optional, Sequence
 
 from tests.helpers import ROOT, WORKLOADS, StepGate, Workload, agent_status, npusnap, npusnap_cmd, pid_alive, proc_state  # noqa: F401  (proc_state: re-exported for the tests)
 
@@ -55,6 +56,13 @@ def assert_no_checkpoint(directory: Path) -> None:
     assert not directory.exists(), f"{directory} exists after a failed checkpoint"
     leftovers = [p.name for p in directory.parent.iterdir() if p.name.startswith(f".{directory.name}.")]
     assert not leftovers, f"staging leftovers: {leftovers}"
+
+
+def lines_into(stream: IO[str], q: "queue.Queue[str]") -> None:
+    """Each line of stream into q, then "" at its end (a thread's target: reads as they come)."""
+    for line in stream:
+        q.put(line)
+    q.put("")
 
 
 def one_error_line(stderr: str) -> str:

@@ -14,7 +14,16 @@ import pytest
 
 from tests.helpers import StepGate, Workload, npusnap_cmd, requires_criu
 
-from .support import assert_no_checkpoint, one_error_line, proc_state, status, strip_ready, train_argv, under_agent
+from .support import (
+    assert_no_checkpoint,
+    lines_into,
+    one_error_line,
+    proc_state,
+    status,
+    strip_ready,
+    train_argv,
+    under_agent,
+)
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -22,12 +31,6 @@ STEPS, AT, SLEEP_MS = 60, 2, 50  # ~3 s: room for the CLI to reach the pause on 
 
 POINTS = ["before:lock", "after:lock",
           "before:backup", "after:backup", "before:dump", "after:dump", "before:seal"]
-
-
-def _lines(stream, q: "queue.Queue[str]") -> None:
-    for line in stream:
-        q.put(line)
-    q.put("")  # EOF
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -44,7 +47,7 @@ def test_ctrl_c_rolls_back(npusim_daemon, reference, tmp_path, point: str) -> No
                                env={**env, "NPUSNAP_TEST_PAUSE": point}, stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         q: "queue.Queue[str]" = queue.Queue()
-        threading.Thread(target=_lines, args=(cli.stderr, q), daemon=True).start()
+        threading.Thread(target=lines_into, args=(cli.stderr, q), daemon=True).start()
         first = q.get(timeout=30)
         assert first.strip() == f"npusnap: test pause {point}", first
         assert w.proc.poll() is None, "the workload ended before the pause; make it longer"

@@ -60,10 +60,13 @@ def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon,
         # The output's phases carry their steps (a profile); the manifest's only the phases.
         assert m["phases"] == [{k: v for k, v in p.items() if k != "parts"} for p in doc["phases"]]
         steps = {p["name"]: p["parts"] for p in doc["phases"]}
-        assert set(steps["seal"]) == {"checksums", "fsync"}
-        if data_path == "direct":
-            assert steps["backup"]["export"]["bytes"] == sum(f["size"] for f in m["files"]
-                                                             if f["path"].startswith("device/"))
+        if data_path == "direct":  # the daemon wrote the images while CRIU dumped; the seal waited for it
+            assert set(steps["seal"]) == {"device-write", "device-write-wait", "checksums", "fsync"}
+            assert set(steps["backup"]) == {"snapshot", "backup-external"}
+            assert steps["seal"]["device-write"]["bytes"] == sum(f["size"] for f in m["files"]
+                                                                 if f["path"].startswith("device/"))
+        else:
+            assert set(steps["seal"]) == {"checksums", "fsync"}
         phases = {p["name"]: p for p in m["phases"]}
         assert all(isinstance(p["seconds"], float) and p["seconds"] >= 0 for p in m["phases"])
         assert phases["backup"]["bytes"] == train_device_bytes()
@@ -75,6 +78,11 @@ def test_checkpoint_kill_restart_daemon_restore_is_byte_identical(npusim_daemon,
         else:  # the daemon wrote it straight into device/; the process holds only metadata
             assert 0 < device_bytes <= train_device_bytes() * 1.01 + (64 << 10)  # + the images' index
         assert [p["pid"] for p in m["processes"]] == [w.pid]
+
+        # Nothing of it stays counted on the device (the direct path's memory kept across the
+        # backup, for a rollback, is free once the process is killed).
+        st = npusnap("device", "status", "--json", env=npusim_daemon.env)
+        assert all(d["used"] == 0 for d in json.loads(st.stdout)["devices"]), st.stdout
 
         npusim_daemon.restart()  # a fresh, empty device
         gate.open()

@@ -319,8 +319,12 @@ def test_root_cli_refuses_a_socket_the_target_names_in_an_untrusted_directory(sc
                               env={"NPUSIM_SOCKET": str(planted / "daemon.sock")})
     try:
         assert target.stdout is not None and target.stdout.readline() == "ready\n"
-        deadline = time.monotonic() + 10  # read its environment once the exec is over, not mid-way
-        while Path(f"/proc/{target.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
+        # Read its environment once the exec is over, not mid-way: the kernel renames the process
+        # before it lays out the new environment (an empty environ in between names no socket).
+        deadline = time.monotonic() + 10
+        while (Path(f"/proc/{target.pid}/comm").read_text().strip() != "sleep"
+               or b"NPUSIM_SOCKET=" not in Path(f"/proc/{target.pid}/environ").read_bytes()) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(PermissionProblem, match="cannot be trusted"):
             simimages.daemon_socket(target.pid)

@@ -193,8 +193,8 @@ class FakeGuardian:
     def recover_from(self, device_dir: Path, chain: Sequence[Path] = ()) -> None:
         self.said.append("recover")
 
-    def recover_kept(self, daemon: str) -> None:
-        self.said.append("recover kept")
+    def recover_kept(self, daemon: str, member: Optional[int] = None) -> None:
+        self.said.append("recover kept" if member is None else f"recover kept {member}")
 
     def meet(self, directory: Path, pids: list[int], owned: bool = True) -> None:
         self.said.append(f"meet {pids}")

@@ -206,3 +206,29 @@ def test_a_failed_runbook_dump_resumes_the_process_still_backed_up(
         pipeline.dump(workload.pid, CheckpointOptions(directory=tmp_path / "ck"), services=fakes.services())
     assert running(workload.pid) and fakes.backend.current == State.BACKED_UP
     assert _nothing_left(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("after", [0, 1, 4])
+def test_a_ctrl_c_while_the_staging_is_made_leaves_nothing(fakes: Fakes, workload: subprocess.Popen[bytes],
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          after: int) -> None:
+    # The CLI's own handler raises KeyboardInterrupt between any two of the directories the staging
+    # makes (before, its cleanup was registered only once all of them existed: the partial stayed).
+    import os as os_mod
+
+    from npusnap_cli.image import staging
+
+    made = []
+    real = os_mod.mkdir
+
+    def mkdir(path: object, mode: int = 0o777) -> None:
+        if len(made) == after:
+            raise KeyboardInterrupt
+        real(path, mode)  # type: ignore[arg-type]
+        made.append(path)
+
+    monkeypatch.setattr(staging.os, "mkdir", mkdir)
+    with pytest.raises(KeyboardInterrupt):
+        _run(fakes, workload.pid, tmp_path / "ck", [])
+    assert len(made) == after and _nothing_left(tmp_path / "ck")
+    assert running(workload.pid) and fakes.backend.current == State.RUNNING

@@ -5,6 +5,7 @@ store compressed or stays a plain file, bit-exact either way."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,113 @@ def test_a_device_image_is_packed_where_compressing_pays_and_plain_where_not(
     m = Manifest(pid=1, created="", host="", kernel="", npusnap_version="", criu_version="", files=[packed])
     with assembled(root, m, "device") as view:
         assert (view / "dev0.img").read_bytes() == data
+
+
+# ---------------------------------------------------------------- auto's remembered verdict
+
+def _verdict(root: Path, pays: bool, at: float = 0.0) -> store.Verdict:
+    return store.Verdict(pays, 1e9, 2e8, 0.5, os.stat(root.parent).st_dev, at or float(int(time.time())))
+
+
+def _plant(root: Path, verdict: store.Verdict) -> Path:
+    """The verdict written into the store beside root, as a probe writes it."""
+    path = root.parent / store.STORE_NAME
+    path.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        store.write_verdict(fd, verdict)
+    finally:
+        os.close(fd)
+    return path / store.VERDICT
+
+
+def _pack_device(root: Path, src: Path, entry: FileEntry) -> tuple[FileEntry | None, dict]:
+    (root / "device").mkdir(parents=True, exist_ok=True)
+    packer = Packer(root, "auto")
+    try:
+        packed = packer.device_image(src, root / entry.path, entry)
+    finally:
+        packer.close()
+    return packed, packer.device_stats.recorded("auto")
+
+
+def test_the_probes_verdict_is_remembered_and_followed_without_probing_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "PROBE", 2 * DEVICE_CHUNK)
+    monkeypatch.setattr(Race, "pays", lambda self, rate: False)
+    src, entry, data = _image(tmp_path)
+    packed, stats = _pack_device(tmp_path / "ck1", src, entry)
+    assert packed is None and stats["verdict"] == "probed"
+    kept = tmp_path / store.STORE_NAME / store.VERDICT
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert not [p for p in kept.parent.iterdir() if p.name.startswith(".tmp")]
+    verdict = store.remembered(tmp_path / "ck2")
+    assert verdict is not None and not verdict.pays and verdict.disk_rate > 0 and verdict.codec_rate > 0
+    assert 0 < verdict.ratio < 1 and verdict.dev == os.stat(tmp_path).st_dev
+
+    def no_probe(*args: object) -> bool:
+        raise AssertionError("probed although a verdict holds")
+
+    monkeypatch.setattr(Packer, "_probe", no_probe)
+    packed, stats = _pack_device(tmp_path / "ck2", src, entry)  # plain wins: written as it is
+    assert packed is None and (tmp_path / "ck2" / entry.path).read_bytes() == data
+    assert stats["verdict"] == "remembered" and stats["new_bytes"] == 0
+    _plant(tmp_path / "ck3", _verdict(tmp_path / "ck3", pays=True))
+    packed, stats = _pack_device(tmp_path / "ck3", src, entry)  # compressing pays: packed at once
+    assert packed is not None and not (tmp_path / "ck3" / entry.path).exists()
+    assert stats["verdict"] == "remembered" and stats["codec"] == "zstd" and stats["compressed_bytes"] > 0
+    m = Manifest(pid=1, created="", host="", kernel="", npusnap_version="", criu_version="", files=[packed])
+    with assembled(tmp_path / "ck3", m, "device") as view:
+        assert (view / "dev0.img").read_bytes() == data
+
+
+@pytest.mark.parametrize("bad", ["malformed", "wrong-types", "symlink", "foreign", "group-writable", "fifo",
+                                 "directory", "huge", "other-fs", "expired", "future"])
+def test_a_verdict_that_does_not_hold_is_judged_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       bad: str) -> None:
+    root = tmp_path / "ck"
+    good = _verdict(root, pays=False)
+    path = _plant(root, good)
+    assert store.remembered(root) == good
+    target = tmp_path / "target"
+    if bad == "malformed":
+        path.write_text('{"version": 1, "pays": fal')
+    elif bad == "wrong-types":
+        path.write_text(good.text().replace("false", '"no"'))
+    elif bad == "symlink":  # a link to a verdict that would hold is not followed
+        os.rename(path, target)
+        path.symlink_to(target)
+    elif bad == "foreign":
+        monkeypatch.setattr(store.os, "geteuid", lambda: os.getuid() + 1)
+    elif bad == "group-writable":
+        path.chmod(0o620)
+    elif bad == "fifo":
+        path.unlink()
+        os.mkfifo(path, 0o600)
+    elif bad == "directory":
+        path.unlink()
+        path.mkdir(0o700)
+    elif bad == "huge":
+        path.write_text(good.text()[:-2] + " " * 5000 + "}\n")
+    elif bad == "other-fs":
+        path.write_text(good.text().replace(f'"st_dev": {good.dev}', f'"st_dev": {good.dev + 1}'))
+    else:
+        at = time.time() + (-store.VERDICT_TTL_S - 60 if bad == "expired" else 3600)
+        _plant(root, store.Verdict(False, 1e9, 2e8, 0.5, good.dev, at))
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert store.read_verdict(fd, good.dev) is None
+    finally:
+        os.close(fd)
+    if bad == "foreign":
+        return  # the store itself is not ours under that uid either
+    packer = Packer(root, "auto")
+    try:
+        assert not packer.judged and packer.race is not None  # the next device image is probed
+    finally:
+        packer.close()
+    if bad in ("symlink", "fifo"):  # the probe's verdict replaces the name, not what it points at
+        _plant(root, good)
+        assert store.remembered(root) == good and not path.is_symlink()
+        if bad == "symlink":
+            assert target.read_text() == good.text()
