@@ -4,8 +4,9 @@ The time of `npusnap job checkpoint` (start to commit) for 1, 2 and 4 ranks of t
 each (1 node x 1, 2 nodes x 1, 2 nodes x 2), on the test cluster (scripts/test-cluster.sh,
 brought up privately and always brought down). Nodes run their stages in parallel, so the time
 should follow the largest node's state, not the job's sum: the ratios to 1 rank are printed next
-to the ranks' state ratio. A staged row: 2 x 2 ranks with and without --stage (node-local dump,
-write-behind), the ranks' longest downtime and the time to commit. Skipped, with the reason,
+to the ranks' state ratio. Rows of 2 x 2 ranks --leave-running with and without --stage
+(node-local dump, write-behind), with the direct data path, and --live: the ranks' longest
+downtime and the time to commit, and --live's downtime against the full checkpoint. Skipped, with the reason,
 where Slurm or root is missing."""
 
 from __future__ import annotations
@@ -90,21 +91,24 @@ def _checkpoint(c: Any, job: str, target: Path, extra: list[str]) -> dict[str, A
 
 
 def measure_staged(c: Any, scratch_mb: int, repeat: int) -> dict[str, Any]:
-    """2 nodes x 2 ranks checkpointed with and without --stage (a node-local directory under /tmp),
-    alternating on the one job, A then B each round, so that both see the same machine."""
+    """2 nodes x 2 ranks checkpointed --leave-running with and without --stage (a node-local
+    directory under /tmp), with the direct data path, and --live with it, in turn on the one job
+    each round, so that all see the same machine."""
     import tempfile
 
     out = c.shared / f"bench-{uuid.uuid4().hex[:8]}"
     out.mkdir()
     local = Path(tempfile.mkdtemp(prefix="npusnap-bench-stage-"))
     job = c.sbatch(_ranks_script(out, 100000, scratch_mb), "--nodes=2", "--ntasks-per-node=2")
-    runs: dict[str, list[dict[str, Any]]] = {"shared": [], "staged": []}
+    variants = {"shared": [], "staged": ["--stage", str(local)], "direct": ["--data-path", "direct"],
+                "live": ["--live", "--data-path", "direct"]}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     try:
         if not _started(out, 4):
             raise RuntimeError(f"the ranks of job {job} did not start: {c.output(job)[-800:]}")
         for i in range(repeat):
-            runs["shared"].append(_checkpoint(c, job, out / f"a{i}", []))
-            runs["staged"].append(_checkpoint(c, job, out / f"b{i}", ["--stage", str(local)]))
+            for name, extra in variants.items():
+                runs[name].append(_checkpoint(c, job, out / f"{name}{i}", extra))
     finally:
         c.run("scancel", job, check=False)
         shutil.rmtree(out, ignore_errors=True)
@@ -130,7 +134,7 @@ def measure(scratch_mb: int, repeat: int, progress: Any = print) -> dict[str, An
         for nodes, per_node in SHAPES:
             progress(f"{nodes} node(s) x {per_node} rank(s) of {scratch_mb} MiB device scratch, {repeat} sample(s)")
             shapes.append(measure_shape(c, nodes, per_node, scratch_mb, repeat))
-        progress(f"2 nodes x 2 ranks with and without --stage, {repeat} sample(s) each")
+        progress(f"2 nodes x 2 ranks with and without --stage, direct, --live, {repeat} sample(s) each")
         staged = measure_staged(c, scratch_mb, repeat)
     finally:
         r = c.down()
@@ -154,9 +158,14 @@ def render(doc: dict[str, Any]) -> str:
                      f"{s['largest_node_state_ratio']:>12}x {s['sum_state_ratio']:>3}x")
     if "staged" in doc:
         lines.append("4 ranks --leave-running, the longest rank downtime and start to commit (median):")
-        for name, what in (("shared", "dumped to the shared directory"), ("staged", "--stage, write-behind")):
-            st = doc["staged"][name]
-            lines.append(f"  {what:<32} downtime {st['downtime_s']:>6.2f}s  to commit {st['to_commit_s']:>6.2f}s")
+        for name, what in (("shared", "dumped to the shared directory"), ("staged", "--stage, write-behind"),
+                           ("direct", "--data-path direct"), ("live", "--live --data-path direct")):
+            if name in doc["staged"]:
+                st = doc["staged"][name]
+                lines.append(f"  {what:<32} downtime {st['downtime_s']:>6.2f}s  to commit {st['to_commit_s']:>6.2f}s")
+        if {"direct", "live"} <= set(doc["staged"]):  # #19's goal: at most 0.25x the full checkpoint
+            live, full = doc["staged"]["live"]["downtime_s"], doc["staged"]["direct"]["to_commit_s"]
+            lines.append(f"  --live downtime / full --leave-running checkpoint: {live / full:.2f}x (goal <= 0.25x)")
     return "\n".join(lines)
 
 

@@ -184,6 +184,7 @@ def rewind_to_checkpoint(checkpoint: Path, path: Path, member: Optional[int] = N
     for e in entries:
         reg = e.get("reg")
         if reg and reg["name"].lstrip("/") == str(path).lstrip("/"):
-            os.truncate(path, int(reg["size"]))
+            # CRIU records no size for a file opened O_APPEND (srun --output's): its offset is the end.
+            os.truncate(path, int(reg["size"] if "size" in reg else reg["pos"]))
             return
     raise AssertionError(f"{path} is not open in the checkpoint")

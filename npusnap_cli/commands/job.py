@@ -48,6 +48,14 @@ def job() -> None:
               help="The job checkpoint to create, on storage every node shares (must not exist).")
 @_job_options
 @click.option("--leave-running", is_flag=True, help="Keep every rank running after the checkpoint.")
+@click.option("--live", is_flag=True,
+              help="With --leave-running (implied): each node's ranks are stopped only while their images are "
+                   "written to memory (--live-staging, on each node), then copied to DIRECTORY while they run "
+                   "on; a node whose ranks' images would not fit there takes an ordinary --leave-running "
+                   "checkpoint of them, with a warning.")
+@click.option("--live-staging", type=click.Path(path_type=Path), default=Path("/dev/shm"), show_default=True,
+              metavar="DIR", callback=_absolute, help="The tmpfs directory, on every node, a --live checkpoint's "
+                                                      "images are staged in.")
 @click.option("--shell-job", is_flag=True, help="The ranks share a terminal or session with their launcher.")
 @click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0, show_default=True, metavar="SECONDS",
               help="How long each rank's device work may take to quiesce.")
@@ -74,9 +82,9 @@ def job() -> None:
 @json_option
 @click.pass_obj
 def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], leave_running: bool,
-               shell_job: bool, lock_timeout: float, criu_timeout: Optional[float], dedup: bool, compress: str,
-               data_path: str, parent: Optional[Path], stage: Optional[Path], connect_timeout: float,
-               prepare_timeout: float, commit_timeout: float) -> None:
+               live: bool, live_staging: Path, shell_job: bool, lock_timeout: float, criu_timeout: Optional[float],
+               dedup: bool, compress: str, data_path: str, parent: Optional[Path], stage: Optional[Path],
+               connect_timeout: float, prepare_timeout: float, commit_timeout: float) -> None:
     """Checkpoint every rank of the job on every node into DIRECTORY, all or nothing.
 
     One worker per node (srun --overlap) locks, backs up and dumps its node's ranks and votes;
@@ -85,7 +93,11 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
     """
     from ..core.job.coordinator import Deadlines, JobCheckpointOptions, checkpoint_job
 
+    if live and compress != "none":
+        raise click.UsageError("--live and --compress both stage the images in memory: give one of them")
+    leave_running = leave_running or live
     opts = JobCheckpointOptions(directory=directory, job=job, listen=listen, leave_running=leave_running,
+                                live_staging=live_staging if live else None,
                                 shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
                                 deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout), stage=stage,
                                 dedup=dedup, compress=compress, direct=data_path == "direct", parent=parent)
@@ -93,13 +105,16 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
     m = r.manifest
     if term.json_mode:
         term.data("job-checkpoint", {"directory": str(r.directory), "job": m.slurm_job_id,
-                                     "left_running": leave_running, "stage": str(stage) if stage else None,
+                                     "left_running": leave_running, "live": live, "downtime_s": r.downtime,
+                                     "stage": str(stage) if stage else None,
                                      "seconds": round(r.seconds, 6),
                                      "stages": r.stages, "nodes": [n.__dict__ for n in m.nodes],
                                      "ranks": [x.__dict__ for x in m.ranks]})
         return
     term.success(f"checkpointed job {m.slurm_job_id}: {len(m.ranks)} ranks on {len(m.nodes)} nodes into "
                  f"{r.directory} ({r.seconds:.2f}s)")
+    if r.downtime is not None:
+        term.info(f"{'live' if live else 'left running'}: the ranks were stopped for {r.downtime:.2f}s at most")
     if not leave_running:
         term.info(f"the ranks were stopped; `npusnap job restore {r.directory}` in a new allocation brings them back")
 
@@ -111,30 +126,42 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
               help="The allocation's nodes in rank order: the checkpoint's first node's ranks go to the first "
                    "(default: Slurm's order).")
 @click.option("--no-verify", is_flag=True, help="Check the manifests' checksums only, not every file's.")
+@click.option("--lazy", is_flag=True,
+              help="Every rank runs before its memory is back: host pages on first touch (CRIU lazy-pages), "
+                   "device memory on first touch and in the background (npusim, a checkpoint taken with "
+                   "--data-path direct), all of it checked. A chunk that fails its checksum makes the "
+                   "command exit 8 once the ranks have exited.")
 @_deadline_options
 @json_option
 @click.pass_obj
 def restore(term: Terminal, directory: Path, job: Optional[str], listen: Optional[str], nodes: Optional[str],
-            no_verify: bool, connect_timeout: float, prepare_timeout: float, commit_timeout: float) -> None:
+            no_verify: bool, lazy: bool, connect_timeout: float, prepare_timeout: float,
+            commit_timeout: float) -> None:
     """Restore the job checkpoint DIRECTORY into a (new) allocation and wait for the ranks.
 
     Needs as many nodes as the checkpoint has; each node's ranks are restored on one node of
     the allocation. Exits with the first non-zero exit code of a rank (0 when all succeed).
     """
     from ..core.job.coordinator import Deadlines, JobRestoreOptions, restore_job
+    from ..errors import ImageInvalid
 
     opts = JobRestoreOptions(directory=directory, job=job, listen=listen,
-                             nodes=nodes.split(",") if nodes else None, verify=not no_verify,
+                             nodes=nodes.split(",") if nodes else None, verify=not no_verify, lazy=lazy,
                              deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout))
     r = restore_job(opts, term.info)
+    problems = [p for n in r.lazy.values() for p in n.get("problems", [])]
+    for p in problems:
+        term.warn(p)
     if term.json_mode:
         term.data("job-restore", {"directory": str(directory.absolute()), "placement": r.placement,
                                   "pids": r.pids, "exit_codes": r.codes, "exit_code": r.exit_code,
-                                  "stages": r.stages})
+                                  "stages": r.stages, "lazy": r.lazy if lazy else None})
     else:
         term.success(f"job restored from {directory} ("
                      + ", ".join(f"{a} -> {b}" for a, b in r.placement.items())
                      + f"); the ranks exited {r.exit_code}")
+    if problems:
+        raise ImageInvalid(problems[0], "the job checkpoint is damaged: restore another one (npusnap job verify DIR)")
     raise SystemExit(r.exit_code)
 
 
@@ -250,6 +277,7 @@ def _worker_options(f: F) -> F:
 @click.option("--job", "job_id", required=True)
 @click.option("--staging", required=True, type=click.Path(path_type=Path))
 @click.option("--leave-running", is_flag=True)
+@click.option("--live-staging", type=click.Path(path_type=Path), default=None)
 @click.option("--shell-job", is_flag=True)
 @click.option("--lock-timeout", type=Seconds(min=0.1), default=60.0)
 @click.option("--criu-timeout", type=Seconds(min=1), default=None)
@@ -260,24 +288,27 @@ def _worker_options(f: F) -> F:
 @click.option("--parent", type=click.Path(path_type=Path), default=None)
 @click.option("--stage", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
-                      leave_running: bool, shell_job: bool, lock_timeout: float,
+                      leave_running: bool, live_staging: Optional[Path], shell_job: bool, lock_timeout: float,
                       criu_timeout: Optional[float], rendezvous: Optional[Path], dedup: bool, compress: str,
                       direct: bool, parent: Optional[Path], stage: Optional[Path]) -> None:
     from ..core.job.worker import WorkerOptions, checkpoint_worker
 
     raise SystemExit(checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
-        leave_running=leave_running, shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
-        rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct, parent=parent, stage=stage)))
+        leave_running=leave_running, live_staging=live_staging, shell_job=shell_job, lock_timeout=lock_timeout,
+        criu_timeout=criu_timeout, rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct,
+        parent=parent, stage=stage)))
 
 
 @worker.command("restore")
 @_worker_options
 @click.option("--directory", required=True, type=click.Path(path_type=Path))
 @click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
+@click.option("--lazy", is_flag=True)
 def worker_restore(coordinator: str, run_id: str, secret_file: Path, lease: float, directory: Path,
-                   rendezvous: Optional[Path]) -> None:
+                   rendezvous: Optional[Path], lazy: bool) -> None:
     from ..core.job.worker import WorkerOptions, restore_worker
 
     raise SystemExit(restore_worker(WorkerOptions(coordinator=coordinator, run=run_id, secret_file=secret_file,
-                                                  lease=lease, directory=directory, rendezvous=rendezvous)))
+                                                  lease=lease, directory=directory, rendezvous=rendezvous,
+                                                  lazy=lazy)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
@@ -57,8 +57,8 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
 
-    --lazy: the process runs as soon as CRIU has restored it, and its memory comes in
-    behind it. The command stays until all of it is in (--pidfile is written at once; an
+    --lazy: the process (a set: every member) runs as soon as CRIU has restored it, and its
+    memory comes in behind it. The command stays until all of it is in (--pidfile is written at once; an
     interrupt is ignored meanwhile: the memory must not be cut off); a failed page server
     kills the process; a device chunk that fails its checksum fails the process's access to
     it (ACL_ERROR_RT_DEVICE_MEM_ERROR), is reported, and makes the command exit 8 (in the
@@ -76,11 +76,6 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
                           rendezvous=rendezvous.absolute() if rendezvous else None,
                           daemon_socket=os.path.abspath(device_socket) if device_socket else None, lazy=lazy)
     is_set, shell_job = _peek(directory)
-    if is_set and lazy:
-        from ..errors import WrongState
-
-        raise WrongState(f"{directory} holds a process set; --lazy restores one process",
-                         "restore the set without --lazy")
     if is_set:
         _restore_set(ctx, term, opts, detach, pidfile, shell_job)
         return
@@ -110,7 +105,7 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     ctx.exit(code)
 
 
-def _finish_lazy(term: Terminal, pid: int, lazy: "LazyRestore", doc: dict[str, object]) -> "Optional[Exception]":
+def _finish_lazy(term: Terminal, pid: int, lazy: "LazyRestore", doc: dict[str, Any]) -> "Optional[Exception]":
     """Waits until all memory of a lazy restore is in; the failure to report once the rest is done."""
     from ..errors import ImageInvalid
 
@@ -133,6 +128,7 @@ def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", det
                  pidfile: Optional[Path], shell_job: bool) -> None:
     from ..core.processset import restore_set
     from ..core.restore import wait_exit_code
+    from ..errors import NpusnapError
 
     with term.reporter(live=not shell_job) as report:
         result = restore_set(opts, progress=report)
@@ -143,11 +139,21 @@ def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", det
                for m in result.members]
     doc = {"directory": str(opts.directory), "pid": pids[0], "pids": pids, "members": members,
            "phases": [p.__dict__ for p in result.phases]}
+    failure: Optional[Exception] = None
+    for member, m, lazy in zip(members, result.members, result.lazy):  # --lazy: every member's memory in
+        try:
+            problem = _finish_lazy(term, m.pid, lazy, member)
+            failure = failure or problem
+        except NpusnapError as e:  # that member was killed: the others' memory still comes in
+            term.warn(e.message)
+            failure = failure or e
     if detach:
         if term.json_mode:
             term.data("restore", {**doc, "warnings": term.warnings})
-        else:
+        elif failure is None:
             term.success(f"restored the set {' '.join(map(str, pids))} from {opts.directory}")
+        if failure is not None:
+            raise failure
         return
     term.info(f"restored the set {' '.join(map(str, pids))}; waiting for every member to exit")
     codes = [wait_exit_code(pid) for pid in pids]
@@ -156,6 +162,8 @@ def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", det
     code = next((c for c in codes if c != 0), 0)
     if term.json_mode:
         term.data("restore", {**doc, "exit_code": code, "warnings": term.warnings})
+    if failure is not None:
+        raise failure
     ctx.exit(code)
 
 

@@ -50,7 +50,7 @@ from ..image.format import (
 from ..image.memstage import MemStage
 from ..image.staging import Staging
 from ..image.store import Packer, assembled
-from ..platform.criu import page_runs
+from ..platform.criu import LazyPages, page_runs
 from . import communicators, processes
 from .checkpoint import (
     CheckpointOptions,
@@ -62,6 +62,7 @@ from .checkpoint import (
     staged_on,
     transaction,
 )
+from .lazy import LazyRestore
 from .progress import Event, Phases, Progress, quiet, warn
 from .restore import (
     RESTORE_LEASE_S,
@@ -71,7 +72,11 @@ from .restore import (
     _unlock_closed_connections,
     _verified,
     hand_daemon,
+    lazy_restore,
+    lazy_supported,
     on_daemon,
+    refuse_lazy,
+    use_lazy,
 )
 from .services import REAL, CriuDriver, GuardianLike, ImagesViewLike, Services
 from .signals import Signals
@@ -329,7 +334,7 @@ class SetCheckpoint:
             self._write_behind()
         self._seal()
         manifest = self._manifest()
-        if self.opts.run_on_at_seal:
+        if self.opts.run_on_at_seal and not self.ran_on:  # --live ran on before its write-behind
             self._run_on_at_seal()
         if self.gate is not None:
             self.gate.prepared(manifest)
@@ -560,6 +565,7 @@ class SetRestoreResult:
     manifest: Manifest
     members: list[MemberRestored]
     phases: list[PhaseTiming] = field(default_factory=list)
+    lazy: list[LazyRestore] = field(default_factory=list)  # --lazy: each member's, in member order (finish() each)
 
 
 def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Services = REAL) -> SetRestoreResult:
@@ -576,12 +582,17 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
     if opts.criu_only:
         raise WrongState("--criu-only is a runbook step for one process; a set is restored whole",
                          "restore the set without --criu-only")
+    if opts.lazy:
+        refuse_lazy(root, manifest, opts)
     for entry in manifest.members:
         services.device_fits(on_daemon(entry.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
+    if opts.lazy:
+        lazy_supported(criu)
     services.become_subreaper()
     restored: list[tuple[MemberEntry, int]] = []  # the roots to kill on failure
+    servers: dict[int, LazyPages] = {}  # --lazy: each member's page server, by its checkpointed pid
     backends: list[Optional[Backend]] = []
     results: list[MemberRestored] = []
     guardian = services.guardian(None, manifest.pid)
@@ -596,7 +607,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                         member_phase = Phases(progress, member=entry.pid)
                         results.append(MemberRestored(entry.pid, entry.pid, member_phase.timings))
                         pid = _restore_member(entry, manifest, root, opts, criu, view, guardian, member_phase,
-                                              signals, progress, restored)
+                                              signals, progress, restored, servers)
                         results[-1].pid = pid
                         if hccl:
                             ready.append((entry, pid, member_phase))
@@ -617,6 +628,8 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                 signals.rolling_back = True
                 for entry, pid in reversed(restored):
                     processes.kill_tree(pid, list(dict.fromkeys([pid, *(p.pid for p in entry.processes)])))
+                for server in servers.values():
+                    server.kill()
                 raise
             finally:
                 for b in backends:
@@ -624,22 +637,27 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                         b.release()
     finally:
         guardian.release()
-    return SetRestoreResult(manifest, results, phase.timings)
+    lazy = [lazy_restore(pid, [p.pid for p in entry.processes], servers.get(entry.pid), entry.device, opts,
+                         sum(f.size for f in entry.files(manifest) if f.path.startswith(f"{CRIU_DIR}/")))
+            for entry, pid in restored] if opts.lazy else []
+    return SetRestoreResult(manifest, results, phase.timings, lazy)
 
 
 def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions, criu: CriuDriver,
                     view: ImagesViewLike, guardian: GuardianLike, phase: Phases, signals: Signals, progress: Progress,
-                    restored: list[tuple[MemberEntry, int]]) -> int:
+                    restored: list[tuple[MemberEntry, int]], servers: dict[int, "LazyPages"]) -> int:
     log_dir = restore_log_dir(root)  # one fresh private directory per member's restore
     restored.append((entry, entry.pid))  # CRIU restores the member under its pid: killed if it fails half-way
     # --dedup, --compress: the member's page images reassembled from the chunk store (each chunk checked)
     with phase("criu-restore"), signals.critical(), assembled(root, manifest, CRIU_DIR, entry.subdir) as criu_dir:
-        images = criu_dir / entry.subdir
-        pid = criu.restore(view.enter(images, lambda m: warn(progress, m)), log_dir,
-                                shell_job=bool(manifest.options.get("shell_job")),
-                                tcp_established=bool(manifest.options.get("tcp_established")),
-                                extra=_restore_options(manifest, opts),
-                                started=guardian.wait_for_criu)
+        images = view.enter(criu_dir / entry.subdir, lambda m: warn(progress, m))
+        if opts.lazy:  # the member's page server first: CRIU's restore connects to it
+            servers[entry.pid] = criu.lazy_pages(images, log_dir)
+        pid = criu.restore(images, log_dir,
+                           shell_job=bool(manifest.options.get("shell_job")),
+                           tcp_established=bool(manifest.options.get("tcp_established")),
+                           extra=_restore_options(manifest, opts),
+                           started=guardian.wait_for_criu, lazy_pages=opts.lazy)
         restored[-1] = (entry, pid)
     _unlock_closed_connections(root / CRIU_DIR / entry.subdir, manifest, opts, progress)
     return pid
@@ -710,6 +728,8 @@ def _device_restore(pid: int, entry: MemberEntry, manifest: Manifest, root: Path
         files: list[FileEntry] = [f for f in entry.files(manifest) if f.path.startswith(f"{DEVICE_DIR}/")]
         if manifest.parent is not None:  # incremental: the member's images in every link up the chain
             _member_chain(backend, root, manifest, entry, views)
+        if opts.lazy:
+            use_lazy(backend)
         device_dir = views.enter_context(assembled(root, manifest, DEVICE_DIR, entry.subdir))  # --compress
         backend.restore(device_dir / entry.subdir, files)
         t.bytes = entry.device.bytes

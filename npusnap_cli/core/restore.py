@@ -43,6 +43,8 @@ from .signals import Signals
 
 if TYPE_CHECKING:
     from ..backends.direct import ImportAhead
+    from ..platform.criu import LazyPages
+    from .services import CriuDriver
 
 RESTORE_LEASE_S = 10.0  # the lease a restore keeps renewing on the restored lock until its unlock
 
@@ -79,14 +81,12 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
     phase = Phases(progress)
     manifest, pages = _verified(root, opts, phase)
     if opts.lazy:
-        _refuse_lazy(root, manifest, opts)
+        refuse_lazy(root, manifest, opts)
     services.device_fits(on_daemon(manifest.device, opts))
     _refuse_pids_in_use(manifest)
     criu = services.criu(opts.criu_path)
-    if opts.lazy and not criu.features().get("lazy_pages"):  # userfaultfd, as CRIU probes it
-        raise EnvironmentProblem("this kernel or CRIU cannot restore lazily (CRIU's lazy_pages feature check "
-                                 "failed: userfaultfd missing or not allowed)",
-                                 "restore without --lazy; `criu check --feature uffd-noncoop` says more")
+    if opts.lazy:
+        lazy_supported(criu)
     try:  # never DIR/logs/restore.log itself: a link planted there would be followed by CRIU
         log_dir = restore_log_dir(root)
     except (OSError, ImageInvalid):
@@ -148,10 +148,8 @@ def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services
         guardian.release()
     lazy = None
     if opts.lazy:
-        device = on_daemon(manifest.device, opts)
-        lazy = LazyRestore(restored[0], pids, lazy_pages,
-                           device.endpoint if device.backend == BackendName.SIM else None,
-                           manifest.device.bytes + sum(f.size for f in page_entries(manifest)))
+        lazy = lazy_restore(restored[0], pids, lazy_pages, manifest.device, opts,
+                            sum(f.size for f in page_entries(manifest)))
     return RestoreResult(restored[0], manifest, phase.timings, lazy)
 
 
@@ -215,17 +213,32 @@ def _can_wait_stopped(root: Path, manifest: Manifest) -> bool:
         return False  # verify() says what is wrong with them
 
 
-def _refuse_lazy(root: Path, manifest: Manifest, opts: RestoreOptions) -> None:
-    """--lazy needs what brings the memory in later: the direct data path for device memory."""
+def refuse_lazy(root: Path, manifest: Manifest, opts: RestoreOptions) -> None:
+    """--lazy needs what brings the memory in later: the direct data path for device memory (every
+    member's, for a set)."""
     if opts.criu_only:
         raise WrongState("--lazy and --criu-only do not go together",
                          "a lazy restore brings the device memory in itself: drop one of them")
-    if manifest.is_set:
-        raise WrongState(f"{root} holds a process set; --lazy restores one process")
-    if manifest.device.backend != BackendName.NONE and manifest.device.method != DataPath.DIRECT:
-        raise WrongState(f"{root}'s device memory was saved by the {manifest.device.method} data path; "
-                         "--lazy needs the direct one (npusim's daemon brings chunks in on first touch)",
-                         "restore it without --lazy, or checkpoint with the direct data path")
+    for device in [e.device for e in manifest.members] if manifest.is_set else [manifest.device]:
+        if device.backend != BackendName.NONE and device.method != DataPath.DIRECT:
+            raise WrongState(f"{root}'s device memory was saved by the {device.method} data path; "
+                             "--lazy needs the direct one (npusim's daemon brings chunks in on first touch)",
+                             "restore it without --lazy, or checkpoint with the direct data path")
+
+
+def lazy_supported(criu: "CriuDriver") -> None:
+    if not criu.features().get("lazy_pages"):  # userfaultfd, as CRIU probes it
+        raise EnvironmentProblem("this kernel or CRIU cannot restore lazily (CRIU's lazy_pages feature check "
+                                 "failed: userfaultfd missing or not allowed)",
+                                 "restore without --lazy; `criu check --feature uffd-noncoop` says more")
+
+
+def lazy_restore(pid: int, pids: list[int], pages: Optional["LazyPages"], device: DeviceState,
+                 opts: RestoreOptions, page_bytes: int) -> LazyRestore:
+    """What brings a lazily restored tree's memory in (host pages, device chunks) until it all is."""
+    on = on_daemon(device, opts)
+    return LazyRestore(pid, pids, pages, on.endpoint if on.backend == BackendName.SIM else None,
+                       device.bytes + page_bytes)
 
 
 def _refuse_pids_in_use(manifest: Manifest) -> None:
@@ -298,7 +311,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             if manifest.parent is not None:
                 _use_chain(backend, root, manifest, views)
             if opts.lazy:
-                _use_lazy(backend)
+                use_lazy(backend)
             # compressed images (--compress) reassembled first, each chunk checked
             backend.restore(views.enter_context(assembled(root, manifest, DEVICE_DIR)), images)
             t.bytes = manifest.device.bytes
@@ -309,10 +322,10 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
         backend.release()
 
 
-def _use_lazy(backend: Backend) -> None:
+def use_lazy(backend: Backend) -> None:
     from ..backends.direct import DirectBackend
 
-    if isinstance(backend, DirectBackend):  # _refuse_lazy let only the direct path through
+    if isinstance(backend, DirectBackend):  # refuse_lazy let only the direct path through
         backend.lazy = True
 
 

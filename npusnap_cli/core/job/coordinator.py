@@ -73,6 +73,7 @@ class JobCheckpointOptions:
     job: Optional[str] = None
     listen: Optional[str] = None
     leave_running: bool = False
+    live_staging: Optional[Path] = None  # --live (with leave_running): each node's tmpfs to stage its ranks' images in
     shell_job: bool = False
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
@@ -91,6 +92,7 @@ class JobRestoreOptions:
     listen: Optional[str] = None
     nodes: Optional[list[str]] = None  # the new allocation's nodes in rank order (default Slurm's)
     verify: bool = True
+    lazy: bool = False  # every rank runs before its memory is back (each node's set restored --lazy)
     deadlines: Deadlines = field(default_factory=Deadlines)
 
 
@@ -276,6 +278,11 @@ class CheckpointResult:
     seconds: float
     stages: list[dict[str, Any]]
 
+    @property
+    def downtime(self) -> Optional[float]:
+        """The longest any rank was stopped (--leave-running, --live); None: the ranks were stopped."""
+        return max((r.downtime for r in self.manifest.ranks if r.downtime is not None), default=None)
+
 
 def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     job = slurm.job_id(opts.job)
@@ -376,6 +383,7 @@ def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path,
     if opts.criu_timeout:
         args += ["--criu-timeout", str(opts.criu_timeout)]
     args += ["--leave-running"] if opts.leave_running else []
+    args += ["--live-staging", str(opts.live_staging)] if opts.live_staging is not None else []
     args += ["--stage", str(opts.stage)] if opts.stage is not None else []
     return args + (["--shell-job"] if opts.shell_job else []) + _store_worker_args(opts)
 
@@ -478,6 +486,7 @@ class RestoreResult:
     pids: dict[str, list[int]]
     codes: dict[str, dict[str, int]]
     stages: list[dict[str, Any]]
+    lazy: dict[str, dict[str, Any]] = field(default_factory=dict)  # --lazy: each node's (seconds, problems)
 
     @property
     def exit_code(self) -> int:
@@ -515,7 +524,7 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
         t = time.monotonic()
         meet = _rendezvous(root / m.rendezvous, session.run, owners.hand_over(slurm.job_user(job)))
         session.start_workers(["restore", "--directory", str(root), "--secret-file", str(private / jm.SECRET),
-                               "--lease", str(d.lease), "--rendezvous", str(meet)])
+                               "--lease", str(d.lease), "--rendezvous", str(meet), *(["--lazy"] if opts.lazy else [])])
         session.gather("hello", "connect", d.connect)
         stages.append({"name": "connect", "seconds": round(time.monotonic() - t, 6)})
         t = time.monotonic()
@@ -531,7 +540,7 @@ def restore_job(opts: JobRestoreOptions, say: Say) -> RestoreResult:
                                                for old, new in place.items()))
         exited = session.gather("exited", "run", None)
         codes = {n: {k: int(v) for k, v in e["codes"].items()} for n, e in exited.items()}
-        return RestoreResult(m, place, pids, codes, stages)
+        return RestoreResult(m, place, pids, codes, stages, {n: e["lazy"] for n, e in exited.items() if "lazy" in e})
     except BaseException as e:
         if session is not None:
             session.abort(str(getattr(e, "message", e)) or type(e).__name__)

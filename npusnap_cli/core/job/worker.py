@@ -37,6 +37,7 @@ from .protocol import Channel, ProtocolError, read_secret
 from .ranks import REGISTRY, Rank, find_ranks, register_restored, unregister_restored, wait_restored
 
 if TYPE_CHECKING:
+    from ..lazy import LazyRestore
     from ..processset import SetCheckpoint
     from ..progress import Event
     from ..restore import RestoreOptions
@@ -52,6 +53,7 @@ class WorkerOptions:
     staging: Optional[Path] = None  # checkpoint: the job's staging directory
     directory: Optional[Path] = None  # restore: the job checkpoint
     leave_running: bool = False
+    live_staging: Optional[Path] = None  # checkpoint: --live, staged in this tmpfs directory
     shell_job: bool = False
     lock_timeout: float = 60.0
     criu_timeout: Optional[float] = None
@@ -64,6 +66,7 @@ class WorkerOptions:
     compress: str = "none"
     direct: bool = False  # checkpoint: the direct data path (the daemon moves device memory)
     parent: Optional[Path] = None  # checkpoint: the parent job checkpoint (incremental)
+    lazy: bool = False  # restore: the ranks run before their memory is back (restore --lazy)
 
 
 def node_name() -> str:
@@ -249,6 +252,7 @@ def _local_stage(opts: WorkerOptions, node: str) -> Optional[Path]:
 
 def checkpoint_worker(opts: WorkerOptions) -> int:
     from ...backends import DataPathChoice
+    from ...image.memstage import DEFAULT_DIR as LIVE_STAGING
     from ..checkpoint import CheckpointOptions
     from ..processset import SetCheckpoint
     from ..services import REAL
@@ -289,10 +293,12 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         # Slurm's tasks are process-group leaders, not session leaders: CRIU needs --shell-job.
         shell_job = opts.shell_job or any(_sid(r.pid) != r.pid for r in ranks)
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
+                                  live=opts.live_staging is not None, live_staging=opts.live_staging or LIVE_STAGING,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
                                   data_path=DataPathChoice.DIRECT if opts.direct else DataPathChoice.IN_PROCESS,
                                   peers_elsewhere=True, dedup=opts.dedup, compress=opts.compress,
-                                  rendezvous=opts.rendezvous, run_on_at_seal=local is not None and opts.leave_running,
+                                  rendezvous=opts.rendezvous,
+                                  run_on_at_seal=local is not None and opts.leave_running,
                                   published=None if local is None else opts.staging / "nodes" / node)
         gate = _Gate(ch, opts, node, ranks) if local is None else _StagedGate(ch, opts, node, ranks)
         try:
@@ -434,15 +440,39 @@ def restore_worker(opts: WorkerOptions) -> int:
             say("the job restore was aborted: killing this node's restored ranks")
             for m in result.manifest.members:
                 kill_tree(m.pid, [m.pid, *(p.pid for p in m.processes)])
+            for lazy in result.lazy:  # --lazy: their page servers too
+                lazy.kill()
             return JobAborted.exit_code
+        filled = {"lazy": _finish_lazy(result.lazy)} if result.lazy else {}
         codes = _wait_children(pids)
         if job:
             unregister_restored(job, node)
         with contextlib.suppress(OSError):
-            ch.send("exited", node=node, codes=codes)
+            ch.send("exited", node=node, codes=codes, **filled)
         return next((c for c in codes.values() if c != 0), 0)
     finally:
         ch.close()
+
+
+def _finish_lazy(lazies: list["LazyRestore"]) -> dict[str, Any]:
+    """--lazy: waits until every rank's memory is in (or it exited), before any is reaped (the
+    page servers are our children too: _wait_children must not take their exit statuses). Each
+    rank's outcome on the worker's lines; the node's for the coordinator."""
+    seconds, problems = 0.0, []
+    for lazy in lazies:
+        try:
+            out = lazy.finish()
+        except NpusnapError as e:  # its page server failed: the rank was killed
+            say(e.one_line())
+            problems.append(e.message)
+            continue
+        seconds = max(seconds, out.seconds)
+        problems += out.problems
+        for p in out.problems:
+            say(p)
+        say(f"rank {lazy.root}: " + ("exited before all its memory was in" if out.workload_exited
+                                     else f"all memory in, {out.seconds:.2f} s after its restore"))
+    return {"seconds": round(seconds, 6), "problems": problems}
 
 
 def _restore_options(opts: WorkerOptions, node_dir: Path) -> "RestoreOptions":
@@ -452,7 +482,8 @@ def _restore_options(opts: WorkerOptions, node_dir: Path) -> "RestoreOptions":
     from ...platform.simdaemon import socket_path
     from ..restore import RestoreOptions
 
-    return RestoreOptions(directory=node_dir, rendezvous=opts.rendezvous, daemon_socket=socket_path())
+    return RestoreOptions(directory=node_dir, rendezvous=opts.rendezvous, daemon_socket=socket_path(),
+                          lazy=opts.lazy)
 
 
 def _wait_children(pids: list[int]) -> dict[str, int]:
