@@ -11,7 +11,8 @@ unless its environment variable is set.
   after:export@PID: the direct path's device files written, the process not yet backed up.
 * NPUSNAP_TEST_JOB_FAIL=POINT@NODE / NPUSNAP_TEST_JOB_PAUSE=POINT@NODE: a job worker on NODE
   fails (or announces the point and waits, as above) at POINT: lock (before its set starts),
-  vote, committed, restore (tests/job).
+  vote, committed, done (after the job's commit, before its ranks run on or are killed),
+  restore (tests/job).
 * NPUSNAP_TEST_DISK_MBPS=N: the checkpoint's disk is made N MB/s slow (bench.devicecompress's
   slow sink; this machine has no throttled block device): see disk().
 * NPUSNAP_LIBCUDA naming the CUDA test shim (native/cudashim): `--device auto` recognises a

@@ -92,8 +92,10 @@ class CommitGate(Protocol):
         """Everything dumped and sealed, nothing committed: vote, and wait for the decision.
         Raising aborts: every member is undone as for any failure."""
 
-    def committed(self, manifest: Manifest) -> None:
-        """The set is committed, no member killed or run on yet: wait until the job is."""
+    def committed(self, manifest: Manifest) -> Optional[Path]:
+        """The set is committed, no member killed or run on yet: wait until the job is. Where the
+        set's committed directory is now (the job's commit renames the directory above it), or
+        None: where the set committed it."""
 
     def failing(self, error: BaseException) -> None:
         """The set failed before its commit and every member is about to be undone: tell the job
@@ -460,8 +462,7 @@ class SetCheckpoint:
     def _finish(self, manifest: Manifest) -> None:
         """After the commit: every member killed, or every member run on (--leave-running). One
         member's failure to run on does not keep the others from it; the first is reported."""
-        if self.gate is not None:
-            self.gate.committed(manifest)
+        moved = self.gate.committed(manifest) if self.gate is not None else None
         failed: dict[int, BaseException] = {}
 
         def each(step: Callable[[CheckpointRun], None]) -> None:
@@ -475,7 +476,7 @@ class SetCheckpoint:
         if not self.opts.leave_running:
             each(lambda m: m.finish_checkpoint(manifest))
         elif not self.ran_on:
-            failed.update(self._run_all_on(None))
+            failed.update(self._run_all_on(moved))
         first: Optional[BaseException] = None
         for m in self.members:
             if m.pid in failed:

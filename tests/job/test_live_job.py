@@ -110,6 +110,37 @@ def test_a_failed_write_behind_aborts_and_the_ranks_run_on(ranks: RankJob, shm: 
     ranks.assert_all_run_on()
 
 
+def test_direct_leave_running_ranks_run_on_from_the_committed_job_checkpoint(ranks: RankJob) -> None:
+    """Without --live, the direct path's ranks run on after the job's commit, their device memory
+    read back from their images: in the committed job checkpoint, not in the staging directory
+    the commit renamed (which a worker once looked in, failing every rank's run-on)."""
+    c = ranks.c
+    ck = c.shared / f"ck-direct-lr-{uuid.uuid4().hex[:8]}"
+    r = as_json(npusnap(c, "job", "checkpoint", "-D", str(ck), "--job", ranks.id, "--leave-running",
+                        "--data-path", "direct", "--json"))
+    assert r["live"] is False and all(x["downtime"] > 0 for x in r["ranks"]), r
+    assert as_json(npusnap(c, "job", "verify", str(ck), "--json"))["valid"] is True
+    ranks.assert_all_run_on()
+
+
+def test_a_worker_that_fails_after_the_commit_is_reported_and_its_ranks_recovered(ranks: RankJob) -> None:
+    """A worker fails once the job checkpoint is committed, before its ranks run on: the command
+    says the checkpoint was committed and which worker failed after it (not that nothing was),
+    the checkpoint stands, and the worker brings its ranks back from it (they run on)."""
+    c = ranks.c
+    node = c.nodes[1]
+    ck = c.shared / f"ck-late-{uuid.uuid4().hex[:8]}"
+    r = npusnap(c, "job", "checkpoint", "-D", str(ck), "--job", ranks.id, "--leave-running", "--data-path",
+                "direct", env={"NPUSNAP_TEST_JOB_FAIL": f"done@{node}"})
+    assert r.returncode == 3, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"{ck} was committed, but the worker on {node} failed after it" in last, last
+    assert "test failure injected" in last and "Traceback" not in r.stderr, r.stderr
+    assert "could not be recovered" not in r.stderr, r.stderr
+    assert as_json(npusnap(c, "job", "verify", str(ck), "--json"))["valid"] is True
+    ranks.assert_all_run_on()
+
+
 def test_live_with_compress_is_refused_in_one_line(ranks: RankJob) -> None:
     c = ranks.c
     target = c.shared / f"ck-live-zstd-{uuid.uuid4().hex[:8]}"

@@ -118,6 +118,18 @@ def _worker_failure(stage: str, node: str, msg: dict[str, Any], note: str = "") 
                 kind.default_hint if kind is JobBusy else JobAborted.default_hint)
 
 
+def _failed_after_commit(final: Path, node: str, msg: dict[str, Any]) -> NpusnapError:
+    """A worker that failed once the job checkpoint was committed (its ranks did not all run on,
+    or were not killed): the checkpoint stands, the error keeps its kind."""
+    from ... import errors
+
+    kind = getattr(errors, str(msg.get("error_kind")), None)
+    kind = kind if isinstance(kind, type) and issubclass(kind, NpusnapError) else NpusnapError
+    return kind(f"the job checkpoint {final} was committed, but the worker on {node} failed after it: "
+                f"{msg.get('error')}", f"see the workers' lines above; `npusnap recover PID` on {node} brings "
+                                       "back a rank that is not running")
+
+
 def _worker_command() -> list[str]:
     return [sys.executable, "-m", "npusnap_cli", "job", "worker"]
 
@@ -198,9 +210,11 @@ class Session:
             self.events.put(Event(node, msg))
 
     # -- stages
-    def gather(self, wanted: str, stage: str, timeout: Optional[float]) -> dict[str, dict[str, Any]]:
+    def gather(self, wanted: str, stage: str, timeout: Optional[float],
+               failed: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, dict[str, Any]]:
         """A `wanted` message from every node within timeout (None: no bound); JobAborted when a
-        worker fails, is lost, or the time runs out."""
+        worker fails, is lost, or the time runs out. failed: where a worker's failure is kept
+        instead (after the commit, nothing is undone for it)."""
         waiting = set(self.nodes)
         got: dict[str, dict[str, Any]] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -224,6 +238,9 @@ class Session:
                 deadline = grace if deadline is None else min(deadline, grace)
             elif ev.msg is None:
                 self.lost[ev.node] = ev.why
+            elif ev.msg["type"] == "failed" and failed is not None:
+                failed[ev.node] = ev.msg
+                waiting.discard(ev.node)
             elif ev.msg["type"] == "failed":
                 raise _worker_failure(stage, ev.node, ev.msg, self._job_ended())
             elif ev.msg["type"] == wanted and ev.node in waiting:
@@ -334,15 +351,18 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         committed = True
         fsync_path(final.parent)
         stage("commit", t)
-        session.broadcast("done")
+        session.broadcast("done", directory=str(final))  # where a rank that runs on finds its images now
         t = time.monotonic()
         finished: dict[str, dict[str, Any]] = {}
+        late: dict[str, dict[str, Any]] = {}  # workers that failed after the commit (their ranks' run-on)
         with contextlib.suppress(JobAborted):  # committed: a worker that ends early costs nothing
-            finished = session.gather("finished", "finish", d.commit)
+            finished = session.gather("finished", "finish", d.commit, failed=late)
         stage("finish", t)
         _downtimes(m, finished)
         m.phases = stages
         jm.write(final, m)  # the timings of the finish too (same content otherwise)
+        if late:
+            raise _failed_after_commit(final, *sorted(late.items())[0])
         return CheckpointResult(m, final, time.monotonic() - started, stages)
     except BaseException as e:
         if committed:

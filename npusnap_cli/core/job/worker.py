@@ -144,6 +144,8 @@ class _Gate(_GateRuns):
         self.ch, self.opts, self.node, self.ranks = ch, opts, node, ranks
         self.voted = False
         self.set_committed = False
+        self.job_committed = False  # the coordinator said `done`: the job checkpoint stands, whatever follows
+        self.moved: Optional[Path] = None  # then: the node's directory in it (see committed())
         self.phases: list[dict[str, Any]] = []
         self._since = 0.0
         self.told = False  # the coordinator heard of this node's failure
@@ -159,7 +161,7 @@ class _Gate(_GateRuns):
         self.phases.append({"name": name, "seconds": round(now - self._since, 6)})
         self._since = now
 
-    def _await(self, stage: str, wanted: str) -> None:
+    def _await(self, stage: str, wanted: str) -> dict[str, Any]:
         try:
             msg = self.ch.receive(timeout=self.opts.lease)
         except ProtocolError as e:
@@ -168,6 +170,7 @@ class _Gate(_GateRuns):
             raise JobAborted(f"the coordinator aborted the job checkpoint: {msg.get('reason', '?')}")
         if msg["type"] != wanted:
             raise JobAborted(f"the coordinator sent {msg['type']!r} where {wanted!r} was due")
+        return msg
 
     def prepared(self, manifest: Manifest) -> None:
         testhooks.job_point("vote", self.node)
@@ -197,14 +200,20 @@ class _Gate(_GateRuns):
             with contextlib.suppress(OSError):
                 self.ch.send("failed", node=self.node, error=str(error) or type(error).__name__)
 
-    def committed(self, manifest: Manifest) -> None:
+    def committed(self, manifest: Manifest) -> Optional[Path]:
+        """The node's directory in the committed job checkpoint (the coordinator renamed the
+        staging directory): where ranks that run on now (--leave-running) read their images."""
         self.set_committed = True
         assert self.opts.staging is not None
         testhooks.job_point("committed", self.node)
         self._timed("commit")
         self._send("committed", node=self.node, phases=self.phases,
                    manifest_sha256=sha256_of(self.opts.staging / "nodes" / self.node / MANIFEST))
-        self._await("final", "done")
+        done = self._await("final", "done")
+        self.job_committed = True
+        self.moved = Path(done["directory"]) / "nodes" / self.node if "directory" in done else None
+        testhooks.job_point("done", self.node)
+        return self.moved
 
 
 class _StagedGate(_Gate):
@@ -239,10 +248,12 @@ class _StagedGate(_Gate):
         writebehind.remove(self.shared)  # never acked: the coordinator cannot commit it; space back now
         super().failing(error)
 
-    def committed(self, manifest: Manifest) -> None:
+    def committed(self, manifest: Manifest) -> Optional[Path]:
         self.set_committed = True  # locally: a failure from here on recovers the ranks from the local copy
         writebehind.copy_tail(self.set.staging.final, self.shared)
         super().committed(manifest)
+        self.moved = None  # the local copy: it stays until the worker ends
+        return None
 
 
 def _local_stage(opts: WorkerOptions, node: str) -> Optional[Path]:
@@ -312,7 +323,10 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
             return e.exit_code
         except NpusnapError as e:
             say(f"failed: {e.one_line()}")
-            if gate.set_committed:  # the job cannot commit without this node: undone like an abort
+            if gate.job_committed:  # after the job's commit (a rank that failed to run on): it stands
+                gate.tell(e)
+                _recover_after_commit(ranks, gate.moved or directory, copts.published, remove=False)
+            elif gate.set_committed:  # the job cannot commit without this node: undone like an abort
                 gate.tell(e)  # first: the other nodes' ranks recover meanwhile, to meet ours
                 _recover_after_commit(ranks, directory, copts.published)
             gate.tell(e)
@@ -351,11 +365,13 @@ def _sid(pid: int) -> int:
         return pid
 
 
-def _recover_after_commit(ranks: list[Rank], directory: Path, published: Optional[Path]) -> None:
+def _recover_after_commit(ranks: list[Rank], directory: Path, published: Optional[Path],
+                          remove: bool = True) -> None:
     """The job was aborted after this node's set committed: every rank back to running, and the
-    node's checkpoint removed (the job checkpoint it belonged to was never committed). All at
-    once: an HCCL rank's device restore waits for its peers' (on this node and the others, in
-    the attempt's rendezvous directory). published: where a staged set's parent is named from."""
+    node's checkpoint removed (the job checkpoint it belonged to was never committed; remove=False:
+    it was, and the ranks failed to run on after it). All at once: an HCCL rank's device restore
+    waits for its peers' (on this node and the others, in the attempt's rendezvous directory).
+    published: where a staged set's parent is named from."""
     from ..recover import recover
 
     def one(r: Rank) -> None:
@@ -371,7 +387,8 @@ def _recover_after_commit(ranks: list[Rank], directory: Path, published: Optiona
             th.start()
         for th in threads:
             th.join()  # each bounded by the agent's and HCCL's own deadlines
-    shutil.rmtree(directory, ignore_errors=True)
+    if remove:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _committed_images(directory: Path, views: contextlib.ExitStack, named_from: Path) -> tuple[Path, list[Path]]:
