@@ -326,9 +326,6 @@ class CheckpointRun:
             self.backend.keep = True
             self.backend.snapshot_cap = self.live_cap  # backed up copy-on-write, written after the resume
             import npusim  # noqa: F401  (its first import costs 10-20 ms: not while the workload is stopped)
-        from .. import warmup
-
-        warmup.later("pycriu.images")  # the resume reads CRIU's files.img (network lock): imported while CRIU dumps
 
     def drop_live(self) -> None:
         if self.live is not None and not self.live_kept:

@@ -564,6 +564,20 @@ def stopped_at_dump(images_dir: Path, pids: list[int]) -> bool:
     return False
 
 
+def holds_inet_sockets(images_dir: Path) -> bool:
+    """Whether the dump's files.img lists an INET socket (file_entry.type, field 1, INETSK), the
+    only kind whose TCP connections CRIU locks: no, and a tree that runs on after its dump needs
+    no network unlock, nor pycriu's image definitions to decode the image. Unsure (an image that
+    does not parse): yes. No files.img: no."""
+    try:
+        entries = _image_entries(_read_image(images_dir / "files.img"), FILES_MAGIC)
+        return any(_int(_fields(e), 1, FD_INETSK) == FD_INETSK for e in entries)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+
+
 def page_runs(images_dir: Path) -> dict[str, list[tuple[int, int]]]:
     """Where each page image's bytes belong: pages-N.img -> [(vaddr, bytes)] of the runs of
     pages it holds, in file order, from the pagemap images (a head naming pages_id, then one
@@ -586,7 +600,8 @@ def page_runs(images_dir: Path) -> dict[str, list[tuple[int, int]]]:
 
 # CRIU's image format, read here without pycriu.images (its import alone costs more than the
 # whole dump of a small process): criu/include/magic.h, images/pstree.proto, images/core.proto.
-PSTREE_MAGIC, CORE_MAGIC, PAGEMAP_MAGIC = 0x50273030, 0x55053847, 0x56084025
+PSTREE_MAGIC, CORE_MAGIC, PAGEMAP_MAGIC, FILES_MAGIC = 0x50273030, 0x55053847, 0x56084025, 0x56303138
+FD_INETSK = 4  # images/fdinfo.proto: fd_types
 PE_PRESENT = 1 << 2  # criu/include/pagemap.h: the run's pages are in the pages image
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _LEADING_MAGICS = (0x54564319, 0x55105940)  # IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC: the image's own magic follows

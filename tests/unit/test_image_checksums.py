@@ -14,7 +14,14 @@ from npusnap_cli.image import staging as staging_mod
 from npusnap_cli.image.checksums import BulkVerifier, Follower, page_entries
 from npusnap_cli.image.format import FileEntry, Manifest, check_entry, checksum_file, verify
 from npusnap_cli.image.staging import Staging
-from npusnap_cli.platform.criu import CORE_MAGIC, PSTREE_MAGIC, dumped_tree, stopped_at_dump
+from npusnap_cli.platform.criu import (
+    CORE_MAGIC,
+    FILES_MAGIC,
+    PSTREE_MAGIC,
+    dumped_tree,
+    holds_inet_sockets,
+    stopped_at_dump,
+)
 
 NEVER = 3600.0  # the follower's own thread never wakes: each test drives catch_up() itself
 
@@ -274,3 +281,23 @@ def test_a_process_stopped_at_dump_is_seen_in_its_core_image(tmp_path: Path) -> 
     assert stopped_at_dump(tmp_path, [10, 11])
     with pytest.raises(OSError):
         stopped_at_dump(tmp_path, [12])
+
+
+def test_inet_sockets_in_files_img_are_seen_without_pycriu(tmp_path: Path) -> None:
+    """A dump whose tree runs on needs CRIU's network unlock only if files.img lists an INET
+    socket; anything the reader is unsure of counts as one. Checked against pycriu's own reading."""
+    from pycriu import images
+
+    reg = _field(1, 1) + _field(2, 7)  # file_entry: type REG, id
+    inet = _field(1, 4) + _field(2, 8)
+    img = tmp_path / "files.img"
+    assert not holds_inet_sockets(tmp_path)  # no files.img: nothing was locked
+    for entries, held in (((reg,), False), ((reg, inet), True), ((), False)):
+        img.write_bytes(_image(FILES_MAGIC, *entries, leading=True))
+        assert holds_inet_sockets(tmp_path) is held
+        types = [e["type"] for e in images.loads(img.read_bytes())["entries"]]
+        assert ("INETSK" in types) is held, types
+    img.write_bytes(_image(FILES_MAGIC, reg, leading=True)[:-1])  # truncated: unsure
+    assert holds_inet_sockets(tmp_path)
+    img.write_bytes(_image(PSTREE_MAGIC, reg, leading=True))  # another image: unsure
+    assert holds_inet_sockets(tmp_path)
