@@ -136,7 +136,7 @@ class Connection:
 
 def dumped_connections(images_dir: Path) -> list[Connection]:
     """The TCP connections CRIU dumped (and so locked) in this image."""
-    from .platform.criu import holds_inet_sockets
+    from .platform.criuimages import holds_inet_sockets
 
     out: list[Connection] = []
     path = images_dir / "files.img"

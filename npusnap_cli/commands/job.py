@@ -291,9 +291,9 @@ def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: f
                       leave_running: bool, live_staging: Optional[Path], shell_job: bool, lock_timeout: float,
                       criu_timeout: Optional[float], rendezvous: Optional[Path], dedup: bool, compress: str,
                       direct: bool, parent: Optional[Path], stage: Optional[Path]) -> None:
-    from ..core.job.worker import WorkerOptions, checkpoint_worker
+    from ..core.job.worker import WorkerOptions, checkpoint_worker, run_worker
 
-    raise SystemExit(checkpoint_worker(WorkerOptions(
+    run_worker(lambda: checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
         leave_running=leave_running, live_staging=live_staging, shell_job=shell_job, lock_timeout=lock_timeout,
         criu_timeout=criu_timeout, rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct,
@@ -307,8 +307,8 @@ def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: f
 @click.option("--lazy", is_flag=True)
 def worker_restore(coordinator: str, run_id: str, secret_file: Path, lease: float, directory: Path,
                    rendezvous: Optional[Path], lazy: bool) -> None:
-    from ..core.job.worker import WorkerOptions, restore_worker
+    from ..core.job.worker import WorkerOptions, restore_worker, run_worker
 
-    raise SystemExit(restore_worker(WorkerOptions(coordinator=coordinator, run=run_id, secret_file=secret_file,
-                                                  lease=lease, directory=directory, rendezvous=rendezvous,
-                                                  lazy=lazy)))
+    run_worker(lambda: restore_worker(WorkerOptions(coordinator=coordinator, run=run_id, secret_file=secret_file,
+                                                    lease=lease, directory=directory, rendezvous=rendezvous,
+                                                    lazy=lazy)))

@@ -45,7 +45,8 @@ from ..image.format import (
 from ..image.memstage import DEFAULT_DIR as LIVE_STAGING
 from ..image.memstage import MemStage
 from ..image.staging import Staging
-from ..platform.criu import DumpOptions, page_runs
+from ..platform.criu import DumpOptions
+from ..platform.criuimages import page_runs
 from ..platform.procfs import process_exists
 from . import communicators, processes
 from .progress import BytesExpected, Phases, Progress, quiet, warn

@@ -50,7 +50,8 @@ from ..image.format import (
 from ..image.memstage import MemStage
 from ..image.staging import Staging
 from ..image.store import Packer, assembled
-from ..platform.criu import LazyPages, page_runs
+from ..platform.criu import LazyPages
+from ..platform.criuimages import page_runs
 from . import communicators, processes
 from .checkpoint import (
     CheckpointOptions,

@@ -33,7 +33,7 @@ from ..image.format import (
     restore_log_dir,
 )
 from ..image.store import assembled, packed_entries, verify
-from ..platform.criu import stopped_at_dump
+from ..platform.criuimages import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
 from .lazy import LazyRestore

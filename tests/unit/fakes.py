@@ -18,7 +18,7 @@ from npusnap_cli.backends import BackendName, DataPath, State
 from npusnap_cli.core.services import Services
 from npusnap_cli.errors import CriuFailed, DeviceFailed, LeaseLost, WrongState
 from npusnap_cli.image.format import DEVICE_DIR, DeviceState, FileEntry, checksum_file
-from npusnap_cli.platform.criu import CORE_MAGIC
+from npusnap_cli.platform.criuimages import CORE_MAGIC
 from tests.helpers import proc_state
 
 

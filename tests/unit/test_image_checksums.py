@@ -14,7 +14,7 @@ from npusnap_cli.image import staging as staging_mod
 from npusnap_cli.image.checksums import BulkVerifier, Follower, page_entries
 from npusnap_cli.image.format import FileEntry, Manifest, check_entry, checksum_file, verify
 from npusnap_cli.image.staging import Staging
-from npusnap_cli.platform.criu import (
+from npusnap_cli.platform.criuimages import (
     CORE_MAGIC,
     FILES_MAGIC,
     PSTREE_MAGIC,

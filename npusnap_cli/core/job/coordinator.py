@@ -48,6 +48,7 @@ from ...errors import (
 )
 from ...image.checksums import fsync_path  # the same durability step as a single checkpoint's commit
 from ...image.format import hidden_sibling
+from ..signals import Signals
 from . import manifest as jm
 from . import owners, slurm
 from .protocol import Channel, ProtocolError, new_secret
@@ -311,7 +312,7 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
         raise StorageProblem(f"{final.parent} is not a directory", "create it on the shared storage first")
     parent = _check_parent(opts)
     ranks_user = owners.hand_over(slurm.job_user(job))
-    staging, key = _staging(final, ranks_user)
+    staging = hidden_sibling(final, "partial")  # made inside the try below, whose end removes it
     started = time.monotonic()
     stages: list[dict[str, Any]] = []
     committed = False
@@ -322,73 +323,84 @@ def checkpoint_job(opts: JobCheckpointOptions, say: Say) -> CheckpointResult:
     def stage(name: str, t0: float) -> None:
         stages.append({"name": name, "seconds": round(time.monotonic() - t0, 6)})
 
-    try:
-        session = Session(job, nodes, opts.listen, key, say)
-        meet = _attempt_rendezvous(final, ranks_user)
-        t = time.monotonic()
-        session.start_workers(_checkpoint_worker_args(job, opts, staging, meet))
-        hellos = session.gather("hello", "connect", d.connect)
-        stage("connect", t)
-        _check_parent_ranks(opts, parent, hellos)
-        for node in nodes:
-            say(f"npusnap job: {node}: ranks " + ", ".join(
-                f"{r['pid']} (step {r['step']} task {r['procid']})" for r in hellos[node]["ranks"]))
-        t = time.monotonic()
-        votes = session.gather("prepared", "prepare", d.prepare)
-        stage("prepare", t)
-        t = time.monotonic()
-        session.broadcast("commit")
-        acks = session.gather("committed", "commit", d.commit)
-        m = _job_manifest(job, nodes, staging, hellos, votes, acks)
-        m.phases = stages
-        m.parent = None if opts.parent is None else os.path.relpath(opts.parent.absolute(), final)
-        jm.write(staging, m)
-        (staging / jm.SECRET).unlink()
-        testhooks_commit()
-        if final.exists():
-            raise StorageProblem(f"{final} appeared while the job was checkpointed")
-        os.rename(staging, final)  # THE commit point
-        committed = True
-        fsync_path(final.parent)
-        stage("commit", t)
-        session.broadcast("done", directory=str(final))  # where a rank that runs on finds its images now
-        t = time.monotonic()
-        finished: dict[str, dict[str, Any]] = {}
-        late: dict[str, dict[str, Any]] = {}  # workers that failed after the commit (their ranks' run-on)
-        with contextlib.suppress(JobAborted):  # committed: a worker that ends early costs nothing
-            finished = session.gather("finished", "finish", d.commit, failed=late)
-        stage("finish", t)
-        _downtimes(m, finished)
-        m.phases = stages
-        jm.write(final, m)  # the timings of the finish too (same content otherwise)
-        if late:
-            raise _failed_after_commit(final, *sorted(late.items())[0])
-        return CheckpointResult(m, final, time.monotonic() - started, stages)
-    except BaseException as e:
-        if committed:
+    with Signals() as signals:  # left ignoring signals once the commit settled the outcome
+        try:
+            key = _staging(staging, ranks_user)
+            session = Session(job, nodes, opts.listen, key, say)
+            meet = _attempt_rendezvous(final, ranks_user)
+            t = time.monotonic()
+            session.start_workers(_checkpoint_worker_args(job, opts, staging, meet))
+            hellos = session.gather("hello", "connect", d.connect)
+            stage("connect", t)
+            _check_parent_ranks(opts, parent, hellos)
+            for node in nodes:
+                say(f"npusnap job: {node}: ranks " + ", ".join(
+                    f"{r['pid']} (step {r['step']} task {r['procid']})" for r in hellos[node]["ranks"]))
+            t = time.monotonic()
+            votes = session.gather("prepared", "prepare", d.prepare)
+            stage("prepare", t)
+            t = time.monotonic()
+            session.broadcast("commit")
+            acks = session.gather("committed", "commit", d.commit)
+            m = _job_manifest(job, nodes, staging, hellos, votes, acks)
+            m.phases = stages
+            m.parent = None if opts.parent is None else os.path.relpath(opts.parent.absolute(), final)
+            jm.write(staging, m)
+            (staging / jm.SECRET).unlink()
+            testhooks_commit()
+            with signals.commit_point():  # a Ctrl-C from here on never reports "rolled back" for a committed one
+                if final.exists():
+                    raise StorageProblem(f"{final} appeared while the job was checkpointed")
+                os.rename(staging, final)  # THE commit point
+                committed = True
+            fsync_path(final.parent)
+            stage("commit", t)
+            _finish(session, final, m, stages, d.commit)
+            return CheckpointResult(m, final, time.monotonic() - started, stages)
+        except BaseException as e:
+            if committed:
+                raise
+            signals.rolling_back = True  # a second Ctrl-C must not cut the abort short
+            if session is not None:
+                session.abort(str(getattr(e, "message", e)) or type(e).__name__)
+            if isinstance(e, OSError):
+                raise StorageProblem(f"the job checkpoint could not be committed: {e}") from e
             raise
-        if session is not None:
-            session.abort(str(getattr(e, "message", e)) or type(e).__name__)
-        if isinstance(e, OSError):
-            raise StorageProblem(f"the job checkpoint could not be committed: {e}") from e
-        raise
-    finally:
-        if session is not None:
-            session.close(wait=d.commit + 30)
-        if meet is not None:  # every worker ended: no rank restores in place any more
-            shutil.rmtree(meet, ignore_errors=True)
-        if not committed:
-            shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            if session is not None:
+                session.close(wait=d.commit + 30)
+            if meet is not None:  # every worker ended: no rank restores in place any more
+                shutil.rmtree(meet, ignore_errors=True)
+            if not committed:
+                shutil.rmtree(staging, ignore_errors=True)
 
 
-def _staging(final: Path, ranks_user: Optional[owners.Owner]) -> tuple[Path, bytes]:
-    """The attempt's staging directory (renamed to DIR at the commit) and the job's secret in it."""
-    staging = hidden_sibling(final, "partial")
+def _finish(session: Session, final: Path, m: jm.JobManifest, stages: list[dict[str, Any]], deadline: float) -> None:
+    """After the commit: `done` to every worker (each kills its ranks, or runs them on from their
+    images in final), their downtimes and the finish's time into the job manifest. A worker that
+    failed at it is reported, the job checkpoint standing."""
+    session.broadcast("done", directory=str(final))
+    t = time.monotonic()
+    finished: dict[str, dict[str, Any]] = {}
+    late: dict[str, dict[str, Any]] = {}  # workers that failed after the commit (their ranks' run-on)
+    with contextlib.suppress(JobAborted):  # committed: a worker that ends early costs nothing
+        finished = session.gather("finished", "finish", deadline, failed=late)
+    stages.append({"name": "finish", "seconds": round(time.monotonic() - t, 6)})
+    _downtimes(m, finished)
+    m.phases = stages
+    jm.write(final, m)  # the timings of the finish too (same content otherwise)
+    if late:
+        raise _failed_after_commit(final, *sorted(late.items())[0])
+
+
+def _staging(staging: Path, ranks_user: Optional[owners.Owner]) -> bytes:
+    """The attempt's staging directory (renamed to DIR at the commit) made, and the job's secret
+    in it."""
     try:
         staging.mkdir(0o700)
         (staging / jm.NODES_DIR).mkdir(0o700)
         _ranks_can_reach(staging, ranks_user)
-        return staging, new_secret(staging / jm.SECRET)
+        return new_secret(staging / jm.SECRET)
     except NpusnapError:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from ... import testhooks
 from ...errors import JobAborted, JobBusy, NpusnapError, StorageProblem
@@ -76,6 +76,17 @@ def node_name() -> str:
 def say(text: str) -> None:
     sys.stderr.write(f"npusnap job worker {node_name()}: {text}\n")
     sys.stderr.flush()
+
+
+def run_worker(work: Callable[[], int]) -> NoReturn:
+    """A worker's exit: its failure said on its own lines (the coordinator relays them among its
+    own, where an `npusnap: error:` line would read as the command's outcome)."""
+    try:
+        code = work()
+    except NpusnapError as e:
+        say(f"failed: {e.one_line()}")
+        code = e.exit_code
+    raise SystemExit(code)
 
 
 def _connect(opts: WorkerOptions) -> Channel:
