@@ -42,11 +42,13 @@ cluster-test: setup
 	$(VENV)/bin/pytest tests/cluster -q
 
 # npusnap job's fault tests (a failure at each stage, a worker killed, a foreign message) run
-# JOB_FAULT_LOOPS times over on the test cluster; `make test` runs them once.
+# JOB_FAULT_LOOPS times over on the test cluster, and 20 signals at random instants per variant
+# (tests/job/test_interrupts.py); `make test` runs them once, and 3 signals.
 JOB_FAULT_LOOPS ?= 5
 job-faults: setup
 	bash scripts/install-build-deps.sh cluster
 	for i in $$(seq $(JOB_FAULT_LOOPS)); do $(VENV)/bin/pytest tests/job/test_faults.py -q -p no:cacheprovider || exit 1; done
+	NPUSNAP_JOB_SIGINT=20 $(VENV)/bin/pytest tests/job/test_interrupts.py -q -p no:cacheprovider
 
 # Signals at random moments of checkpoint and restore: 100 SIGINTs and 20 SIGSTOP/SIGCONT pauses
 # (tests/faults/test_random_faults.py; NPUSNAP_FAULT_SEED=N replays a run), and 20 SIGINTs each
