@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from npusnap_cli.image.format import load_manifest
 from tests.helpers import Workload, npusnap, npusnap_cmd, pid_alive, requires_criu, rewind_to_checkpoint
 
 from .support import (
@@ -210,6 +211,10 @@ def test_cli_killed_while_criu_restores(data_path, npusim_daemon, reference, tmp
         cli.kill()
         cli.wait()
         _wait_gone(w.pid, bound=60)  # CRIU finished, then the guardian killed what it restored
+        # ... every process of it: the root's children were orphaned to process 1, which reaps
+        # them in its own time (here, process_api: now and then), and a restore needs their pids.
+        for p in load_manifest(target).processes:
+            _wait_gone(p.pid, bound=60)
         assert npusnap("verify", target, env=env).returncode == 0
         rewind_to_checkpoint(target, w.out)
         r = npusnap("restore", "-d", target, env=env)
