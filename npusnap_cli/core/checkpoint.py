@@ -137,8 +137,7 @@ def checkpoint(pid: int, opts: CheckpointOptions, progress: Progress = quiet,
     if opts.live and opts.leave_running and run.live_fits():
         try:
             run.go_live()
-            return run.execute([run.lock, run.backup, run.dump, run.resume_now, run.write_behind, run.seal],
-                               lambda m: None)
+            return run.execute([run.dump_locking_late, run.resume_now, run.write_behind, run.seal], lambda m: None)
         finally:
             run.drop_live()
     return run.execute([run.lock, run.backup, run.dump, run.seal], run.finish_checkpoint)
@@ -436,8 +435,6 @@ class CheckpointRun:
         # Pushed before the lock: a signal may land the instant a phase returns. The undo
         # undoes whatever part of lock and backup really happened.
         self.stopped_at = time.monotonic()
-        if self.live is not None:
-            self.guardian.remove_after(self.live.path)
         self.stage_device_in_memory()
         self.write_while_dumping()
         self.push_device_rollback()
@@ -540,7 +537,24 @@ class CheckpointRun:
         """The runbook's dump: the device was backed up by earlier commands; it is only described."""
         self.device = self.backend.describe()
 
-    def dump(self) -> None:
+    def dump_locking_late(self) -> None:
+        """--live: the device locked and backed up only once CRIU is about to freeze the tree (its
+        pre-dump notification), after its own start-up (its kernel probes: ~35 ms here, which the
+        workload then spends running, not stopped). A dump retried (a process caught exiting)
+        finds it done already."""
+        assert self.live is not None
+        self.guardian.remove_after(self.live.path)  # first: the images in memory go if we die
+        done: list[bool] = []
+
+        def lock_and_back_up() -> None:
+            if not done:
+                done.append(True)
+                self.lock()
+                self.backup()
+
+        self.dump(pre_dump=lock_and_back_up)
+
+    def dump(self, pre_dump: Optional[Callable[[], None]] = None) -> None:
         self.backend.fence()
         before = self.target.tree()
         self.guardian.watch([p.pid for p in before])  # CRIU leaves them stopped: resumed if we die
@@ -553,12 +567,23 @@ class CheckpointRun:
         with self.phase("dump") as self.dump_timing, self.signals.critical(), follow:
             self.progress(BytesExpected("dump", criu_dir, processes.resident_bytes([p.pid for p in before]),
                                         self.phase.member))
-            self.undos.push(self._what("resume"), lambda: self._run_on(criu_dir))
+            resume = (self._what("resume"), lambda: self._run_on(criu_dir))
+            pushed: list[bool] = []
+
+            def freezing() -> None:  # after the device's undos: the tree resumes before the device is back
+                if pre_dump is not None:
+                    pre_dump()
+                if not pushed:
+                    pushed.append(True)
+                    self.undos.push(*resume)
+
+            if pre_dump is None:
+                freezing()
             self.criu.dump(DumpOptions(
                 pid=self.pid, images_dir=criu_dir, log_dir=log_dir,
                 leave_stopped=True, shell_job=self.opts.shell_job,
                 tcp_established=self.opts.tcp_established, timeout=self.opts.criu_timeout, extra=self.extra,
-                started=self.guardian.wait_for_criu,
+                started=self.guardian.wait_for_criu, pre_dump=None if pre_dump is None else freezing,
             ))
             self.tree = processes.dumped_entries(self.criu.dumped_tree(criu_dir), before)
             self.frozen = [p.pid for p in self.tree]

@@ -135,10 +135,14 @@ class Swrk:
         self.binary = binary
 
     def request(self, req: Any, timeout: Optional[float] = None, pass_fds: tuple[int, ...] = (),
-                terminal: Optional[int] = None, started: Optional[Callable[[int], None]] = None) -> Any:
+                terminal: Optional[int] = None, started: Optional[Callable[[int], None]] = None,
+                on_notify: Optional[Callable[[str], None]] = None) -> Any:
         """One request. With a terminal fd, CRIU runs in our session with that terminal
         as stdin, as a shell-job restore needs (it hands the terminal to the restored
-        job, which joins our session and process group, as under bare `criu restore`)."""
+        job, which joins our session and process group, as under bare `criu restore`).
+        on_notify (with the request's notify_scripts): called with each of CRIU's notifications
+        (its action scripts' names), CRIU waiting for our answer; the first that raises makes
+        CRIU fail the request, and is raised once CRIU has answered."""
         rpc = rpc_messages()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -166,34 +170,53 @@ class Swrk:
                 pass  # it died at once; reported below as "exited without answering"
             warmup.idle()  # CRIU works: the imports for afterwards run meanwhile
             deadline = None if timeout is None else time.monotonic() + timeout
+            failure: Optional[BaseException] = None
             while True:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ours.settimeout(None if remaining is None else min(remaining, 0.5))
+                resp = self._answer(ours, proc, deadline, timeout)
+                if resp.type != rpc.NOTIFY or on_notify is None:
+                    break
                 try:
-                    size = len(ours.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
-                    buf = ours.recv(max(size, 1))
-                    break
-                except (ConnectionError, BrokenPipeError):
-                    buf = b""
-                    break
-                except socket.timeout:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise CriuFailed(f"CRIU did not answer within {timeout:.0f} s; it was stopped") from None
-                    if proc.poll() is not None:
-                        break
-            if not buf:
-                raise CriuFailed(f"CRIU exited without answering (status {proc.poll()})")
-            resp = rpc.criu_resp()
-            try:
-                resp.ParseFromString(buf)
-            except ValueError as e:
-                raise CriuFailed(f"CRIU's answer is not an RPC answer ({e}): is {self.binary} CRIU?") from None
+                    if failure is None:
+                        on_notify(resp.notify.script)
+                except BaseException as e:  # CRIU is told, fails the request; raised once it answered
+                    failure = e
+                ours.send(rpc.criu_req(type=rpc.NOTIFY, notify_success=failure is None).SerializeToString())
+            if failure is not None:
+                raise failure
             return resp
         except KeyboardInterrupt:
             raise Interrupted() from None
         finally:
             ours.close()
             _reap(proc)
+
+
+    def _answer(self, ours: socket.socket, proc: subprocess.Popen[bytes], deadline: Optional[float],
+                timeout: Optional[float]) -> Any:
+        """CRIU's next message: its answer, or a notification."""
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ours.settimeout(None if remaining is None else min(remaining, 0.5))
+            try:
+                size = len(ours.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
+                buf = ours.recv(max(size, 1))
+                break
+            except (ConnectionError, BrokenPipeError):
+                buf = b""
+                break
+            except socket.timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise CriuFailed(f"CRIU did not answer within {timeout:.0f} s; it was stopped") from None
+                if proc.poll() is not None:
+                    break
+        if not buf:
+            raise CriuFailed(f"CRIU exited without answering (status {proc.poll()})")
+        resp = rpc_messages().criu_resp()
+        try:
+            resp.ParseFromString(buf)
+        except ValueError as e:
+            raise CriuFailed(f"CRIU's answer is not an RPC answer ({e}): is {self.binary} CRIU?") from None
+        return resp
 
 
 def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -325,6 +348,9 @@ class DumpOptions:
     log_level: int = 4
     extra: CriuOptions = field(default_factory=CriuOptions)  # link-remap, ghost-limit, network lock, ...
     started: Optional[Callable[[int], None]] = None  # told CRIU's pid (the guardian waits for it if we die)
+    # run by CRIU's `pre-dump` notification: after CRIU's own start-up (its kernel probes, ~35 ms
+    # here), just before it freezes the tree. A failure there fails the dump (the tree untouched)
+    pre_dump: Optional[Callable[[], None]] = None
 
 
 class Criu:
@@ -370,9 +396,16 @@ class Criu:
         opts.log_level = o.log_level
         opts.log_file = "dump.log"
         opts.file_locks = True
+        opts.notify_scripts = o.pre_dump is not None
         if o.timeout:
             opts.timeout = int(o.timeout)
         fds = o.extra.apply(opts, rpc)
+        pre_dump = o.pre_dump
+
+        def notified(script: str) -> None:
+            if script == "pre-dump" and pre_dump is not None:
+                pre_dump()
+
         with _dir_fds(o.images_dir, o.log_dir) as (images_fd, log_fd):
             opts.images_dir_fd = images_fd  # a descriptor, not a path: any byte in -D works
             opts.work_dir_fd = log_fd
@@ -380,6 +413,7 @@ class Criu:
                 rpc.criu_req(type=rpc.DUMP, opts=opts),
                 timeout=None if not o.timeout else o.timeout + 30,
                 pass_fds=(images_fd, log_fd, *fds), started=o.started,
+                on_notify=notified if o.pre_dump is not None else None,
             )
         return resp
 

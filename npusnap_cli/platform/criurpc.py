@@ -255,7 +255,7 @@ class criu_opts(Message):  # noqa: N801
         "leave_running": Field(3, BOOL), "ext_unix_sk": Field(4, BOOL), "tcp_established": Field(5, BOOL),
         "evasive_devices": Field(6, BOOL), "shell_job": Field(7, BOOL), "file_locks": Field(8, BOOL),
         "log_level": Field(9, INT32, default=2), "log_file": Field(10, STRING),
-        "ps": Field(11, MESSAGE, message="criu_page_server_info"),
+        "ps": Field(11, MESSAGE, message="criu_page_server_info"), "notify_scripts": Field(12, BOOL),
         "root": Field(13, STRING), "parent_img": Field(14, STRING), "track_mem": Field(15, BOOL),
         "auto_dedup": Field(16, BOOL), "work_dir_fd": Field(17, INT32), "link_remap": Field(18, BOOL),
         "force_irmap": Field(21, BOOL), "exec_cmd": Field(22, STRING, repeated=True),

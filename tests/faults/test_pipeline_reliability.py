@@ -210,9 +210,10 @@ def test_cli_killed_while_criu_restores(data_path, npusim_daemon, reference, tmp
         assert criu is not None, "never saw CRIU restoring"
         cli.kill()
         cli.wait()
-        _wait_gone(w.pid, bound=60)  # CRIU finished, then the guardian killed what it restored
-        # ... every process of it: the root's children were orphaned to process 1, which reaps
-        # them in its own time (here, process_api: now and then), and a restore needs their pids.
+        # CRIU finishes (until then the tree may not even exist yet), then the guardian kills what
+        # it restored: every process of it gone, reaped by process 1 (the CLI, their subreaper, is
+        # dead), which does so in its own time (here, process_api: now and then).
+        _wait_gone(criu, bound=60)
         for p in load_manifest(target).processes:
             _wait_gone(p.pid, bound=60)
         assert npusnap("verify", target, env=env).returncode == 0

@@ -130,6 +130,8 @@ class FakeCriu:
     def dump(self, o: object) -> None:
         images_dir: Path = o.images_dir
         (Path(o.log_dir) / "dump.log").write_text("fake dump\n")
+        if o.pre_dump is not None:  # CRIU's pre-dump notification: before it freezes the tree
+            o.pre_dump()
         self.script.at("dump")
         pid: int = o.pid
         (images_dir / "pages-1.img").write_bytes(os.urandom(8192))

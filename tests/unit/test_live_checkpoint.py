@@ -98,7 +98,7 @@ def test_a_failed_dump_in_memory_rolls_back_as_ever(fakes: Fakes, workload: subp
     assert running(workload.pid) and fakes.backend.current == State.RUNNING
     assert list(tmp_path.iterdir()) == [] and list(shm.iterdir()) == []
     said = fakes.guardians[0].said  # if we die: the device recovered from the images in memory, then removed
-    assert said[0].startswith(f"remove {shm}/npusnap-live-") and said[1] == "recover"
+    assert said[0].startswith(f"remove {shm}/npusnap-live-") and "recover" in said, said
 
 
 def test_staging_that_would_not_fit_falls_back_with_one_warning(fakes: Fakes, workload: subprocess.Popen[bytes],
