@@ -57,7 +57,8 @@ job-faults: setup
 # SIGKILLs of a set checkpoint or restore of examples/ddp's ranks (2 ranks; 20 for 4;
 # tests/hccl/test_set_sigkill.py), and 40 signals into a live checkpoint's write-behind
 # (tests/faults/test_live_faults.py), and 20 SIGINTs or SIGTERMs at random instants of a live set
-# checkpoint of 3 processes (tests/faults/test_live_set_faults.py).
+# checkpoint of 3 processes (tests/faults/test_live_set_faults.py), and 20 SIGINTs each into a
+# lazy restore of one process and of a set (tests/pipeline/test_lazy.py, test_lazy_set.py).
 FAULT_SIGINT  ?= 100
 FAULT_LIVE ?= 40
 FAULT_LIVE_SET ?= 20
@@ -65,12 +66,15 @@ FAULT_SET_SIGINT ?= 20
 FAULT_HCCL_SIGINT ?= 40
 FAULT_SET_SIGKILL ?= 40
 FAULT_SIGSTOP ?= 20
+FAULT_LAZY ?= 20
 faults: setup
 	NPUSNAP_FAULT_SIGINT=$(FAULT_SIGINT) NPUSNAP_FAULT_SIGSTOP=$(FAULT_SIGSTOP) NPUSNAP_FAULT_SET_SIGINT=$(FAULT_SET_SIGINT) \
 	NPUSNAP_FAULT_HCCL_SIGINT=$(FAULT_HCCL_SIGINT) NPUSNAP_FAULT_SET_SIGKILL=$(FAULT_SET_SIGKILL) NPUSNAP_FAULT_LIVE=$(FAULT_LIVE) \
-		NPUSNAP_FAULT_LIVE_SET=$(FAULT_LIVE_SET) \
+		NPUSNAP_FAULT_LIVE_SET=$(FAULT_LIVE_SET) NPUSNAP_LAZY_SIGINT=$(FAULT_LAZY) \
 		$(VENV)/bin/pytest tests/faults/test_random_faults.py tests/faults/test_processset_faults.py::test_sigint_at_random_instants_of_a_set_checkpoint_and_restore \
 		tests/faults/test_live_faults.py tests/faults/test_live_set_faults.py \
+		tests/pipeline/test_lazy.py::test_sigint_at_random_instants_of_a_lazy_restore \
+		tests/pipeline/test_lazy_set.py::test_sigint_at_random_instants_of_a_lazy_set_restore \
 		tests/hccl/test_inplace.py::test_sigint_at_random_instants_of_an_hccl_set_checkpoint tests/hccl/test_set_sigkill.py \
 		-q -rs -p no:cacheprovider
 

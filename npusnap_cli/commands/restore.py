@@ -57,12 +57,12 @@ def restore(ctx: click.Context, directory: Path, detach: bool, pidfile: Optional
     foreground npusnap waits for every member and exits with the first non-zero exit
     code in member order; --pidfile gets one pid a line.
 
-    --lazy: the process (a set: every member) runs as soon as CRIU has restored it, and its
-    memory comes in behind it. The command stays until all of it is in (--pidfile is written at once; an
-    interrupt is ignored meanwhile: the memory must not be cut off); a failed page server
-    kills the process; a device chunk that fails its checksum fails the process's access to
-    it (ACL_ERROR_RT_DEVICE_MEM_ERROR), is reported, and makes the command exit 8 (in the
-    foreground, after the process exits).
+    --lazy: the process (a set: every member) runs as soon as CRIU has restored it, and
+    its memory comes in behind it. The command stays until all of it is in (--pidfile is
+    written at once; an interrupt is ignored meanwhile: the memory must not be cut off); a
+    failed page server kills the process; a device chunk that fails its checksum fails the
+    process's access to it (ACL_ERROR_RT_DEVICE_MEM_ERROR), is reported, and makes the
+    command exit 8 (in the foreground, after the process exits).
     """
     from .. import warmup
     from ..core.restore import RestoreOptions, wait_exit_code
@@ -145,7 +145,8 @@ def _restore_set(ctx: click.Context, term: Terminal, opts: "RestoreOptions", det
             problem = _finish_lazy(term, m.pid, lazy, member)
             failure = failure or problem
         except NpusnapError as e:  # that member was killed: the others' memory still comes in
-            term.warn(e.message)
+            if failure is not None:  # the first is the command's error line
+                term.warn(e.message)
             failure = failure or e
     if detach:
         if term.json_mode:

@@ -1,22 +1,26 @@
 """`npusnap restore --lazy` of a process set, end to end on a real daemon with real CRIU: every
 member runs before its memory is back (each its own `criu lazy-pages`, the daemon filling each
 one's device memory) and comes out bit-exact; the page servers end with the restore; a set
-whose device memory went through the in-process data path is refused in one line."""
+whose device memory went through the in-process data path is refused in one line; an interrupt
+at random instants leaves the whole set running (the restore committed) or none of it."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import Workload, npusnap, requires_criu, rewind_to_checkpoint
+from tests.helpers import Workload, npusnap, npusnap_cmd, pid_alive, requires_criu, rewind_to_checkpoint
 
 from .support import strip_ready, under_agent
-from .test_lazy import STEPS, WORKLOAD, _lazy_servers
+from .test_lazy import SIGINT_TRIALS, STEPS, WORKLOAD, _lazy_servers
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -117,3 +121,46 @@ def test_a_set_saved_through_the_processes_is_refused_lazily(lazy_set) -> None: 
     # Refused before anything started: the set restores in full.
     r = npusnap("restore", s.ck, "--detach", env=s.env, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_sigint_at_random_instants_of_a_lazy_set_restore(lazy_set, reference) -> None:  # type: ignore[no-untyped-def]
+    s = lazy_set()
+    ref = reference([sys.executable, str(WORKLOAD), str(STEPS), "-"])
+    seed = int(os.environ.get("NPUSNAP_FAULT_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    pids = [w.pid for w in s.ws]
+    for trial in range(SIGINT_TRIALS):
+        s.rewind()
+        cli = subprocess.Popen([*npusnap_cmd(), "restore", str(s.ck), "--lazy"], env=s.env, text=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.0, 2.0))
+        cli.send_signal(signal.SIGINT)
+        try:
+            try:
+                _, err = cli.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                # After the commit: ignored while the memory comes in; the command then waits for
+                # the gated members, and another one stops that (they run on).
+                cli.send_signal(signal.SIGINT)
+                _, err = cli.communicate(timeout=120)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.communicate()
+        where = (seed, trial, cli.returncode, err)
+        assert cli.returncode in (0, 130) and "Traceback" not in err, where
+        alive = [pid_alive(p) for p in pids]
+        assert all(alive) or not any(alive), where  # the whole set, or none of it
+        if all(alive):
+            assert err.count("its memory comes in lazily") == 2, where
+            for w, p in zip(s.ws, pids):
+                os.kill(p, signal.SIGKILL)
+                w.pid = p
+                w.wait_exit(timeout=30)
+        assert _lazy_servers(s.ck) == [], where
+    s.open_gates()
+    s.rewind()
+    r = npusnap("restore", s.ck, "--lazy", env=s.env, timeout=180)
+    assert r.returncode == 0, (seed, r.stderr)
+    for w in s.ws:
+        assert strip_ready(w.lines()) == ref
