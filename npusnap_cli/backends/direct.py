@@ -141,8 +141,10 @@ class DirectBackend(AgentBackend):
         if device_dir is None:
             raise WrongState("the direct data path writes device images: it needs a directory")
         if self.snapshot_cap is not None:
-            snapped = snapshot_device(self.pid, self.snapshot_cap, self.daemon)
+            # First: a signal handled the instant the daemon answers (before an assignment after the
+            # call) must still leave its snapshot to drop_snapshot(), which ends it "if any".
             self.snapped = True
+            snapped = snapshot_device(self.pid, self.snapshot_cap, self.daemon)
             self._images = (device_dir, [])
             started = time.monotonic()
             self._call("backup", external=True)
