@@ -3,14 +3,17 @@ checkpoint (one directory, one manifest, all or nothing) and restored as one. Th
 of a multi-node job runs this; `npusnap checkpoint PID PID ...` is its command.
 
     checkpoint:  lock every member at once (one thread each: the set's skew is one lock's time)
-                 -> back up each -> dump each (CRIU: one tree per dump, criu/PID/) -> seal
-                 -> commit the set's manifest -> kill all | run all on (--leave-running)
-    live:        lock every member -> back up each (the direct path: the daemon's copy-on-write
-                 snapshot) -> dump each, all into one MemStage (image/memstage.py) -> every member
-                 runs on, unlocked (the set's downtime: until the last one does) -> write-behind of
-                 every member's images -> seal -> commit (--live)
-    restore:     verify -> per member: CRIU restore + device restore (it stays LOCKED)
-                 -> unlock every member (the commit point)
+                 -> back up each -> dump each, all at once (CRIU: one tree per dump, criu/PID/;
+                 one after another with --tcp-established) -> seal -> commit the set's manifest
+                 -> kill all | run all on (--leave-running)
+    live:        every member's CRIU started, each waiting at its pre-dump notification -> lock
+                 every member -> back up each (the direct path: the daemon's copy-on-write
+                 snapshot) -> every dump goes on, all into one MemStage (image/memstage.py) ->
+                 every member runs on, unlocked (the set's downtime: until the last one does) ->
+                 write-behind of every member's images -> seal -> commit (--live)
+    restore:     verify -> every member's CRIU restore, all at once (one after another for shell
+                 jobs and --tcp-established) -> each member's device restore (it stays LOCKED;
+                 HCCL ranks' at once) -> unlock every member (the commit point)
 
 Each member is a core.checkpoint.CheckpointRun whose steps the set drives; they share one staging
 directory, one undo stack, one guardian and one set of signal handlers, so any failure, timeout or
@@ -122,6 +125,50 @@ def _naming(pid: int, index: int, count: int) -> Iterator[None]:
             e.args = (e.message,)
             e.names_member = True  # type: ignore[attr-defined]
         raise
+
+
+class NotLocked(Exception):
+    """A member's CRIU told to give up at its pre-dump notification: the set was not locked (another
+    member failed, or the lock did). Never the failure reported: that one is."""
+
+
+class PreDumpGate:
+    """--live: the members' CRIUs, each waiting at its pre-dump notification (in its member's
+    thread), and the set's lock, taken once all are there (in the main thread)."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = set(pids)
+        self.arrived: set[int] = set()
+        self.failed = False  # a member's thread ended before its notification: its CRIU failed
+        self.verdict: Optional[bool] = None
+        self.cond = threading.Condition()
+
+    def arrive(self, pid: int) -> None:
+        """A member's CRIU is at its pre-dump notification: wait for the verdict (a dump retried
+        after a process caught exiting finds it given)."""
+        with self.cond:
+            self.arrived.add(pid)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.verdict is not None)
+            if not self.verdict:
+                raise NotLocked("the set was not locked")
+
+    def ended(self, pid: int) -> None:
+        with self.cond:
+            if pid not in self.arrived:
+                self.failed = True
+            self.cond.notify_all()
+
+    def wait_all(self) -> bool:
+        """Until every member's CRIU is at its notification (True), or one failed before it."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.failed or self.arrived >= self.pids)
+            return not self.failed
+
+    def open(self, locked: bool) -> None:
+        with self.cond:
+            self.verdict = locked
+            self.cond.notify_all()
 
 
 def _serialized(progress: Progress) -> Progress:
@@ -260,6 +307,12 @@ class SetCheckpoint:
     def _at_once(self, work: Callable[[CheckpointRun], None]) -> dict[int, BaseException]:
         """work(member) for every member at once, one thread each (all bounded by their own
         deadlines); the failures by member pid."""
+        return self._started(work)()
+
+    def _started(self, work: Callable[[CheckpointRun], None],
+                 ended: Callable[[int], None] = lambda pid: None) -> Callable[[], dict[int, BaseException]]:
+        """work(member) started for every member, one thread each, each calling ended(pid) last;
+        returns what waits for them all and gives the failures by member pid."""
         failed: dict[int, BaseException] = {}
 
         def one(m: CheckpointRun) -> None:
@@ -268,13 +321,26 @@ class SetCheckpoint:
                     work(m)
             except BaseException as e:  # reported by the caller, in member order
                 failed[m.pid] = e
+            finally:
+                ended(m.pid)
 
         threads = [threading.Thread(target=one, args=(m,), name=f"member-{m.pid}") for m in self.members]
         for th in threads:
             th.start()
-        for th in threads:
-            th.join()
-        return failed
+
+        def join() -> dict[int, BaseException]:
+            for th in threads:
+                th.join()
+            return failed
+
+        return join
+
+    def _raise_first(self, failed: dict[int, BaseException]) -> None:
+        """The first member's failure, in member order; a member that only stopped because
+        another failed (NotLocked) never hides the failure itself."""
+        for m in self.members:
+            if m.pid in failed and not isinstance(failed[m.pid], NotLocked):
+                raise failed[m.pid]
 
     def _devices_back(self) -> None:
         """The set's device rollback: every member's at once (an HCCL rank's restore waits for its
@@ -323,15 +389,13 @@ class SetCheckpoint:
             for m in self.members:
                 with self._member(m):
                     communicators.hand(m.backend, self.meet)
-        self._lock_all()
-        with self.phase("backup") as t:
-            for m in self.members:
-                with self._member(m):
-                    m.backup()
-            t.bytes = sum(m.device.bytes for m in self.members)
-        with self.phase("dump") as self.dump_timing:
-            for m in self.members:
-                self._dump(m)
+        if self.live is not None and self._dumps_at_once:
+            self._dump_locking_late()
+        else:
+            self._lock_all()
+            self._back_up_all()
+            with self.phase("dump") as self.dump_timing:
+                self._dump_all()
         if self.live is not None:
             self._resume_now()
             self._write_behind()
@@ -360,14 +424,59 @@ class SetCheckpoint:
         for m in self.members:
             m.after_lock()
 
-    def _dump(self, m: CheckpointRun) -> None:
+    def _back_up_all(self) -> None:
+        with self.phase("backup") as t:
+            for m in self.members:
+                with self._member(m):
+                    m.backup()
+            t.bytes = sum(m.device.bytes for m in self.members)
+
+    @property
+    def _dumps_at_once(self) -> bool:
+        """Every member's CRIU dump runs at once, one thread each: their start-ups (~35 ms of kernel
+        probes each here) overlap. One after another with --tcp-established: each dump takes
+        CRIU's network lock (iptables rules) of its own."""
+        return len(self.members) > 1 and not self.opts.tcp_established
+
+    def _dump_all(self) -> None:
+        if not self._dumps_at_once:
+            for m in self.members:
+                self._dump(m)
+            return
+        with self.signals.critical():  # an undo must never race a dump in flight
+            failed = self._at_once(self._dump)
+        self._raise_first(failed)
+
+    def _dump_locking_late(self) -> None:
+        """--live: every member's CRIU starts at once, and each waits at its pre-dump notification
+        (its start-up done, nothing frozen yet) until every member is locked and backed up; then
+        all dump at once. The set's downtime holds no CRIU start-up. Signals wait until every
+        dump has returned; a member whose CRIU fails before its notification fails the set
+        before anything is locked."""
+        gate = PreDumpGate([m.pid for m in self.members])
+        with self.phase("dump") as self.dump_timing, self.signals.critical():
+            join = self._started(lambda m: self._dump(m, pre_dump=lambda: gate.arrive(m.pid)), gate.ended)
+            error: Optional[BaseException] = None
+            if gate.wait_all():
+                try:
+                    self._lock_all()
+                    self._back_up_all()
+                except BaseException as e:  # raised once every CRIU has given up
+                    error = e
+            gate.open(error is None and not gate.failed)
+            failed = join()
+        if error is not None:
+            raise error
+        self._raise_first(failed)
+
+    def _dump(self, m: CheckpointRun, pre_dump: Optional[Callable[[], None]] = None) -> None:
         # CRIU names its log dump.log: each member dumps into a log directory of its own, and
         # its logs join the set's as dump-PID.log once the dump succeeded (a failed one's log
         # stays where the error points).
         m.log_dir = self.staging.log_dir / str(m.pid)
         m.log_dir.mkdir(0o700, exist_ok=True)
         with self._member(m):
-            m.dump()
+            m.dump(pre_dump)
         for name in LOG_NAMES_OF_A_DUMP:
             with contextlib.suppress(FileNotFoundError):
                 (m.log_dir / name).rename(self.staging.log_dir / _member_log(name, m.pid))
@@ -576,9 +685,8 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
     Each restored root becomes our child."""
     root = opts.directory.absolute()
     phase = Phases(progress)
+    # Every member's page images are checked while CRIU reads them (pages), its tree left stopped until they all match.
     manifest, pages = _verified(root, opts, phase)
-    if pages is not None:  # a set's page images live in criu/PID/: verify checked them all already
-        pages.result()
     if not manifest.is_set:
         raise WrongState(f"{opts.directory} holds one process's checkpoint, not a set")
     if opts.criu_only:
@@ -593,7 +701,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
     if opts.lazy:
         lazy_supported(criu)
     services.become_subreaper()
-    restored: list[tuple[MemberEntry, int]] = []  # the roots to kill on failure
+    restored: dict[int, tuple[MemberEntry, int]] = {}  # the roots to kill on failure, by checkpointed pid
     servers: dict[int, LazyPages] = {}  # --lazy: each member's page server, by its checkpointed pid
     backends: list[Optional[Backend]] = []
     results: list[MemberRestored] = []
@@ -602,33 +710,41 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
         with Signals() as signals, services.images_view() as view:
             try:
                 guardian.kill_if_dead([p.pid for p in manifest.processes])
-                ready: list[tuple[MemberEntry, int, Phases]] = []
-                hccl = any(e.device.resources.get("hccl communicators", 0) > 0 for e in manifest.members)
-                for i, entry in enumerate(manifest.members):
+                phases = [Phases(progress, member=entry.pid) for entry in manifest.members]
+                results.extend(MemberRestored(e.pid, e.pid, p.timings) for e, p in zip(manifest.members, phases))
+
+                def criu_restore(i: int) -> None:
+                    entry = manifest.members[i]
                     with _naming(entry.pid, i, len(manifest.members)):
-                        member_phase = Phases(progress, member=entry.pid)
-                        results.append(MemberRestored(entry.pid, entry.pid, member_phase.timings))
-                        pid = _restore_member(entry, manifest, root, opts, criu, view, guardian, member_phase,
-                                              signals, progress, restored, servers)
-                        results[-1].pid = pid
-                        if hccl:
-                            ready.append((entry, pid, member_phase))
-                        else:
-                            _device_restore(pid, entry, manifest, root, opts, member_phase, progress,
-                                            services, backends)
-                # HCCL ranks re-form their communicators together (each waits for its peers): every
-                # member's process exists first, then their device restores run at once.
-                if hccl:
-                    _device_restores(ready, manifest, root, opts, progress, services, backends, guardian)
+                        results[i].pid = _restore_member(entry, manifest, root, opts, criu, view, guardian,
+                                                         phases[i], signals, progress, restored, servers,
+                                                         leave_stopped=pages is not None)
+
+                try:
+                    _criu_restores(manifest, criu_restore, signals)
+                except NpusnapError:
+                    if pages is not None:
+                        pages.result()  # a corrupt page image explains CRIU's failure best
+                    raise
+                for entry in manifest.members:  # in member order, as the backends will be
+                    restored[entry.pid] = restored.pop(entry.pid)
+                if pages is not None:  # every tree is stopped, as CRIU left it: each runs only on good pages
+                    pages.result()
+                    for entry, pid in restored.values():
+                        processes.resume(pid, [p.pid for p in entry.processes])
+                # Every member's process exists first, then their device restores (HCCL ranks' at once:
+                # each re-forms its communicators, which waits for its peers').
+                ready = [(e, r.pid, p) for e, r, p in zip(manifest.members, results, phases)]
+                _device_restores(ready, manifest, root, opts, progress, services, backends, guardian)
                 with phase("unlock"), signals.critical():  # every member runs, or none
-                    for (entry, _), backend in zip(restored, backends):  # in member order, both
+                    for (entry, _), backend in zip(restored.values(), backends):  # in member order, both
                         if backend is not None:
                             with _naming(entry.pid, manifest.members.index(entry), len(manifest.members)):
                                 backend.unlock()
                 signals.settled = True
             except BaseException:
                 signals.rolling_back = True
-                for entry, pid in reversed(restored):
+                for entry, pid in reversed(restored.values()):
                     processes.kill_tree(pid, list(dict.fromkeys([pid, *(p.pid for p in entry.processes)])))
                 for server in servers.values():
                     server.kill()
@@ -641,15 +757,46 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
         guardian.release()
     lazy = [lazy_restore(pid, [p.pid for p in entry.processes], servers.get(entry.pid), entry.device, opts,
                          sum(f.size for f in entry.files(manifest) if f.path.startswith(f"{CRIU_DIR}/")))
-            for entry, pid in restored] if opts.lazy else []
+            for entry, pid in restored.values()] if opts.lazy else []
     return SetRestoreResult(manifest, results, phase.timings, lazy)
+
+
+def _criu_restores(manifest: Manifest, criu_restore: Callable[[int], None], signals: Signals) -> None:
+    """criu_restore(i) for every member: all at once, one thread each (their CRIUs' start-ups
+    overlap); one after another for shell jobs and
+    --tcp-established (a terminal to hand over, CRIU's network unlock for each). Signals wait
+    until every restore has returned: a rollback must never race a CRIU still restoring."""
+    count = len(manifest.members)
+    if count == 1 or manifest.options.get("shell_job") or manifest.options.get("tcp_established"):
+        for i in range(count):
+            criu_restore(i)
+        return
+    failed: dict[int, BaseException] = {}
+
+    def one(i: int) -> None:
+        try:
+            criu_restore(i)
+        except BaseException as e:  # reported below, in member order
+            failed[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"criu-restore-{e.pid}")
+               for i, e in enumerate(manifest.members)]
+    with signals.critical():
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    for i in range(count):
+        if i in failed:
+            raise failed[i]
 
 
 def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions, criu: CriuDriver,
                     view: ImagesViewLike, guardian: GuardianLike, phase: Phases, signals: Signals, progress: Progress,
-                    restored: list[tuple[MemberEntry, int]], servers: dict[int, "LazyPages"]) -> int:
+                    restored: dict[int, tuple[MemberEntry, int]], servers: dict[int, "LazyPages"],
+                    leave_stopped: bool) -> int:
     log_dir = restore_log_dir(root)  # one fresh private directory per member's restore
-    restored.append((entry, entry.pid))  # CRIU restores the member under its pid: killed if it fails half-way
+    restored[entry.pid] = (entry, entry.pid)  # CRIU restores the member under its pid: killed if it fails half-way
     # --dedup, --compress: the member's page images reassembled from the chunk store (each chunk checked)
     with phase("criu-restore"), signals.critical(), assembled(root, manifest, CRIU_DIR, entry.subdir) as criu_dir:
         images = view.enter(criu_dir / entry.subdir, lambda m: warn(progress, m))
@@ -659,8 +806,8 @@ def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: Re
                            shell_job=bool(manifest.options.get("shell_job")),
                            tcp_established=bool(manifest.options.get("tcp_established")),
                            extra=_restore_options(manifest, opts),
-                           started=guardian.wait_for_criu, lazy_pages=opts.lazy)
-        restored[-1] = (entry, pid)
+                           started=guardian.wait_for_criu, leave_stopped=leave_stopped, lazy_pages=opts.lazy)
+        restored[entry.pid] = (entry, pid)
     _unlock_closed_connections(root / CRIU_DIR / entry.subdir, manifest, opts, progress)
     return pid
 

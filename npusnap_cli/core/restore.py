@@ -207,8 +207,10 @@ def _can_wait_stopped(root: Path, manifest: Manifest) -> bool:
     dumped (a SIGCONT would wake it). Read from images verified right after, before CRIU runs."""
     if manifest.options.get("shell_job"):
         return False
+    trees = ([(root / CRIU_DIR / e.subdir, e.processes) for e in manifest.members] if manifest.is_set
+             else [(root / CRIU_DIR, manifest.processes)])
     try:
-        return not stopped_at_dump(root / CRIU_DIR, [p.pid for p in manifest.processes])
+        return not any(stopped_at_dump(images, [p.pid for p in procs]) for images, procs in trees)
     except (OSError, ValueError):
         return False  # verify() says what is wrong with them
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from typing import Any, Iterator
 
 from ..errors import Interrupted
@@ -26,6 +27,12 @@ class Signals:
         self.rolling_back = False
         self.settled = False
         self._old: dict[int, Any] = {}
+        self._depth_lock = threading.Lock()  # a set's members enter critical sections from threads of their own
+
+    def _deeper(self, by: int) -> int:
+        with self._depth_lock:
+            self.depth += by
+            return self.depth
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.rolling_back or self.settled or self.depth:
@@ -54,23 +61,23 @@ class Signals:
 
     @contextlib.contextmanager
     def critical(self) -> Iterator[None]:
-        self.depth += 1
+        self._deeper(1)
         try:
             yield
         finally:
-            self.depth -= 1
-        if self.pending and not self.depth and not self.settled:
+            depth = self._deeper(-1)
+        if self.pending and not depth and not self.settled:
             raise Interrupted()
 
     @contextlib.contextmanager
     def commit_point(self) -> Iterator[None]:
         """Signals wait while the body runs; once it returned, the outcome is settled."""
-        self.depth += 1
+        self._deeper(1)
         try:
             yield
             self.settled = True
         finally:
-            self.depth -= 1
+            self._deeper(-1)
 
 
 def _starting_a_thread(frame: Any) -> bool:

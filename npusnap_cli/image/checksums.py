@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from ..errors import ImageInvalid
-from .format import FileEntry, hash_fd, new_hasher, safe_member
+from .format import PAGES, FileEntry, hash_fd, new_hasher, safe_member
 
 SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
 _libc: Optional[Any] = None
@@ -154,8 +154,9 @@ class Follower:
 
 
 def page_entries(manifest: Any) -> list[FileEntry]:
-    """The manifest's CRIU page images (criu/pages-N.img): the process memory, most of the bytes."""
-    return [f for f in manifest.files if re.fullmatch(r"criu/pages-[0-9]+\.img", f.path)]
+    """The manifest's CRIU page images (criu/pages-N.img, a set member's criu/PID/pages-N.img): the
+    process memory, most of the bytes."""
+    return [f for f in manifest.files if PAGES.fullmatch(f.path)]
 
 
 class BulkVerifier:

@@ -51,16 +51,17 @@ class ImagesView:
     """Context manager: enter(images_dir) gives the directory CRIU should restore from."""
 
     def __init__(self) -> None:
-        self.tmp: Optional[Path] = None
+        self.tmps: list[Path] = []  # one per edited images directory (a set's members each have one)
 
     def __enter__(self) -> "ImagesView":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.tmp is not None:
+        if self.tmps:
             import shutil
 
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            for tmp in self.tmps:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def enter(self, images_dir: Path, warn: Callable[[str], None]) -> Path:
         taken = bound_abstract_names()
@@ -112,11 +113,12 @@ class ImagesView:
 
         from pycriu import images
 
-        self.tmp = Path(tempfile.mkdtemp(prefix="npusnap-images-"))
+        tmp = Path(tempfile.mkdtemp(prefix="npusnap-images-"))
+        self.tmps.append(tmp)
         for entry in os.listdir(images_dir):
             if entry != edited_name:
-                os.symlink(images_dir / entry, self.tmp / entry)
-        fd = os.open(self.tmp / edited_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                os.symlink(images_dir / entry, tmp / entry)
+        fd = os.open(tmp / edited_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             images.dump(img, f)
-        return self.tmp
+        return tmp

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import queue
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Optional, Sequence
 
@@ -63,6 +65,34 @@ def lines_into(stream: IO[str], q: "queue.Queue[str]") -> None:
     for line in stream:
         q.put(line)
     q.put("")
+
+
+def interrupt(cli: "subprocess.Popen[str]", delay: float, again_after: Optional[float] = None,
+              bound: float = 120) -> str:
+    """SIGINT to cli after delay seconds, and its stderr once it exits. again_after: a second
+    SIGINT if it still runs that long after the first (one that came after a lazy restore's
+    commit is ignored while the memory comes in; the command then waits for the workload, which
+    another one stops). One that outlives bound fails the test (with PYTHONFAULTHANDLER set, its
+    stacks tell where it hangs); it is killed and reaped on every path."""
+    time.sleep(delay)
+    cli.send_signal(signal.SIGINT)
+    try:
+        try:
+            _, err = cli.communicate(timeout=bound if again_after is None else again_after)
+        except subprocess.TimeoutExpired:
+            if again_after is None:
+                raise
+            cli.send_signal(signal.SIGINT)
+            _, err = cli.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        cli.send_signal(signal.SIGABRT)
+        _, err = cli.communicate(timeout=30)
+        raise AssertionError(f"still running {bound:.0f} s after SIGINT: {err}") from None
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    return err or ""
 
 
 def one_error_line(stderr: str) -> str:

@@ -21,7 +21,7 @@ import yaml
 
 from tests.helpers import Workload, npusnap, npusnap_cmd, pid_alive, requires_criu, rewind_to_checkpoint
 
-from .support import strip_ready, under_agent
+from .support import interrupt, strip_ready, under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -168,24 +168,8 @@ def test_sigint_at_random_instants_of_a_lazy_restore(lazy, reference) -> None:  
     pid = int(yaml.safe_load((lazy.ck / "manifest.yaml").read_text())["pid"])
     for trial in range(SIGINT_TRIALS):
         cli = lazy.popen()
-        time.sleep(rng.uniform(0.0, 2.0))
-        cli.send_signal(signal.SIGINT)
-        try:
-            try:
-                code = cli.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                # It came after the commit: ignored (the memory still coming in must not be cut
-                # off); the command now waits for the gated workload, and another one stops that.
-                cli.send_signal(signal.SIGINT)
-                code = cli.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            cli.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: where it hangs, on stderr
-            raise AssertionError(f"seed {seed} trial {trial}: restore hangs: {cli.communicate(timeout=30)[1]}") from None
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.wait()
-        err = cli.stderr.read() if cli.stderr else ""
+        err = interrupt(cli, rng.uniform(0.0, 2.0), again_after=30)  # the gated workload runs on after a second
+        code = cli.returncode
         assert code in (0, 130), (seed, trial, code, err)
         # Interrupted before the restore committed: nothing runs; after: the restore stands.
         if pid_alive(pid):

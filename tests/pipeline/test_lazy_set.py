@@ -12,14 +12,13 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import Workload, npusnap, npusnap_cmd, pid_alive, requires_criu, rewind_to_checkpoint
 
-from .support import strip_ready, under_agent
+from .support import interrupt, strip_ready, under_agent
 from .test_lazy import SIGINT_TRIALS, STEPS, WORKLOAD, _lazy_servers
 
 pytestmark = [requires_criu, pytest.mark.criu]
@@ -133,20 +132,7 @@ def test_sigint_at_random_instants_of_a_lazy_set_restore(lazy_set, reference) ->
         s.rewind()
         cli = subprocess.Popen([*npusnap_cmd(), "restore", str(s.ck), "--lazy"], env=s.env, text=True,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.0, 2.0))
-        cli.send_signal(signal.SIGINT)
-        try:
-            try:
-                _, err = cli.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                # After the commit: ignored while the memory comes in; the command then waits for
-                # the gated members, and another one stops that (they run on).
-                cli.send_signal(signal.SIGINT)
-                _, err = cli.communicate(timeout=120)
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.communicate()
+        err = interrupt(cli, rng.uniform(0.0, 2.0), again_after=30)  # the gated members run on after a second
         where = (seed, trial, cli.returncode, err)
         assert cli.returncode in (0, 130) and "Traceback" not in err, where
         alive = [pid_alive(p) for p in pids]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from tests.helpers import Workload, npusnap, npusnap_cmd, requires_criu, rewind_to_checkpoint
 
-from .support import assert_no_checkpoint, one_error_line, proc_state, status, strip_ready, under_agent
+from .support import assert_no_checkpoint, interrupt, one_error_line, proc_state, status, strip_ready, under_agent
 
 pytestmark = [requires_criu, pytest.mark.criu]
 
@@ -153,14 +152,7 @@ def test_ctrl_c_at_random_instants(gated: Gated, npusim_daemon, reference, tmp_p
         ck = tmp_path / f"ck{i}"
         cli = subprocess.Popen(_live(gated.w.pid, ck, shm), env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            time.sleep(rng.uniform(0, span))
-            cli.send_signal(signal.SIGINT)
-            _, stderr = cli.communicate(timeout=120)
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-            cli.wait()
+        stderr = interrupt(cli, rng.uniform(0, span))
         outcomes.append(cli.returncode)
         why = f"seed {seed}, trial {i}: exit {cli.returncode}: {stderr}"
         if cli.returncode == 0:  # the signal came before the CLI's handlers, or after the commit

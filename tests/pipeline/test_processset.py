@@ -153,3 +153,35 @@ def test_members_with_different_backends_make_one_set(npusim_daemon, reference, 
             w.stop()
             if pid_alive(w.pid):
                 os.kill(w.pid, signal.SIGKILL)
+
+
+def test_a_flipped_byte_in_a_members_pages_runs_no_member(npusim_daemon, tmp_path) -> None:
+    """Every member's page images are checked while CRIU restores the members (all at once), each
+    tree left stopped: one bad byte in member 2's pages, and no member ever runs a step (each is
+    killed where CRIU left it); the error names the image. The pages put back, the set restores."""
+    ws = _start(tmp_path, npusim_daemon.env)
+    try:
+        ck = tmp_path / "ck"
+        r = npusnap("checkpoint", *(w.pid for w in ws), "-D", ck, env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        for w in ws:
+            w.proc.wait(timeout=10)
+        pages = sorted((ck / "criu" / str(ws[1].pid)).glob("pages-*.img"), key=lambda p: p.stat().st_size)[-1]
+        good = pages.read_bytes()
+        pages.write_bytes(good[:4096] + bytes([good[4096] ^ 1]) + good[4097:])
+        before = [w.lines() for w in ws]
+        rs = npusnap("restore", ck, "--detach", env=npusim_daemon.env, timeout=180)
+        assert rs.returncode == 8, rs.stderr  # ImageInvalid
+        assert pages.name in rs.stderr and "Traceback" not in rs.stderr, rs.stderr
+        deadline = time.monotonic() + 30
+        while any(pid_alive(w.pid) for w in ws) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(pid_alive(w.pid) for w in ws)
+        assert [w.lines() for w in ws] == before  # not one step ran on the bad pages
+        pages.write_bytes(good)
+        rs = npusnap("restore", ck, "--detach", env=npusim_daemon.env, timeout=180)
+        assert rs.returncode == 0, rs.stderr
+        assert all(pid_alive(w.pid) for w in ws)
+    finally:
+        for w in ws:
+            w.stop()

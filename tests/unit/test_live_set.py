@@ -18,9 +18,10 @@ from npusnap_cli.backends import State
 from npusnap_cli.core import checkpoint as pipeline
 from npusnap_cli.core.checkpoint import CheckpointRun
 from npusnap_cli.core.progress import Event, Level, Message
-from npusnap_cli.errors import Interrupted, NpusnapError
+from npusnap_cli.errors import CriuFailed, Interrupted, NpusnapError
 from npusnap_cli.image import memstage
 from npusnap_cli.image.format import load_manifest, verify
+from npusnap_cli.platform.criu import DumpOptions
 from tests.helpers import proc_state, running
 
 from .test_processset import N, SetFakes, _assert_all_undone, _checkpoint, _sleeper
@@ -180,3 +181,45 @@ def test_a_ctrl_c_before_the_pipelines_handlers_leaves_nothing_behind(
     assert [p.name for p in tmp_path.iterdir()] == [] and list(shm.iterdir()) == []
     for p in members:
         assert running(p.pid) and fakes.backends[p.pid].current == State.RUNNING
+
+
+def test_every_members_criu_starts_before_the_set_locks(fakes: SetFakes, members: list[subprocess.Popen[bytes]],
+                                                        tmp_path: Path, shm: Path) -> None:
+    """Each member's CRIU is at its pre-dump notification (its start-up done) before any member is
+    locked: the set's downtime holds no CRIU start-up."""
+    order: list[tuple[str, int]] = []
+    dump = fakes.criu.dump
+
+    def starting(o: DumpOptions) -> None:
+        order.append(("criu", o.pid))
+        dump(o)
+
+    fakes.criu.dump = starting  # type: ignore[method-assign]
+    for p in members:
+        backend = fakes.backends[p.pid]
+        lock = backend.lock
+        backend.lock = lambda timeout, lease=None, pid=p.pid, lock=lock: (order.append(("lock", pid)),  # type: ignore[method-assign]
+                                                                          lock(timeout, lease))[1]
+    m = _live(fakes, members, tmp_path / "ck", shm, [])
+    first_lock = next(i for i, (what, _) in enumerate(order) if what == "lock")
+    assert sorted(pid for what, pid in order[:first_lock]) == sorted(p.pid for p in members), order
+    assert m.options["live"]["downtime_s"] > 0 and verify(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("k", range(N))
+def test_a_criu_failing_before_its_notification_locks_no_member(k: int, fakes: SetFakes,
+                                                                members: list[subprocess.Popen[bytes]],
+                                                                tmp_path: Path, shm: Path) -> None:
+    dump = fakes.criu.dump
+
+    def failing(o: DumpOptions) -> None:  # member k's CRIU fails in its start-up; the others wait, then give up
+        if o.pid == members[k].pid:
+            raise CriuFailed("fake CRIU could not start")
+        dump(o)
+
+    fakes.criu.dump = failing  # type: ignore[method-assign]
+    with pytest.raises(CriuFailed, match=rf"^process {members[k].pid} \(set member {k + 1} of {N}\): fake CRIU"):
+        _live(fakes, members, tmp_path / "ck", shm, [])
+    assert all("lock" not in fakes.scripts[p.pid].log for p in members)
+    _assert_all_undone(fakes, members, tmp_path / "ck")
+    assert list(shm.iterdir()) == []

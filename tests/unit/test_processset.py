@@ -30,6 +30,7 @@ from npusnap_cli.image.format import (
     member_summary,
     verify,
 )
+from npusnap_cli.platform.criu import DumpOptions
 from tests.helpers import proc_state, running
 
 from .fakes import FakeBackend, FakeCriu, FakeGuardian, Script, _no_view, fail
@@ -200,12 +201,10 @@ def test_a_device_failure_in_member_k_undoes_every_member(k: int, call: str, err
 def test_a_criu_failure_in_member_k_undoes_every_member(k: int, fakes: SetFakes,
                                                         members: list[subprocess.Popen[bytes]],
                                                         tmp_path: Path) -> None:
-    calls = {"n": 0}
     dump = fakes.criu.dump
 
-    def failing_dump(o: object) -> None:
-        calls["n"] += 1
-        if calls["n"] == k + 1:
+    def failing_dump(o: DumpOptions) -> None:  # the members dump at once: member k's, whenever it comes
+        if o.pid == members[k].pid:
             raise CriuFailed("fake CRIU dump failed")
         dump(o)
 
@@ -307,7 +306,7 @@ def test_a_set_restores_every_member_then_unlocks_them(fakes: SetFakes, checkpoi
                                                        members: list[subprocess.Popen[bytes]]) -> None:
     result = _restore(fakes, checkpointed)
     restored = [p.pid for p in fakes.criu.restored]
-    assert [m.pid for m in result.members] == restored and len(restored) == N
+    assert sorted(m.pid for m in result.members) == sorted(restored) and len(restored) == N  # restored at once
     assert [m.checkpointed for m in result.members] == [p.pid for p in members]
     assert all(running(pid) for pid in restored)
     assert all(b.current == State.RUNNING and b.released for b in fakes.restored_backends)
@@ -321,19 +320,18 @@ def test_a_set_restores_every_member_then_unlocks_them(fakes: SetFakes, checkpoi
 @pytest.mark.parametrize("k", range(N))
 def test_a_criu_restore_failure_in_member_k_leaves_no_member_running(k: int, fakes: SetFakes,
                                                                      checkpointed: Path) -> None:
-    calls = {"n": 0}
     restore = fakes.criu.restore
+    subdir = load_manifest(checkpointed).members[k].subdir
 
-    def failing(*args: object, **kw: object) -> int:
-        calls["n"] += 1
-        if calls["n"] == k + 1:
+    def failing(images_dir: Path, *args: object, **kw: object) -> int:
+        if Path(images_dir).name == subdir:  # the members restore at once: member k's, whenever it comes
             raise CriuFailed("fake CRIU restore failed")
-        return restore(*args, **kw)  # type: ignore[arg-type]
+        return restore(images_dir, *args, **kw)  # type: ignore[arg-type]
 
     fakes.criu.restore = failing  # type: ignore[method-assign]
     with pytest.raises(CriuFailed, match=rf"\(set member {k + 1} of {N}\): fake CRIU restore failed"):
         _restore(fakes, checkpointed)
-    assert len(fakes.criu.restored) == k
+    assert len(fakes.criu.restored) == N - 1  # every other member was restored, and is killed
     assert all(proc_state(p.pid) in ("Z", "gone") for p in fakes.criu.restored)
     verify(checkpointed)
     fakes.criu.restore = restore  # type: ignore[method-assign]
@@ -350,7 +348,7 @@ def test_a_device_restore_failure_in_member_k_leaves_no_member_running(k: int, f
     fakes.restore_fails = {k: DeviceFailed("fake device restore failed")}
     with pytest.raises(DeviceFailed, match=rf"\(set member {k + 1} of {N}\)"):
         _restore(fakes, checkpointed)
-    assert len(fakes.criu.restored) == k + 1
+    assert len(fakes.criu.restored) == N  # every member's process exists before any device restore
     assert all(proc_state(p.pid) in ("Z", "gone") for p in fakes.criu.restored)
     assert all(b.released for b in fakes.restored_backends)
     verify(checkpointed)
@@ -459,3 +457,51 @@ def test_run_on_at_seal_then_an_abort_leaves_every_member_running(
         assert fakes.scripts[p.pid].log.count("restore") == 1, fakes.scripts[p.pid].log
         assert fakes.scripts[p.pid].log[-2:] == ["restore", "unlock"], fakes.scripts[p.pid].log
     _assert_all_undone(fakes, members, tmp_path / "ck")
+
+
+@pytest.mark.parametrize("tcp", [False, True])
+def test_the_members_dump_at_once_but_one_by_one_with_tcp(tcp: bool, fakes: SetFakes,
+                                                         members: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    """Their CRIUs' start-ups overlap; with --tcp-established each dump takes CRIU's network lock
+    (iptables) of its own, so they come one after another."""
+    dump = fakes.criu.dump
+    running_now, most = [0], [0]
+    lock = threading.Lock()
+
+    def counted(o: DumpOptions) -> None:
+        with lock:
+            running_now[0] += 1
+            most[0] = max(most[0], running_now[0])
+        try:
+            threading.Event().wait(0.2)  # long enough for every member's dump to start meanwhile
+            dump(o)
+        finally:
+            with lock:
+                running_now[0] -= 1
+
+    fakes.criu.dump = counted  # type: ignore[method-assign]
+    m = _checkpoint(fakes, members, tmp_path / "ck", tcp_established=tcp)
+    assert most[0] == (1 if tcp else N)
+    assert sorted(e.pid for e in m.members) == sorted(p.pid for p in members) and verify(tmp_path / "ck")
+
+
+def test_the_members_restore_at_once(fakes: SetFakes, checkpointed: Path) -> None:
+    """Their CRIUs' start-ups overlap; every member's process exists before any device restore."""
+    restore = fakes.criu.restore
+    running_now, most = [0], [0]
+    lock = threading.Lock()
+
+    def counted(*args: object, **kw: object) -> int:
+        with lock:
+            running_now[0] += 1
+            most[0] = max(most[0], running_now[0])
+        try:
+            threading.Event().wait(0.2)  # long enough for every member's restore to start meanwhile
+            return restore(*args, **kw)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running_now[0] -= 1
+
+    fakes.criu.restore = counted  # type: ignore[method-assign]
+    result = _restore(fakes, checkpointed)
+    assert most[0] == N and all(running(m.pid) for m in result.members)
