@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Protocol, Sequence
 
 from .. import testhooks
 from ..backends import Backend, BackendName, DataPath, State
@@ -169,6 +169,33 @@ class PreDumpGate:
         with self.cond:
             self.verdict = locked
             self.cond.notify_all()
+
+
+def at_once(keys: Iterable[int], work: Callable[[int], None],
+            ended: Callable[[int], None] = lambda key: None) -> Callable[[], dict[int, BaseException]]:
+    """work(key) started for every key (a member's pid or place) at once, one thread each, each
+    calling ended(key) last; returns what waits for them all and gives the failures by key (for
+    the caller to report in member order)."""
+    failed: dict[int, BaseException] = {}
+
+    def one(key: int) -> None:
+        try:
+            work(key)
+        except BaseException as e:
+            failed[key] = e
+        finally:
+            ended(key)
+
+    threads = [threading.Thread(target=one, args=(key,), name=f"member-{key}") for key in keys]
+    for th in threads:
+        th.start()
+
+    def join() -> dict[int, BaseException]:
+        for th in threads:
+            th.join()
+        return failed
+
+    return join
 
 
 def _serialized(progress: Progress) -> Progress:
@@ -311,29 +338,14 @@ class SetCheckpoint:
 
     def _started(self, work: Callable[[CheckpointRun], None],
                  ended: Callable[[int], None] = lambda pid: None) -> Callable[[], dict[int, BaseException]]:
-        """work(member) started for every member, one thread each, each calling ended(pid) last;
-        returns what waits for them all and gives the failures by member pid."""
-        failed: dict[int, BaseException] = {}
+        """work(member) started for every member (at_once), each under its name in errors."""
+        by_pid = {m.pid: m for m in self.members}
 
-        def one(m: CheckpointRun) -> None:
-            try:
-                with self._member(m):
-                    work(m)
-            except BaseException as e:  # reported by the caller, in member order
-                failed[m.pid] = e
-            finally:
-                ended(m.pid)
+        def named(pid: int) -> None:
+            with self._member(by_pid[pid]):
+                work(by_pid[pid])
 
-        threads = [threading.Thread(target=one, args=(m,), name=f"member-{m.pid}") for m in self.members]
-        for th in threads:
-            th.start()
-
-        def join() -> dict[int, BaseException]:
-            for th in threads:
-                th.join()
-            return failed
-
-        return join
+        return at_once(list(by_pid), named, ended)
 
     def _raise_first(self, failed: dict[int, BaseException]) -> None:
         """The first member's failure, in member order; a member that only stopped because
@@ -763,29 +775,16 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
 
 def _criu_restores(manifest: Manifest, criu_restore: Callable[[int], None], signals: Signals) -> None:
     """criu_restore(i) for every member: all at once, one thread each (their CRIUs' start-ups
-    overlap); one after another for shell jobs and
-    --tcp-established (a terminal to hand over, CRIU's network unlock for each). Signals wait
-    until every restore has returned: a rollback must never race a CRIU still restoring."""
+    overlap); one after another for shell jobs and --tcp-established (a terminal to hand over,
+    CRIU's network unlock for each). Signals wait until every restore has returned: a rollback
+    must never race a CRIU still restoring."""
     count = len(manifest.members)
     if count == 1 or manifest.options.get("shell_job") or manifest.options.get("tcp_established"):
         for i in range(count):
             criu_restore(i)
         return
-    failed: dict[int, BaseException] = {}
-
-    def one(i: int) -> None:
-        try:
-            criu_restore(i)
-        except BaseException as e:  # reported below, in member order
-            failed[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,), name=f"criu-restore-{e.pid}")
-               for i, e in enumerate(manifest.members)]
     with signals.critical():
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        failed = at_once(range(count), criu_restore)()
     for i in range(count):
         if i in failed:
             raise failed[i]
@@ -825,7 +824,6 @@ def _device_restores(ready: list[tuple[MemberEntry, int, Phases]], manifest: Man
                 _device_restore(pid, entry, manifest, root, opts, member_phase, progress, services, backends)
         return
     slots: list[list[Optional[Backend]]] = [[] for _ in ready]
-    failed: dict[int, BaseException] = {}
     own = communicators.rendezvous(opts.rendezvous is None, os.stat(f"/proc/{ready[0][1]}").st_uid)
     with own as private:
         if private is not None:
@@ -834,19 +832,10 @@ def _device_restores(ready: list[tuple[MemberEntry, int, Phases]], manifest: Man
 
         def one(i: int) -> None:
             entry, pid, member_phase = ready[i]
-            try:
-                with _naming(entry.pid, manifest.members.index(entry), count):
-                    _device_restore(pid, entry, manifest, root, opts, member_phase, progress, services, slots[i],
-                                    meet)
-            except BaseException as e:  # reported by the main thread, in member order
-                failed[i] = e
+            with _naming(entry.pid, manifest.members.index(entry), count):
+                _device_restore(pid, entry, manifest, root, opts, member_phase, progress, services, slots[i], meet)
 
-        threads = [threading.Thread(target=one, args=(i,), name=f"device-restore-{p}")
-                   for i, (_, p, _) in enumerate(ready)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        failed = at_once(range(len(ready)), one)()
     for slot in slots:
         backends.extend(slot)
     for i in range(len(ready)):
