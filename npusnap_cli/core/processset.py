@@ -3,7 +3,7 @@ checkpoint (one directory, one manifest, all or nothing) and restored as one. Th
 of a multi-node job runs this; `npusnap checkpoint PID PID ...` is its command.
 
     checkpoint:  lock every member at once (one thread each: the set's skew is one lock's time)
-                 -> back up each -> dump each, all at once (CRIU: one tree per dump, criu/PID/;
+                 -> back up each, all at once -> dump each, all at once (CRIU: one tree per dump, criu/PID/;
                  one after another with --tcp-established) -> seal -> commit the set's manifest
                  -> kill all | run all on (--leave-running)
     live:        every member's CRIU started, each waiting at its pre-dump notification -> lock
@@ -437,10 +437,13 @@ class SetCheckpoint:
             m.after_lock()
 
     def _back_up_all(self) -> None:
+        """Every member's backup at once (its export to the disk, or its agent's copy to host
+        memory, runs in its own process or the daemon's threads). Signals wait until every backup
+        has returned: an undo must never race one in flight."""
         with self.phase("backup") as t:
-            for m in self.members:
-                with self._member(m):
-                    m.backup()
+            with self.signals.critical():
+                failed = self._at_once(lambda m: m.backup())
+            self._raise_first(failed)
             t.bytes = sum(m.device.bytes for m in self.members)
 
     @property

@@ -155,7 +155,8 @@ def wait_recovers(w: Workload, bound: float = 30, env: Optional[dict] = None) ->
 
 
 class PausedCli:
-    """`npusnap ARGS` with NPUSNAP_TEST_PAUSE=point, waited (bounded) until it pauses there."""
+    """`npusnap ARGS` with NPUSNAP_TEST_PAUSE=point, waited (bounded) until it pauses there (at
+    each of several comma-separated points)."""
 
     def __init__(self, args: Sequence[object], point: str, env: dict[str, str], timeout: float = 60):
         self.proc = subprocess.Popen([*npusnap_cmd(), *map(str, args)], stdin=subprocess.DEVNULL,
@@ -165,7 +166,7 @@ class PausedCli:
         deadline = time.monotonic() + timeout
         assert self.proc.stderr is not None
         fd = self.proc.stderr.fileno()
-        while f"npusnap: test pause {point}" not in self.stderr:
+        while not all(f"npusnap: test pause {p}" in self.stderr for p in point.split(",")):  # each of several
             left = deadline - time.monotonic()
             assert left > 0, f"the CLI never paused at {point}: {self.stderr}"
             ready, _, _ = select.select([fd], [], [], min(left, 0.5))

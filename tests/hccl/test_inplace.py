@@ -114,10 +114,11 @@ def test_every_in_place_restore_of_a_set_brings_every_rank_back(n: int, data_pat
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
     path = ("--data-path", data_path)
-    # A failure between the members' backups (the first backed up, the others still locked; the last
-    # one's device files written, as a Ctrl-C would leave them), after the last backup, before a
-    # member's dump, after every dump: rolled back (exit 3).
-    points = [f"after:backup@{pids[0]}", *([f"after:export@{pids[-1]}"] if data_path == "direct" else []),
+    # A failure amid the members' backups (they run at once: the last one's failing before it
+    # starts leaves the others backed up and it still locked; the last one's device files written,
+    # as a Ctrl-C would leave them), after the last backup, before a member's dump, after every
+    # dump: rolled back (exit 3).
+    points = [f"before:backup@{pids[-1]}", *([f"after:export@{pids[-1]}"] if data_path == "direct" else []),
               f"after:backup@{pids[-1]}", f"before:dump@{pids[0]}", "after:dump"]
     for i, point in enumerate(points):
         assert_rolled_back(workers, short_dir / f"fail{i}", env, point, *path)
@@ -199,7 +200,7 @@ def test_leases_that_run_out_bring_every_rank_back(n: int, daemons, ranks, short
     assert_bit_identical(workers, daemon, ranks, short_dir, n)
 
 
-@pytest.mark.parametrize("point", ["after:backup", "after:backup@{first}", "after:dump@{first}"])
+@pytest.mark.parametrize("point", ["after:backup", "after:backup@{first},before:backup@{second}", "after:dump@{first}"])
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
 def test_a_cli_killed_after_the_backup_every_rank_comes_back(point: str, data_path: str, daemons, ranks,
                                                              short_dir: Path) -> None:
@@ -207,7 +208,8 @@ def test_a_cli_killed_after_the_backup_every_rank_comes_back(point: str, data_pa
     path's data from the staged files), then removes the directory. Killed between the members'
     backups (the first rank gone from its communicator, the other still in it), it backs up the
     locked rank first, so that both re-form the communicator; killed after the first member's dump,
-    it waits for no CRIU and resumes the stopped rank."""
+    it waits for no CRIU and resumes the stopped rank (the members back up at once: the second is
+    held before its own for the first to be alone)."""
     (daemon,) = daemons(1)
     tmp, env = private_tmp(short_dir, cli_env(daemon, ranks))
     workers = start_training(ranks, daemon, 2, str(short_dir / "train.info"), env=LONG)
@@ -215,7 +217,7 @@ def test_a_cli_killed_after_the_backup_every_rank_comes_back(point: str, data_pa
     for w in workers:
         w.wait_for_line("step 2", timeout=60)
     cli = PausedCli(["checkpoint", *pids, "-D", short_dir / "killed", "--data-path", data_path],
-                    point.format(first=pids[0]), env)
+                    point.format(first=pids[0], second=pids[1]), env)
     cli.kill()
     deadline = time.monotonic() + ADVANCE_S
     while any(agent_status(p, env)["state"] != "RUNNING" for p in pids) or meetings(tmp):

@@ -35,14 +35,16 @@ ABORTS = [  # (variable, value with {node} filled in): each after every rank of 
 ]
 
 # (the worker's stage, the hooks that hold it there: {pid} its node's last rank, {node} its node;
-# {peer} the other node's first rank, held too until the file {until} exists). Killed after the
+# {peer}, {peer2} the other node's ranks, held too until the file {until} exists; a node backs up
+# its ranks at once, so both are held for it to be behind). Killed after the
 # lock alone, its guardian unlocks its ranks while the other node's are about to back up (leave the
 # communicator) or did already: the attempt's one fate decides for all (native/npusim/
 # hccl_snapshot.cpp, "The fate of a lock"): "unlock" (the other node's backup is refused, its ranks
 # unlocked) or "reform" (the unlocked ranks re-form the communicator with the restored ones).
 HELD = "{until}"
 KILLS = [
-    ("lock, the other node behind", {"NPUSNAP_TEST_PAUSE": "after:lock@{pid},before:backup@{peer}",
+    ("lock, the other node behind", {"NPUSNAP_TEST_PAUSE": "after:lock@{pid},before:backup@{peer},"
+                                                           "before:backup@{peer2}",
                                      "NPUSNAP_TEST_PAUSE_UNTIL": HELD}),
     ("lock, the other node backed up", {"NPUSNAP_TEST_PAUSE": "after:lock@{pid},after:backup@{peer}",
                                         "NPUSNAP_TEST_PAUSE_UNTIL": HELD}),
@@ -109,10 +111,10 @@ def killed_after(job: HcclJob, node: str, stage: str, hook: dict[str, str]) -> N
     c = job.c
     ranks = find_ranks(job.id, node)
     assert len(ranks) == 2, ranks
-    peer = find_ranks(job.id, next(n for n in c.nodes if n != node))[0].pid
+    peer, peer2 = (r.pid for r in find_ranks(job.id, next(n for n in c.nodes if n != node)))
     target = c.shared / f"ck-kill-{uuid.uuid4().hex[:8]}"
     until = c.shared / f"{target.name}.go"
-    env = {k: v.format(pid=ranks[-1].pid, node=node, peer=peer, until=until) for k, v in hook.items()}
+    env = {k: v.format(pid=ranks[-1].pid, node=node, peer=peer, peer2=peer2, until=until) for k, v in hook.items()}
     points = next(iter(env.values())).split(",")
     fate = lambda: list(c.shared.glob(f".{target.name}.rendezvous-*/hccl-fate"))  # noqa: E731
 
