@@ -198,6 +198,15 @@ def at_once(keys: Iterable[int], work: Callable[[int], None],
     return join
 
 
+def raise_first(order: Iterable[int], failed: dict[int, BaseException]) -> None:
+    """The first failure in order (member order) of those at_once() gave; a member that only
+    stopped because another failed (NotLocked) never hides the failure itself."""
+    for key in order:
+        error = failed.get(key)
+        if error is not None and not isinstance(error, NotLocked):
+            raise error
+
+
 def _serialized(progress: Progress) -> Progress:
     """The members' locks report from their own threads: one event at a time."""
     lock = threading.Lock()
@@ -348,11 +357,7 @@ class SetCheckpoint:
         return at_once(list(by_pid), named, ended)
 
     def _raise_first(self, failed: dict[int, BaseException]) -> None:
-        """The first member's failure, in member order; a member that only stopped because
-        another failed (NotLocked) never hides the failure itself."""
-        for m in self.members:
-            if m.pid in failed and not isinstance(failed[m.pid], NotLocked):
-                raise failed[m.pid]
+        raise_first([m.pid for m in self.members], failed)
 
     def _devices_back(self) -> None:
         """The set's device rollback: every member's at once (an HCCL rank's restore waits for its
@@ -428,11 +433,7 @@ class SetCheckpoint:
         self.undos.push("device rollback", self._devices_back)
         self.locked_at = time.monotonic()
         with self.phase("lock"), self.signals.critical():
-            failed = self._at_once(lambda m: m.lock_device())
-            for m in self.members:
-                if m.pid in failed:
-                    with self._member(m):
-                        raise failed[m.pid]
+            self._raise_first(self._at_once(lambda m: m.lock_device()))  # each named by its member
         for m in self.members:
             m.after_lock()
 
@@ -507,11 +508,7 @@ class SetCheckpoint:
         before anything reached the disk: the rollback undoes every member."""
         assert self.live is not None
         with self.phase("resume"), self.signals.critical():
-            failed = self._run_all_on(self.live.path)
-            for m in self.members:
-                if m.pid in failed:
-                    with self._member(m):
-                        raise failed[m.pid]
+            self._raise_first(self._run_all_on(self.live.path))  # each named by its member
             for m in self.members:
                 m.device_back = True
             self.ran_on = True  # nothing left for after the commit
@@ -532,9 +529,7 @@ class SetCheckpoint:
 
             with self.signals.critical():  # as one process's: a signal waits for the daemon's write-outs
                 failed = self._at_once(out)
-            for m in self.members:
-                if m.pid in failed:
-                    raise failed[m.pid]
+            self._raise_first(failed)
             t.bytes = sum(written.values())
             for m in self.members:
                 add_parts(t, m.snapshot_parts())
@@ -645,10 +640,8 @@ class SetCheckpoint:
         include the shared storage. An abort after this has nothing left to undo on the members
         (running on, unlocked, is what an abort leaves them in; their work since goes on): their
         undos are spent, only the cleanup of the checkpoint is left."""
-        failed = self._run_all_on(self.staging.path)
-        for m in self.members:
-            if m.pid in failed:  # rolled back: the members that run on already are left as they are
-                raise failed[m.pid]
+        # rolled back: the members that run on already are left as they are
+        self._raise_first(self._run_all_on(self.staging.path))
         self.ran_on = True
         self.undos.keep_only("cleanup")
 
@@ -700,7 +693,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
     Each restored root becomes our child."""
     root = opts.directory.absolute()
     phase = Phases(progress)
-    # Every member's page images are checked while CRIU reads them (pages), its tree left stopped until they all match.
+    # pages: every member's page images, checked while CRIU reads them (each tree left stopped until all match)
     manifest, pages = _verified(root, opts, phase)
     if not manifest.is_set:
         raise WrongState(f"{opts.directory} holds one process's checkpoint, not a set")
@@ -788,9 +781,7 @@ def _criu_restores(manifest: Manifest, criu_restore: Callable[[int], None], sign
         return
     with signals.critical():
         failed = at_once(range(count), criu_restore)()
-    for i in range(count):
-        if i in failed:
-            raise failed[i]
+    raise_first(range(count), failed)
 
 
 def _restore_member(entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions, criu: CriuDriver,
@@ -841,9 +832,7 @@ def _device_restores(ready: list[tuple[MemberEntry, int, Phases]], manifest: Man
         failed = at_once(range(len(ready)), one)()
     for slot in slots:
         backends.extend(slot)
-    for i in range(len(ready)):
-        if i in failed:
-            raise failed[i]
+    raise_first(range(len(ready)), failed)
 
 
 def _device_restore(pid: int, entry: MemberEntry, manifest: Manifest, root: Path, opts: RestoreOptions,
