@@ -333,20 +333,26 @@ class CheckpointRun:
         if self.snapshot is not None:
             self.snapshot.drop_snapshot()  # not written out (a failure or signal before that): freed
 
-    def write_while_dumping(self) -> None:
-        """The direct path (one process, plain images: --compress none, or auto that remembers plain
-        wins): the daemon writes the device images while CRIU dumps, not before it. The backup is
-        --live's copy-on-write snapshot, kept across the Release (so a rollback, or --leave-running's
-        finish, takes the memory back in place); it is written out on a thread from the backup's
-        end (start_writing), and the seal waits for it. The process stays locked until the commit,
-        so nothing is copied aside (a cap of 0)."""
-        plain = self.opts.compress == "none" or self.plain_remembered  # auto, after a verdict of plain
-        if not self.direct or self.sub or self.live is not None or self.mem is not None or not plain:
+    def keep_device_memory(self) -> None:
+        """The direct path: the daemon keeps the device memory across the backup (the Release), so
+        a rollback, or --leave-running's finish, takes it back in place (milliseconds) instead of
+        reading every image back; a checkpoint that kills the process leaves nothing behind (the
+        daemon frees a gone process's kept memory). --live keeps it its own way.
+
+        One process with plain images (--compress none, or auto that remembers plain wins): the
+        daemon also writes the images while CRIU dumps, not before it. The backup is then --live's
+        copy-on-write snapshot, written out on a thread from the backup's end (start_writing), and
+        the seal waits for it. The process stays locked until the commit, so nothing is copied
+        aside (a cap of 0)."""
+        if not self.direct or self.live is not None:
             return  # (a CPU-only checkpoint imports no device backend)
         from ..backends.direct import DirectBackend
 
-        if isinstance(self.backend, DirectBackend):
-            self.backend.keep = True
+        if not isinstance(self.backend, DirectBackend):
+            return
+        self.backend.keep = True
+        plain = self.opts.compress == "none" or self.plain_remembered  # auto, after a verdict of plain
+        if not self.sub and self.mem is None and plain:
             self.backend.snapshot_cap = 0
 
     @property
@@ -436,7 +442,7 @@ class CheckpointRun:
         # undoes whatever part of lock and backup really happened.
         self.stopped_at = time.monotonic()
         self.stage_device_in_memory()
-        self.write_while_dumping()
+        self.keep_device_memory()
         self.push_device_rollback()
         self.lock_device()
         self.after_lock()
@@ -473,8 +479,9 @@ class CheckpointRun:
         self.start_writing()
 
     def start_writing(self) -> None:
-        """write_while_dumping(): the snapshot written into the staging directory on a thread. A
-        failure before the seal waits for it (the files are in the staging, which goes next)."""
+        """keep_device_memory()'s snapshot (one process, plain images) written into the staging
+        directory on a thread. A failure before the seal waits for it (the files are in the
+        staging, which goes next)."""
         snap = self.snapshot
         if snap is None or self.live is not None or not snap.snapped:
             return

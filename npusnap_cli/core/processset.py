@@ -430,6 +430,7 @@ class SetCheckpoint:
         bounded by --lock-timeout): an undo must never race a lock still in flight."""
         for m in self.members:
             m.stage_device_in_memory()
+            m.keep_device_memory()
         self.undos.push("device rollback", self._devices_back)
         self.locked_at = time.monotonic()
         with self.phase("lock"), self.signals.critical():

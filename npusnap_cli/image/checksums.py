@@ -14,7 +14,6 @@ stopped until the verdict).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import stat
@@ -31,6 +30,8 @@ _libc: Optional[Any] = None
 
 
 def _sync_file_range(fd: int, offset: int, length: int, flags: int) -> None:
+    import ctypes  # here: ~3 ms of imports, first needed once CRIU writes (not before its request)
+
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)

@@ -1,5 +1,5 @@
 """The direct path's device images, written by the daemon while CRIU dumps (core/checkpoint.py,
-write_while_dumping): the backup is a copy-on-write snapshot the daemon keeps across it. A failure
+keep_device_memory): the backup is a copy-on-write snapshot the daemon keeps across it. A failure
 before or after the write-out, or a Ctrl-C while it is held, rolls back with the memory taken back
 in place: the workload runs on unlocked and bit-exact, no checkpoint and no snapshot is left, and
 the daemon counts none of the memory kept for the rollback once the workload has ended."""

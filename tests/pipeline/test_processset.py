@@ -98,22 +98,40 @@ def test_a_set_checkpointed_killed_and_restored_is_bit_identical(npusim_daemon, 
 
 
 def test_leave_running_runs_every_member_on_unlocked(npusim_daemon, reference, tmp_path) -> None:
+    """Every member runs on, bit-exact, its device memory taken back in place (the daemon kept it
+    across the backup), never read back from its images: they are damaged right after the commit."""
+    from tests.faults.support import PausedCli
+
     refs = {device: reference(_train(device, 0)) for device in set(DEVICES)}
     gate = StepGate(tmp_path / "gate", STEPS - 2)  # the members still run when the checkpoint returns, however late
     ws = _start(tmp_path, {**npusim_daemon.env, **gate.env})
+    go = tmp_path / "go"
+    cli = None
     try:
-        r = npusnap("checkpoint", *(w.pid for w in ws), "-D", tmp_path / "ck", "--leave-running",
-                    env=npusim_daemon.env)
-        assert r.returncode == 0, r.stderr
-        assert "checkpointed the set" in r.stderr
+        cli = PausedCli(["checkpoint", *(w.pid for w in ws), "-D", tmp_path / "ck", "--leave-running"], "commit",
+                        {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE_UNTIL": str(go)})
+        images = sorted((tmp_path / "ck" / "device").glob("*/*.img"))
+        assert {p.parent.name for p in images} == {str(w.pid) for w in ws}
+        for p in images:
+            with open(p, "r+b") as f:
+                f.seek(p.stat().st_size // 2)
+                data = f.read(64)
+                f.seek(-len(data), os.SEEK_CUR)
+                f.write(bytes(b ^ 0xFF for b in data))
+        go.touch()
+        _, err = cli.proc.communicate(timeout=120)
+        assert cli.proc.returncode == 0, cli.stderr + err.decode()
+        assert "checkpointed the set" in cli.stderr + err.decode()
         for w in ws:
             assert pid_alive(w.pid) and status(w.pid, npusim_daemon.env)["state"] == "RUNNING"
         gate.open()
         for w, device in zip(ws, DEVICES):
             assert w.proc.wait(timeout=180) == 0
             assert strip_ready(w.lines()) == refs[device]
-        npusnap("verify", tmp_path / "ck", check=True)
+        assert npusnap("verify", tmp_path / "ck").returncode == 8  # the damage is there, and caught
     finally:
+        if cli is not None and cli.proc.poll() is None:
+            cli.kill()
         for w in ws:
             w.stop()
 
