@@ -22,10 +22,10 @@ CRIU's at the seal, the store's chunks as they are written, fsync waiting for al
                         chunks (the verdict kept: the second stores the state afresh)
 The codecs' single-thread rates and ratios on a sample of the same state are reported beside.
 Bytes are the device images' bytes on disk (what the store took for them, and what stayed a
-plain file in DIR/device: plain, and auto once it found compressing does not pay); time is the
-CLI's wall time, and the checkpoint's phases (lock..seal), median of --repeat; each checkpoint
-starts after a sync (the one before it written back: on a fast disk its write-back would
-otherwise land in the next one's fsyncs, whichever way that is). Host pages are
+plain file in DIR/device: plain, auto's first into a store, and auto once it found compressing
+does not pay); time is the CLI's wall time, and the checkpoint's phases (lock..seal), median of
+--repeat; each checkpoint starts after a sync (the one before it written back: on a fast disk its
+write-back would otherwise land in the next one's fsyncs, whichever way that is). Host pages are
 packed too under --compress; their bytes are reported apart.
 Figures, not pass/fail: nothing here asserts a time."""
 

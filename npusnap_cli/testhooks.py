@@ -95,8 +95,9 @@ def disk(nbytes: int = 0, window: Optional[int] = None) -> None:
     """NPUSNAP_TEST_DISK_MBPS=N: every byte written for the checkpoint is charged at N MB/s, as a
     disk with a write-back cache takes them: nbytes are queued behind what is already queued;
     window: then wait until at most window bytes are left (0: all written, as an fsync waits).
-    Charged: the direct export (to the disk), CRIU's images and the device files at the seal's
-    fsync, the chunk store's chunks as they are written (store.Pacer), a copied-out image."""
+    Charged: the direct export (to the disk) and a snapshot's write-out, CRIU's images and the
+    device files at the seal's fsync, the chunk store's chunks as they are written (store.Pacer),
+    a copied-out image."""
     global _disk_free
     rate = float(os.environ.get("NPUSNAP_TEST_DISK_MBPS") or 0) * 1e6
     if rate <= 0:

@@ -168,6 +168,7 @@ class DirectBackend(AgentBackend):
         written = export_device(self.pid, device_dir, self.daemon, parent=self.chain[0] if self.chain else None,
                                 sync=False, from_snapshot=True)
         self.snapped = False  # ended in the daemon (a failed write-out ends it too; drop_snapshot() is harmless then)
+        testhooks.disk(written.file_bytes)  # on the disk's queue, as an export's (the seal's fsync waits for it)
         self._referenced = written.referenced_bytes
         self._images = (device_dir, written.files)
         self.parts = {"export": (written.seconds, written.file_bytes), "copied-aside": (0.0, written.copied_bytes)}

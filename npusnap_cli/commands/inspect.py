@@ -117,13 +117,19 @@ def _num(v: object) -> int:
 
 
 def _auto_verdict(di: dict[str, object]) -> str:
-    """--compress auto: which way it went, and whether by this checkpoint's probe or a verdict
-    remembered in the store from an earlier one."""
-    how = {"probed": "probed by this checkpoint", "remembered": "remembered from an earlier checkpoint"}
-    if di.get("compress") != "auto" or di.get("verdict") not in how:
+    """--compress auto: which way it went, and whether by a verdict remembered in the store from an
+    earlier checkpoint or by this checkpoint's own probe (the first here writes its images plain,
+    and what its probe found is for the next)."""
+    if di.get("compress") != "auto":
         return ""
-    way = "plain wins here" if di.get("plain_bytes") else "compressing pays here"
-    return f"; auto: {way} ({how[str(di.get('verdict'))]})"
+    if di.get("verdict") == "remembered":
+        way = "plain wins here" if di.get("plain_bytes") else "compressing pays here"
+        return f"; auto: {way} (remembered from an earlier checkpoint)"
+    if di.get("verdict") == "probed":
+        way = "written plain" if di.get("plain_bytes") else "compressed"
+        found = "compressing pays here" if di.get("pays") else "plain wins here"
+        return f"; auto: {way}, probed by this checkpoint ({found})"
+    return ""
 
 
 def _process(parent: Tree, p: ProcessInfo) -> Tree:

@@ -278,7 +278,10 @@ class CheckpointRun:
         self.stopped_at = 0.0
         self.downtime: Optional[float] = None  # --live: from the lock to the workload running on
         self.mem: Optional[Path] = None  # --compress: the device export staged in memory (image/memstage.py)
-        self.plain_remembered = False  # auto: the store's verdict says plain wins here; nothing staged
+        # auto writes the device images plain, as none does (nothing staged): the store's verdict says
+        # plain wins here, or there is none yet (probing: they are judged after the seal, for the next)
+        self.device_plain = False
+        self.probing = False
         self.packing: Optional[Background] = None  # --compress: its way to the store, while CRIU dumps
         self.writing: Optional[Background] = None  # the direct path's device images, written while CRIU dumps
         self.views = contextlib.ExitStack()  # a packed parent chain's device images, reassembled
@@ -351,7 +354,7 @@ class CheckpointRun:
         if not isinstance(self.backend, DirectBackend):
             return
         self.backend.keep = True
-        plain = self.opts.compress == "none" or self.plain_remembered  # auto, after a verdict of plain
+        plain = self.opts.compress == "none" or self.device_plain
         if not self.sub and self.mem is None and plain:
             self.backend.snapshot_cap = 0
 
@@ -366,16 +369,18 @@ class CheckpointRun:
     def stage_device_in_memory(self) -> None:
         """--compress on the direct path: the export goes to memory, and to the store from there
         (memstage.py); without room for it there, to the disk, uncompressed, as without --compress.
-        auto, where the chunk store's remembered verdict says plain wins on this file system: to
-        the disk as with --compress none (no staging, no probe; image/store.py: Verdict)."""
+        auto, unless the chunk store's remembered verdict says compressing pays on this file system:
+        to the disk as with --compress none (no staging; image/store.py: Verdict); with no verdict
+        yet, a sample of those plain images is judged after the seal, for the next (probe_verdict)."""
         if not (self.direct and self.opts.compress != "none") or self.mem is not None:
             return
         if self.opts.compress == "auto":
             from ..image.store import remembered
 
             verdict = remembered(self.staging.final)
-            self.plain_remembered = verdict is not None and not verdict.pays
-            if self.plain_remembered:
+            self.probing = verdict is None
+            self.device_plain = verdict is None or not verdict.pays
+            if self.device_plain:
                 return
         self.mem = memstage.create(self.backend.describe().bytes)
         if self.mem is None:
@@ -663,21 +668,45 @@ class CheckpointRun:
                     self.packer.add_runs(self.criu_dir, page_runs(self.criu_dir))
                 except (OSError, ValueError):
                     pass
+            self.probe_ahead()
             device = self.packing.result() if self.packing is not None else self.pack_device()
             self.files = [f for f in device if f.chunks] + self.staging.seal(
                 known=[f for f in device if not f.chunks] if self.mem is not None else self.device_files,
                 packer=self.packer)
             t.bytes = self.dump_timing.bytes = sum(f.size for f in self.files if f.path.startswith(CRIU_DIR))
             t.add_parts(self.staging.parts)
+            t.add_parts(self.probe_verdict())
+
+    def _probe_sample(self) -> Optional[Path]:
+        """auto with no verdict in the store yet: the largest of the device images this checkpoint
+        wrote plain, the sample that judges whether compressing pays here, for the next auto
+        checkpoints (store.Packer.probe); None when there is nothing to judge (any more)."""
+        if not self.probing or self.packer is None or self.packer.judged or not self.device_files:
+            return None
+        return self.staging.path / max(self.device_files, key=lambda f: f.size).path
+
+    def probe_ahead(self) -> None:
+        """The probe's compression, started as the seal starts (the sample written, the CPUs idle)."""
+        if self.packer is not None and (sample := self._probe_sample()) is not None:
+            self.packer.probe_ahead(sample)
+
+    def probe_verdict(self) -> dict[str, tuple[float, int]]:
+        """The probe judged, once the seal fsync'd the images (the disk idle): the seal's step
+        `probe`, if it ran."""
+        if self.packer is None or (sample := self._probe_sample()) is None:
+            return {}
+        started = time.monotonic()
+        self.packer.probe(sample)
+        return {"probe": (time.monotonic() - started, 0)}
 
     def pack_device(self) -> list[FileEntry]:
         """--compress: the device images staged in memory go into the chunk store (their entries,
         packed), or, where auto found that compressing does not pay here, into DIR/device as they
         are. They stay in memory for --leave-running's import after the commit. auto after a
         remembered "plain wins": the export is in DIR/device already, and recorded as left plain."""
-        if self.packer is not None and self.mem is None and self.plain_remembered:
+        if self.packer is not None and self.mem is None and self.device_plain:
             self.packer.device_stats.plain_bytes += sum(f.size for f in self.device_files)
-            self.packer.device_stats.verdict = "remembered"
+            self.packer.device_stats.verdict = "probed" if self.probing else "remembered"
             return []
         if self.mem is None or self.packer is None:
             return []
@@ -754,7 +783,7 @@ class CheckpointRun:
                      **({"live": {"downtime_s": self.downtime}} if self.downtime is not None else {}),
                      **({"host_pages": self.packer.stats.recorded(opts.compress)} if self.packer else {}),
                      **({"device_images": self.packer.device_stats.recorded(opts.compress)}
-                        if self.packer and (self.mem is not None or self.plain_remembered) else {})},
+                        if self.packer and (self.mem is not None or self.device_plain) else {})},
             processes=self.tree,
             device=self.device,
             phases=self.phase.timings,

@@ -542,6 +542,8 @@ class SetCheckpoint:
     def _seal(self) -> None:
         with self.phase("seal") as t:
             packer = self._packer()
+            for m in self.members:
+                m.probe_ahead()  # auto's first here: one member's images judged (the first with any)
             device = [f for m in self.members for f in m.pack_device()]
             kept = [f for f in device if not f.chunks]  # auto: not compressed after all, in DIR as they are
             files = [f for f in device if f.chunks] + self.staging.seal(
@@ -549,6 +551,7 @@ class SetCheckpoint:
             for m in self.members:
                 m.files = [f for f in files if f.path.startswith(f"{CRIU_DIR}/{m.pid}/")]
                 m.dump_timing.bytes = sum(f.size for f in m.files)
+                t.add_parts(m.probe_verdict())
             t.bytes = self.dump_timing.bytes = sum(m.dump_timing.bytes for m in self.members)
             self.files = files
 

@@ -455,13 +455,15 @@ class PackStats:
     plain_bytes: int = 0       # device images auto left as files in DIR (compressing did not pay)
     compressed_bytes: int = 0  # raw bytes of the new chunks stored compressed (auto: those its codec had ready)
     verdict: str = ""          # auto, device images: "probed" (judged by this checkpoint) or "remembered"
+    pays: Optional[bool] = None  # auto, probed: whether its probe found that compressing pays here
 
     def recorded(self, choice: str) -> dict[str, Any]:
         return {"store": STORE_NAME, "compress": choice, "codec": self.codec, "raw_bytes": self.raw_bytes,
                 "new_bytes": self.new_bytes, "referenced_bytes": self.referenced_bytes,
                 "compressed_bytes": self.compressed_bytes,
                 **({"plain_bytes": self.plain_bytes} if self.plain_bytes else {}),
-                **({"verdict": self.verdict} if self.verdict else {})}
+                **({"verdict": self.verdict} if self.verdict else {}),
+                **({"pays": self.pays} if self.pays is not None else {})}
 
 
 AHEAD = 32 << 20  # bytes read ahead of the writer, for the codec's threads to work on
@@ -491,6 +493,7 @@ class Packer:
         self.store.index()
         self.race = Race(choice) if choice != "none" else None
         self.judged = choice != "auto"
+        self.submitted = False  # auto: the probe's bytes are with the race's threads (_submit)
         self.stopped = False  # stop(): the checkpoint is being undone
         self.stats = PackStats()         # host pages
         self.device_stats = PackStats()  # device images
@@ -547,16 +550,46 @@ class Packer:
         return None
 
     def _probe(self, src: Path, dst: Path) -> bool:
-        """auto's probe: src's first PROBE bytes written to dst plain (waited for: the disk's
-        rate) while the threads compress them (the codec's rate and ratio). True: compressing
-        pays (dst removed); False: auto compresses no more (the caller writes dst on from there)."""
+        """auto's probe of an export staged in memory (a verdict said compressing pays, and was gone
+        by the time the packer looked): _judge() with dst as the plain file it would be. True:
+        compressing pays (dst removed); False: auto compresses no more (the caller writes dst on
+        from there)."""
+        if self._judge(src, dst):
+            os.unlink(dst)
+            return True
+        return False
+
+    def probe_ahead(self, sample: Path) -> None:
+        """probe()'s compression of sample started now, on the threads, while the checkpoint's seal
+        goes on (its checksums and fsync: the disk is busy, the CPUs are not)."""
+        if not self.judged and self.race is not None and not self.submitted:
+            self._submit(sample)
+
+    def probe(self, sample: Path) -> None:
+        """auto with no verdict here yet, once the checkpoint has written its device images plain
+        (as none does: judging never makes it slower) and fsync'd them: _judge() on sample (one of
+        them, still in the page cache), its bytes written to a scratch file in the store, which goes
+        after. The verdict is for the next auto checkpoints here; this one stays plain."""
+        if self.judged or self.race is None:
+            return
+        self.judged = True
+        scratch = self.store.path / f".probe-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            self._judge(sample, scratch)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(scratch)
+        if self.race is not None:
+            self.race.close()
+            self.race = None
+
+    def _judge(self, src: Path, dst: Path) -> bool:
+        """src's first PROBE bytes written to dst plain (waited for: the disk's rate) while the
+        threads compress them (the codec's rate and ratio); the verdict kept in the store. True:
+        compressing pays; False: the race is closed, auto compresses no more."""
         assert self.race is not None
-        with open(src, "rb", buffering=0) as f:
-            for _ in range(0, PROBE, DEVICE_CHUNK):
-                data = f.read(DEVICE_CHUNK)
-                if not data:
-                    break
-                self.race.submit(data)
+        if not self.submitted:
+            self._submit(src)
         from .memstage import send
 
         t = time.perf_counter()
@@ -565,16 +598,25 @@ class Packer:
         rate = n / max(time.perf_counter() - t, 1e-9)
         self.race.settle()
         pays = bool(n) and self.race.pays(rate)
-        self.device_stats.verdict = "probed"
+        self.device_stats.verdict, self.device_stats.pays = "probed", pays
         measured = self.race.measured()
         if n and measured is not None and self.dev >= 0:
             write_verdict(self.store.fd, Verdict(pays, rate, *measured, self.dev, time.time()))
-        if pays:
-            os.unlink(dst)
-            return True
-        self.race.close()
-        self.race = None
-        return False
+        if not pays:
+            self.race.close()
+            self.race = None
+        return pays
+
+    def _submit(self, src: Path) -> None:
+        """src's first PROBE bytes to the race's threads, for _judge()."""
+        assert self.race is not None
+        self.submitted = True
+        with open(src, "rb", buffering=0) as f:
+            for _ in range(0, PROBE, DEVICE_CHUNK):
+                data = f.read(DEVICE_CHUNK)
+                if not data:
+                    break
+                self.race.submit(data)
 
     def pack(self, path: Path, entry: FileEntry, keep: bool = False) -> FileEntry:
         """Store the file's chunks (checking the whole checksum on the way), then remove it

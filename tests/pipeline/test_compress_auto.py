@@ -1,5 +1,6 @@
 """--compress auto's remembered verdict (image/store.py: Verdict), end to end on a real daemon with
-real CRIU: the first auto checkpoint into a store probes and leaves its verdict there; a later one
+real CRIU: the first auto checkpoint into a store writes its device images plain, as --compress
+none does, and leaves the verdict of its probe on them there; a later one
 follows a fresh verdict without probing (plain wins: the export goes to DIR/device as with
 --compress none, nothing staged in memory; compressing pays: packed at once); a verdict that is
 malformed, a link, another user's or expired is ignored and judged afresh. Every checkpoint
@@ -69,9 +70,13 @@ def test_a_second_auto_checkpoint_follows_the_remembered_verdict_and_restores_ex
     c = Chain(tmp_path, npusim_daemon.env, "floats")
     try:
         ck0 = _checkpoint(c, "ck0")
-        assert _device_images(ck0)["verdict"] == "probed"
+        first = _device_images(ck0)
         probed = store.remembered(ck0)  # whichever way it went on this disk, with the rates it measured
         assert probed is not None and probed.dev == os.stat(tmp_path).st_dev
+        # the first writes its images plain, as none does, and judges for the next
+        assert first["verdict"] == "probed" and first["pays"] is probed.pays, first
+        assert first["plain_bytes"] == _device_bytes(ck0) > 0 and first["new_bytes"] == 0, first
+        assert sorted(p.name for p in (ck0 / "device").iterdir()) == ["dev0.img"]
         assert (tmp_path / store.STORE_NAME / store.VERDICT).stat().st_mode & 0o777 == 0o600
         # This disk decided one way; each way is followed as remembered.
         _plant(tmp_path, dataclasses.replace(probed, pays=pays))

@@ -161,6 +161,35 @@ def test_the_probes_verdict_is_remembered_and_followed_without_probing_again(
         assert (view / "dev0.img").read_bytes() == data
 
 
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_first_checkpoints_probe_judges_its_plain_images_for_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: bool) -> None:
+    """No verdict yet: the checkpoint wrote its device image plain; probe() judges a sample of it (its
+    compression started ahead), keeps the verdict and says what it found; it writes nothing the
+    checkpoint keeps (its scratch file in the store is gone) and judges once."""
+    monkeypatch.setattr(store, "PROBE", 2 * DEVICE_CHUNK)
+    if slow:
+        monkeypatch.setenv("NPUSNAP_TEST_DISK_MBPS", "5")  # slower than any codec
+    else:
+        monkeypatch.setattr(Race, "pays", lambda self, rate: False)
+    src, entry, data = _image(tmp_path)
+    root = tmp_path / "ck"
+    packer = Packer(root, "auto")
+    try:
+        packer.probe_ahead(src)
+        packer.probe(src)
+        assert packer.judged and packer.race is None
+        packer.probe(src)  # judged once
+    finally:
+        packer.close()
+    assert src.read_bytes() == data
+    stats = packer.device_stats.recorded("auto")
+    assert stats["verdict"] == "probed" and stats["pays"] is slow and stats["new_bytes"] == 0, stats
+    assert sorted(p.name for p in (tmp_path / store.STORE_NAME).iterdir() if p.name.startswith(".")) == []
+    verdict = store.remembered(tmp_path / "ck2")
+    assert verdict is not None and verdict.pays is slow and verdict.disk_rate > 0
+
+
 @pytest.mark.parametrize("bad", ["malformed", "wrong-types", "symlink", "foreign", "group-writable", "fifo",
                                  "directory", "huge", "other-fs", "expired", "future"])
 def test_a_verdict_that_does_not_hold_is_judged_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
