@@ -342,11 +342,11 @@ class CheckpointRun:
         reading every image back; a checkpoint that kills the process leaves nothing behind (the
         daemon frees a gone process's kept memory). --live keeps it its own way.
 
-        One process with plain images (--compress none, or auto that remembers plain wins): the
-        daemon also writes the images while CRIU dumps, not before it. The backup is then --live's
-        copy-on-write snapshot, written out on a thread from the backup's end (start_writing), and
-        the seal waits for it. The process stays locked until the commit, so nothing is copied
-        aside (a cap of 0)."""
+        One process with plain images (--compress none, or auto unless a remembered verdict says
+        compressing pays): the daemon also writes the images while CRIU dumps, not before it. The
+        backup is then --live's copy-on-write snapshot, written out on a thread from the backup's
+        end (start_writing), and the seal waits for it. The process stays locked until the commit,
+        so nothing is copied aside (a cap of 0)."""
         if not self.direct or self.live is not None:
             return  # (a CPU-only checkpoint imports no device backend)
         from ..backends.direct import DirectBackend
@@ -706,7 +706,8 @@ class CheckpointRun:
         remembered "plain wins": the export is in DIR/device already, and recorded as left plain."""
         if self.packer is not None and self.mem is None and self.device_plain:
             self.packer.device_stats.plain_bytes += sum(f.size for f in self.device_files)
-            self.packer.device_stats.verdict = "probed" if self.probing else "remembered"
+            if not self.probing:  # else the probe says "probed" once it has judged (probe_verdict)
+                self.packer.device_stats.verdict = "remembered"
             return []
         if self.mem is None or self.packer is None:
             return []

@@ -569,13 +569,16 @@ class Packer:
         """auto with no verdict here yet, once the checkpoint has written its device images plain
         (as none does: judging never makes it slower) and fsync'd them: _judge() on sample (one of
         them, still in the page cache), its bytes written to a scratch file in the store, which goes
-        after. The verdict is for the next auto checkpoints here; this one stays plain."""
+        after. The verdict is for the next auto checkpoints here; this one stays plain. A probe that
+        fails (the disk full) costs only the verdict: the next auto checkpoint judges again."""
         if self.judged or self.race is None:
             return
         self.judged = True
         scratch = self.store.path / f".probe-{os.getpid()}-{os.urandom(4).hex()}"
         try:
             self._judge(sample, scratch)
+        except (OSError, NpusnapError):
+            pass
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(scratch)

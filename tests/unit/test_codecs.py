@@ -190,6 +190,29 @@ def test_a_first_checkpoints_probe_judges_its_plain_images_for_the_next(
     assert verdict is not None and verdict.pays is slow and verdict.disk_rate > 0
 
 
+def test_a_failed_probe_costs_only_the_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's scratch write fails (a full disk): the checkpoint goes on, no verdict is kept (the
+    next auto checkpoint judges again), and none is claimed."""
+    from npusnap_cli.errors import StorageProblem
+    from npusnap_cli.image import memstage
+
+    def full(*args: object, **kwargs: object) -> int:
+        raise StorageProblem("writing the staged images to disk failed: No space left on device")
+
+    monkeypatch.setattr(store, "PROBE", 2 * DEVICE_CHUNK)
+    monkeypatch.setattr(memstage, "send", full)
+    src, _, _ = _image(tmp_path)
+    packer = Packer(tmp_path / "ck", "auto")
+    try:
+        packer.probe_ahead(src)
+        packer.probe(src)
+    finally:
+        packer.close()
+    assert packer.judged and "verdict" not in packer.device_stats.recorded("auto")
+    assert store.remembered(tmp_path / "ck2") is None
+    assert not [p for p in (tmp_path / store.STORE_NAME).iterdir() if p.name.startswith(".probe")]
+
+
 @pytest.mark.parametrize("bad", ["malformed", "wrong-types", "symlink", "foreign", "group-writable", "fifo",
                                  "directory", "huge", "other-fs", "expired", "future"])
 def test_a_verdict_that_does_not_hold_is_judged_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
