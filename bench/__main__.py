@@ -124,9 +124,11 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
                                            repeat, sizes.zero_fraction, lim, budget, progress)
     skipped.update(dev_skipped)
 
-    incr_bytes = min(sizes.limit_bytes, 256 << 20)
-    progress(f"incremental: {human(incr_bytes)} of device memory, a tenth changed, checkpointed twice")
-    incr = incremental.measure(res, workdir, incr_bytes)
+    incr_dev, incr_host = sizes.incremental
+    progress(f"incremental: {human(incr_dev)} device + {human(incr_host)} host memory, a tenth of each changed, "
+             "checkpointed twice (--parent, --dedup)")
+    why = incremental.fits(workdir, incr_dev, incr_host)
+    incr = {"skipped": why} if why else incremental.measure(res, workdir, incr_dev, incr_host)
 
     live_bytes = min(sizes.limit_bytes, 512 << 20)
     progress(f"live: {human(live_bytes)} of device memory, downtime of --live vs a full --leave-running")
@@ -147,7 +149,7 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
 
     runs: list[dict[str, Any]] = [r for c in cpus for r in c.pop("runs")] + tiny.pop("runs") + dev_runs
     return {
-        "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny, live_run),
+        "targets": report.targets(lim, cpus, runs, ping, helps, copy, tiny, live_run, incr),
         "limits": lim,
         "runs": runs,
         "skipped": skipped,

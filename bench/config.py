@@ -29,11 +29,14 @@ class Sizes:
     plot: bool = False
     budget: Optional[float] = None  # seconds for the whole run (samples beyond the first are cut to fit)
     tiny_bytes: int = 1 * MIB      # a tiny CPU-only process: npusnap's fixed cost over bare CRIU
+    # bench/incremental.py: (device, host) memory of the workload checkpointed twice, a tenth of
+    # each changed in between (a job whose device memory outweighs its host memory, as training's does)
+    incremental: tuple[int, int] = (1 * GIB, 128 * MIB)
 
 
 PRESETS = {
     "tiny": Sizes("tiny", cpu_bytes=[16 * MIB], host_bytes=16 * MIB, device_bytes=[16 * MIB],
-                  limit_bytes=32 * MIB, repeat=1, pings=200, helps=3),
+                  limit_bytes=32 * MIB, repeat=1, pings=200, helps=3, incremental=(32 * MIB, 16 * MIB)),
     "quick": Sizes("quick", cpu_bytes=[64 * MIB, 256 * MIB], host_bytes=256 * MIB, device_bytes=[256 * MIB],
                    limit_bytes=256 * MIB, repeat=3, budget=110),
     # --profile: where a device checkpoint's and restore's time goes, phase by phase (nothing else runs)

@@ -1,18 +1,26 @@
-"""Incremental device checkpoints: a workload with D bytes of random npusim device memory is
-checkpointed (--leave-running, full), then rewrites a tenth of it and is checkpointed again
-with --parent. Reported: both checkpoints' device bytes on disk and times, and the ratios
-second/first (the issue's figure: at most 0.15 of the bytes): for the whole command, for the
-checkpoint's phases, and for the backup (the device export) alone."""
+"""Incremental checkpoints: a workload with D bytes of random npusim device memory and H bytes of
+random host memory is checkpointed (--leave-running, full; --dedup when H is given, so its host
+pages start a chunk store), then rewrites a tenth of each and is checkpointed again with --parent
+(and --dedup into the same store); with --dedup, the changed state once more, whole and without
+the store (plain_s: what the store's first checkpoint costs over that). Reported: both
+checkpoints' bytes written (device images, CRIU's files and the store's growth) and times, and
+the ratios second/first (the issue's figures: at most 0.15 of the bytes, 0.3 of the time): for
+the whole command, for the checkpoint's phases, and for the backup (the device export) alone.
+
+    python -m bench.incremental [--device 1G] [--host 128M]   # this measurement alone
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from .util import BenchError, Resources, child_env, npusnap, npusnap_exe, start_workload
+from .util import BenchError, Resources, child_env, npusnap, npusnap_exe, start_workload, unfit
 
 CHANGED = 0.1
 
@@ -21,18 +29,22 @@ import json, os, sys, time
 import numpy as np
 import npusim
 
-size, gate = int(sys.argv[1]), sys.argv[2]
+size, host_size, gate, changed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+n, h = int(size * changed), int(host_size * changed)
+host = np.random.default_rng(3).integers(0, 256, host_size, dtype=np.uint8)
+fresh = np.random.default_rng(2).integers(0, 256, n, dtype=np.uint8)  # the device's new tenth, in both images
 npusim.init()
 npusim.set_device(0)
 buf = npusim.malloc(size)
 npusim.memcpy_h2d(buf, np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8))
-print("ready " + json.dumps({"device_bytes": size}), flush=True)
+print("ready " + json.dumps({"device_bytes": size, "host_bytes": host_size}), flush=True)
 deadline = time.monotonic() + 600
 while not os.path.exists(gate) and time.monotonic() < deadline:
     time.sleep(0.01)
-n = int(size * float(sys.argv[3]))
-npusim.memcpy_h2d(buf + size // 3, np.random.default_rng(2).integers(0, 256, n, dtype=np.uint8))
+# In place: a temporary array's pages would be changed host memory too.
+npusim.memcpy_h2d(buf + size // 3, fresh)
 npusim.synchronize_device()
+host[host_size // 3:host_size // 3 + h] ^= np.uint8(0xA5)
 print("changed", flush=True)
 time.sleep(600)
 """
@@ -41,6 +53,15 @@ time.sleep(600)
 def _backup_s(data: dict[str, Any]) -> float:
     """The backup phase: the device export, where the incremental one saves its writes."""
     return sum(float(p["seconds"]) for p in data.get("phases", []) if p.get("name") == "backup")
+
+
+def _each_phase(data: dict[str, Any]) -> dict[str, float]:
+    """Each phase's seconds, and each step's inside it (phase/step)."""
+    out: dict[str, float] = {}
+    for p in data.get("phases", []):
+        out[p["name"]] = round(float(p["seconds"]), 4)
+        out.update({f"{p['name']}/{k}": round(float(v["seconds"]), 4) for k, v in (p.get("parts") or {}).items()})
+    return out
 
 
 def _phases_s(data: dict[str, Any]) -> float:
@@ -53,7 +74,20 @@ def _device_bytes(ckpt: Path) -> int:
     return sum(p.stat().st_size for p in (ckpt / "device").iterdir())
 
 
-def measure(res: Resources, workdir: Path, device_bytes: int) -> dict[str, Any]:
+def _tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under path (a missing path: 0)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def fits(workdir: Path, device_bytes: int, host_bytes: int) -> Optional[str]:
+    """Why this size cannot run here (the daemon's memory for the device and its snapshot, the
+    workload, the images in the page cache; three checkpoints on the disk)."""
+    return unfit(3 * device_bytes + 2 * host_bytes + (512 << 20), 3 * (device_bytes + host_bytes), workdir)
+
+
+def measure(res: Resources, workdir: Path, device_bytes: int, host_bytes: int = 0) -> dict[str, Any]:
+    """host_bytes > 0: the workload holds that much random host memory too, a tenth of it changed
+    with the device's, and both checkpoints keep their host pages in one chunk store (--dedup)."""
     from npusnap_cli.platform import simdaemon
 
     sock = str(workdir / "incr.sock")  # sun_path is short
@@ -64,12 +98,18 @@ def measure(res: Resources, workdir: Path, device_bytes: int) -> dict[str, Any]:
     script.write_text(WORKLOAD)
     gate = workdir / "incremental.go"
     out = workdir / "incremental.out"
-    argv = [*npusnap_exe(), "run", "--", sys.executable, str(script), str(device_bytes), str(gate), str(CHANGED)]
-    w = start_workload(res, argv, out, env=env)
-    first, second = workdir / "incr-0", workdir / "incr-1"
+    argv = [*npusnap_exe(), "run", "--", sys.executable, str(script), str(device_bytes), str(host_bytes),
+            str(gate), str(CHANGED)]
+    w = start_workload(res, argv, out, env=env, timeout=300)
+    parent = workdir / "incr"  # both checkpoints and their store (--dedup: parent/.npusnap-store)
+    parent.mkdir()
+    store = parent / ".npusnap-store"
+    first, second = parent / "0", parent / "1"
+    dedup = ["--dedup"] if host_bytes else []
     try:
-        full = npusnap(["checkpoint", w.pid, "-D", first, "--leave-running", "--data-path", "direct"],
+        full = npusnap(["checkpoint", w.pid, "-D", first, "--leave-running", "--data-path", "direct", *dedup],
                        env=env, workdir=workdir)
+        stored = _tree_bytes(store)
         gate.touch()
         deadline = time.monotonic() + 120
         while "changed" not in out.read_text(errors="replace"):
@@ -77,25 +117,64 @@ def measure(res: Resources, workdir: Path, device_bytes: int) -> dict[str, Any]:
                 raise BenchError("the incremental workload did not change its memory in 120 s")
             time.sleep(0.02)
         incr = npusnap(["checkpoint", w.pid, "-D", second, "--leave-running", "--data-path", "direct",
-                        "--parent", first], env=env, workdir=workdir)
+                        "--parent", first, *dedup], env=env, workdir=workdir)
+        written_b = _tree_bytes(second) + _tree_bytes(store) - stored
+        # The same state checkpointed whole without the store: what --dedup's first costs over it.
+        plain = npusnap(["checkpoint", w.pid, "-D", parent / "plain", "--leave-running", "--data-path", "direct"],
+                        env=env, workdir=workdir) if dedup else None
         a, b = _device_bytes(first), _device_bytes(second)
+        written_a = _tree_bytes(first) + stored
 
         def ratio(x: float, y: float) -> Any:
             return round(x / y, 4) if y else None
 
         return {
-            "device_bytes": device_bytes, "changed_fraction": CHANGED,
+            "device_bytes": device_bytes, "host_bytes": host_bytes, "changed_fraction": CHANGED,
+            "dedup": bool(dedup),
             "full": {"seconds": full.seconds, "phases_s": _phases_s(full.data), "backup_s": _backup_s(full.data),
-                     "device_on_disk": a},
+                     "device_on_disk": a, "written": written_a, "phases": _each_phase(full.data)},
             "incremental": {"seconds": incr.seconds, "phases_s": _phases_s(incr.data),
-                            "backup_s": _backup_s(incr.data), "device_on_disk": b,
+                            "backup_s": _backup_s(incr.data), "device_on_disk": b, "written": written_b,
+                            "phases": _each_phase(incr.data),
                             "referenced": int(incr.data.get("device", {}).get("referenced", 0))},
             "bytes_ratio": ratio(b, a),
+            "written_ratio": ratio(written_b, written_a),
             "time_ratio": ratio(incr.seconds, full.seconds),
+            "plain_s": plain.seconds if plain else None,
+            "time_vs_plain": ratio(incr.seconds, plain.seconds) if plain else None,
             "phases_time_ratio": ratio(_phases_s(incr.data), _phases_s(full.data)),
             "backup_time_ratio": ratio(_backup_s(incr.data), _backup_s(full.data)),
         }
     finally:
         res.kill(w.pid)
-        for d in (first, second):
-            shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from .config import parse_sizes
+    from .util import become_subreaper
+
+    ap = argparse.ArgumentParser(prog="python -m bench.incremental", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--device", default="1G", help="device memory of the workload")
+    ap.add_argument("--host", default="128M", help="random host memory of the workload (0: none, no --dedup)")
+    ap.add_argument("--dir", type=Path, default=Path("/var/tmp"))
+    args = ap.parse_args(argv)
+    host = 0 if args.host.strip() == "0" else parse_sizes(args.host)[0]
+    become_subreaper()
+    dev = parse_sizes(args.device)[0]
+    try:
+        with Resources() as res:
+            workdir = res.mkdtemp(args.dir, "npusnap-bench-incr-")
+            why = fits(workdir, dev, host)
+            if why:
+                raise BenchError(why)
+            doc = measure(res, workdir, dev, host)
+    except BenchError as e:
+        print(f"bench.incremental: error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,9 +23,12 @@ def target(name: str, value: float, goal: float, cmp: str, unit: str, detail: st
 
 def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[str, Any]],
             ping: dict[str, Any], helps: dict[str, Any], copy: dict[str, Any],
-            tiny: Optional[dict[str, Any]] = None, live: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+            tiny: Optional[dict[str, Any]] = None, live: Optional[dict[str, Any]] = None,
+            incr: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     out = device_targets(limits, runs)
     out += cpu_targets(cpus, tiny)
+    if incr and incr.get("written_ratio") is not None:  # bench/incremental.py
+        out += incremental_targets(incr)
     if live and live.get("downtime_ratio") is not None:  # bench/live.py
         out.append(target(f"live checkpoint, D={human(live['device_bytes']).replace(' ', '')}: downtime / full "
                           "--leave-running checkpoint", live["downtime_ratio"], 0.25, "<=", "x",
@@ -39,6 +42,19 @@ def targets(limits: dict[str, Any], cpus: list[dict[str, Any]], runs: list[dict[
         out.append(target(f"npusim {label} copy of {human(copy['bytes'])} / memcpy", rate / limits["memcpy_Bps"], 0.7,
                           ">=", "x", f"{human(rate)}/s vs {human(limits['memcpy_Bps'])}/s"))
     return out
+
+
+def incremental_targets(inc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's figures for a second checkpoint (--parent, and --dedup for host pages) after a
+    tenth of the device and host memory changed: its bytes written and its time against the first's."""
+    size = f"D={human(inc['device_bytes']).replace(' ', '')} H={human(inc['host_bytes']).replace(' ', '')}"
+    full, second = inc["full"], inc["incremental"]
+    return [
+        target(f"incremental checkpoint, {size}, a tenth changed: bytes / first's",
+               inc["written_ratio"], 0.15, "<=", "x", f"{human(second['written'])} vs {human(full['written'])}"),
+        target(f"incremental checkpoint, {size}, a tenth changed: time / first's",
+               inc["time_ratio"], 0.3, "<=", "x", f"{second['seconds']:.3f} s vs {full['seconds']:.3f} s"),
+    ]
 
 
 def device_targets(limits: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -215,10 +231,14 @@ def print_tables(doc: dict[str, Any]) -> None:
         console.print("budget of {:.0f} s: fewer samples than planned in {}".format(
             doc["budget"]["seconds"], ", ".join(f"{k} ({v})" for k, v in cut.items())))
     inc = doc.get("incremental")
-    if inc:  # bench/incremental.py
-        console.print(f"incremental (D={human(inc['device_bytes'])}, {inc['changed_fraction']:.0%} changed): "
-                      f"second/first device bytes {inc['bytes_ratio']}, time {inc['time_ratio']} "
-                      f"(checkpoint phases {inc['phases_time_ratio']}, backup {inc['backup_time_ratio']})")
+    if inc and "skipped" in inc:
+        console.print(f"skipped incremental: {inc['skipped']}")
+    elif inc:  # bench/incremental.py
+        plain = f"; against a whole one without --dedup {inc['time_vs_plain']}" if inc.get("plain_s") else ""
+        console.print(f"incremental (D={human(inc['device_bytes'])}, H={human(inc['host_bytes'])}, "
+                      f"{inc['changed_fraction']:.0%} of each changed): second/first device bytes "
+                      f"{inc['bytes_ratio']}, all bytes {inc['written_ratio']}, time {inc['time_ratio']} "
+                      f"(checkpoint phases {inc['phases_time_ratio']}, backup {inc['backup_time_ratio']}{plain})")
     lz = doc.get("lazy_restore")
     if lz and "skipped" not in lz:  # bench/lazy.py
         from .lazy import row

@@ -91,9 +91,11 @@ def test_bench_tiny_writes_well_formed_results(tmp_path: Path, shm_dir: Path) ->
             ("device", "checkpoint", "tmpfs"), ("device", "restore", "tmpfs")} <= kinds
     for r in doc["runs"]:
         assert r["seconds"] > 0 and r["state_bytes"] > 0, r
-    inc = doc["incremental"]  # a tenth of the device memory changed: bytes, never times, are checked
+    inc = doc["incremental"]  # a tenth of the device and host memory changed: bytes, never times, are checked
     assert inc["incremental"]["device_on_disk"] <= 0.15 * inc["full"]["device_on_disk"], inc
     assert inc["incremental"]["referenced"] >= 0.85 * inc["device_bytes"], inc
+    assert inc["dedup"] and 0 < inc["incremental"]["written"] <= 0.2 * inc["full"]["written"], inc  # host pages too
+    assert {t["name"] for t in doc["targets"] if t["name"].startswith("incremental checkpoint")}, doc["targets"]
     live = doc["live"]  # measured in the same run; the ratio is a target, not asserted
     assert live["samples"] >= 1 and live["live_downtime_s"] > 0 and live["full_s"] > 0, live
     assert {"lock", "backup", "dump", "resume"} <= set(live["stopped"]), live  # the stopped time, phase by phase
