@@ -51,7 +51,7 @@ def _checkpoint(pid: int, parent: Path, name: str, *flags: str) -> tuple[float, 
     seconds = time.perf_counter() - t
     doc = json.loads(subprocess.run([*NPUSNAP, "inspect", str(parent / name), "--json"], check=True,
                                     capture_output=True, text=True, timeout=120).stdout)
-    store = parent / ".npusnap-store" / "chunks"
+    store = parent / ".npusnap-store" / "packs"
     return seconds, _tree_bytes(parent / name / "criu"), {**(doc.get("host_pages") or {}),
                                                          "store_bytes": _tree_bytes(store) if store.exists() else 0}
 
@@ -81,7 +81,7 @@ def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
         for i in range(steps):
             os.kill(proc.pid, signal.SIGUSR1)
             _wait_line(out, f"stepped {i + 1}")
-        before = _tree_bytes(work / "none-0" / ".npusnap-store" / "chunks")
+        before = _tree_bytes(work / "none-0" / ".npusnap-store" / "packs")
         seconds, criu_bytes, pages = _checkpoint(proc.pid, work / "none-0", "second", "--dedup")
         rows["second"] = {"seconds": seconds, "bytes": criu_bytes + pages["store_bytes"] - before, "codec": "raw"}
         plain = rows["plain"]

@@ -143,7 +143,7 @@ def run(mib: int, repeat: int, work: Path) -> dict[str, Any]:
                 npusnap(["checkpoint", w.pid, "-D", first / "ck0", "--leave-running", "--data-path", "direct",
                          "--compress", "auto"], env=sink_env, workdir=work)
                 shutil.rmtree(first / "ck0")
-                shutil.rmtree(first / ".npusnap-store" / "chunks", ignore_errors=True)
+                shutil.rmtree(first / ".npusnap-store" / "packs", ignore_errors=True)
                 for way, flags in WAYS:
                     parent = base / f"{way}-{i}"
                     parent.mkdir(exist_ok=way == "auto-2nd")

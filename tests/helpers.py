@@ -188,3 +188,38 @@ def rewind_to_checkpoint(checkpoint: Path, path: Path, member: Optional[int] = N
             os.truncate(path, int(reg["size"] if "size" in reg else reg["pos"]))
             return
     raise AssertionError(f"{path} is not open in the checkpoint")
+
+
+# -- the chunk store (npusnap_cli/image/store.py): chunks live inside packs ------------------
+
+def chunk_place(store: Path, digest: str, codec: str) -> tuple[Path, int, int]:
+    """(pack file, offset, stored length) of one chunk, from the store's pack indexes."""
+    for idx in sorted((store / "packs").glob("*.idx")):
+        for line in idx.read_text().splitlines():
+            d, c, offset, stored = line.split()
+            if (d, c) == (digest, codec):
+                return idx.with_suffix(".pack"), int(offset), int(stored)
+    raise AssertionError(f"chunk {digest}.{codec} is not in {store}")
+
+
+def damage_chunk(store: Path, digest: str, codec: str) -> None:
+    """Flip one byte in the middle of a stored chunk."""
+    pack, offset, stored = chunk_place(store, digest, codec)
+    with open(pack, "r+b") as f:
+        f.seek(offset + stored // 2)
+        b = f.read(1)
+        f.seek(offset + stored // 2)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def drop_chunk(store: Path, digest: str, codec: str) -> None:
+    """Take a chunk out of the store's index (as if it had been deleted)."""
+    pack, _, _ = chunk_place(store, digest, codec)
+    idx = pack.with_suffix(".idx")
+    idx.write_text("".join(f"{line}\n" for line in idx.read_text().splitlines()
+                           if line.split()[:2] != [digest, codec]))
+
+
+def store_bytes(store: Path) -> int:
+    """Bytes of every pack in the store."""
+    return sum(p.stat().st_size for p in (store / "packs").glob("*.pack"))

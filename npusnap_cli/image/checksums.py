@@ -43,10 +43,11 @@ def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
     _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
-def wait_writeback(fd: int) -> None:
-    """Wait until the file's dirty pages are on the disk (its data only: fsync still owes the
-    metadata and the disk's cache flush)."""
-    _sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+def wait_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
+    """Wait until the file's dirty pages (length 0: to EOF) are on the disk (its data only: fsync
+    still owes the metadata and the disk's cache flush)."""
+    _sync_file_range(fd, offset, length,
+                     SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
 
 
 @dataclass

@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import WORKLOADS, Workload, npusnap, proc_state, requires_criu, rewind_to_checkpoint
+from tests.helpers import (
+    WORKLOADS,
+    Workload,
+    damage_chunk,
+    drop_chunk,
+    npusnap,
+    proc_state,
+    requires_criu,
+    rewind_to_checkpoint,
+    store_bytes,
+)
 
 pytestmark = requires_criu
 
@@ -47,7 +57,7 @@ def _pages(ck: Path) -> dict:
 
 
 def _store_bytes(parent: Path) -> int:
-    return sum(p.stat().st_size for p in (parent / ".npusnap-store" / "chunks").rglob("*") if p.is_file())
+    return store_bytes(parent / ".npusnap-store")
 
 
 def _restore_and_digest(w: Workload, ck: Path, expected: str) -> None:
@@ -128,8 +138,8 @@ def test_prune_collects_only_unreferenced_chunks(two_checkpoints, tmp_path: Path
     _restore_and_digest(w, tmp_path / "ck2", digest)
 
 
-def _chunks(tmp_path: Path, ck: str) -> dict[Path, int]:
-    """The store files a checkpoint's manifest references, each with its stored size, in order."""
+def _chunks(tmp_path: Path, ck: str) -> dict[tuple[str, str], int]:
+    """The chunks (digest, codec) a checkpoint's manifest references, each with its stored size, in order."""
     import yaml
 
     m = yaml.safe_load((tmp_path / ck / "manifest.yaml").read_text())
@@ -137,11 +147,11 @@ def _chunks(tmp_path: Path, ck: str) -> dict[Path, int]:
     for f in m["files"]:
         for c in f.get("chunks", []):
             digest, codec, _, stored = c.split()
-            out[tmp_path / ".npusnap-store" / "chunks" / digest[:2] / f"{digest}.{codec}"] = int(stored)
+            out[(digest, codec)] = int(stored)
     return out
 
 
-def _a_chunk(tmp_path: Path, ck: str) -> Path:
+def _a_chunk(tmp_path: Path, ck: str) -> tuple[str, str]:
     chunks = list(_chunks(tmp_path, ck))
     return chunks[len(chunks) // 2]
 
@@ -151,11 +161,7 @@ PAGES_CHUNK = re.compile(r"criu/pages-[0-9]+\.img: chunk [0-9a-f]{32} ")
 
 def test_a_flipped_byte_in_a_chunk_is_caught_naming_the_file(two_checkpoints, tmp_path: Path) -> None:
     w, _ = two_checkpoints
-    chunk = _a_chunk(tmp_path, "ck2")
-    data = bytearray(chunk.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    chunk.chmod(0o600)
-    chunk.write_bytes(bytes(data))
+    damage_chunk(tmp_path / ".npusnap-store", *_a_chunk(tmp_path, "ck2"))
     v = npusnap("verify", tmp_path / "ck2")
     assert v.returncode == 8 and PAGES_CHUNK.search(v.stderr) and "corrupt" in v.stderr, v.stderr
     w.stop()
@@ -167,7 +173,7 @@ def test_a_flipped_byte_in_a_chunk_is_caught_naming_the_file(two_checkpoints, tm
 
 def test_a_missing_chunk_is_a_clear_image_error(two_checkpoints, tmp_path: Path) -> None:
     w, _ = two_checkpoints
-    _a_chunk(tmp_path, "ck2").unlink()
+    drop_chunk(tmp_path / ".npusnap-store", *_a_chunk(tmp_path, "ck2"))
     v = npusnap("verify", tmp_path / "ck2")
     assert v.returncode == 8 and "is missing from the store" in v.stderr and "Traceback" not in v.stderr, v.stderr
     w.stop()

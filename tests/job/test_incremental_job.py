@@ -11,6 +11,7 @@ import json
 import yaml
 
 from tests.cluster.support import Cluster
+from tests.helpers import damage_chunk
 
 from .support import RankJob, as_json, npusnap, reference, wait_finished
 from .test_job import _wrap
@@ -58,10 +59,7 @@ def test_job_chain_with_compressed_links_restores_bit_identical(live_cluster: Cl
     pm = yaml.safe_load((ck1 / node["dir"] / "manifest.yaml").read_text())
     entry = next(f for f in pm["files"] if f["path"].startswith("device/") and f.get("chunks"))
     digest, codec = entry["chunks"][1].split()[:2]
-    stored = ck1 / "nodes" / ".npusnap-store" / "chunks" / digest[:2] / f"{digest}.{codec}"
-    data = bytearray(stored.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    stored.write_bytes(bytes(data))
+    damage_chunk(ck1 / "nodes" / ".npusnap-store", digest, codec)
     bad = npusnap(c, "job", "verify", str(ck2))
     assert bad.returncode == 8 and ck1.name in bad.stderr and "dev0.img" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import Workload, npusnap, requires_criu, rewind_to_checkpoint
+from tests.helpers import Workload, chunk_place, npusnap, requires_criu, rewind_to_checkpoint
 
 from .support import strip_ready, under_agent
 
@@ -250,8 +250,8 @@ def test_compressed_chain_restores_exactly_and_a_damaged_chunk_is_caught(npusim_
                      if f["path"] == "device/dev0.img")
         if entry.get("chunks"):
             digest, stored_as = entry["chunks"][1 + 40].split()[:2]
-            damaged = tmp_path / ".npusnap-store" / "chunks" / digest[:2] / f"{digest}.{stored_as}"
-            at = damaged.stat().st_size // 2
+            damaged, offset, stored = chunk_place(tmp_path / ".npusnap-store", digest, stored_as)
+            at = offset + stored // 2
         else:  # auto left it a plain file
             damaged, at = ck0 / "device" / "dev0.img", 64 + 40 * MiB + 123
         data = bytearray(damaged.read_bytes())

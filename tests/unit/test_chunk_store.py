@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from npusnap_cli.errors import ImageInvalid, StorageProblem
+from npusnap_cli.image.checksums import fsync_all
 from npusnap_cli.image.format import FileEntry, Manifest, checksum_file
 from npusnap_cli.image.store import (
     CHUNK_SIZE,
@@ -19,6 +20,7 @@ from npusnap_cli.image.store import (
     collect,
     cuts,
 )
+from tests.helpers import damage_chunk, drop_chunk
 
 PAGE = 4096
 
@@ -49,6 +51,7 @@ def _pack(tmp_path: Path, name: str, data: bytes, codec: str) -> tuple[Manifest,
     packer = Packer(root, codec)
     try:
         entry = packer.pack(path, FileEntry("criu/pages-1.img", size, digest))
+        fsync_all(packer.store.to_sync())  # as the seal does: the pack indexed
     finally:
         packer.close()
     assert not path.exists()
@@ -74,17 +77,15 @@ def test_damage_is_named_and_collect_keeps_what_is_referenced(tmp_path: Path) ->
     with pytest.raises(StorageProblem):
         collect(tmp_path)
     (root / "manifest.yaml").unlink()  # no checkpoint left: every chunk is unreferenced
-    chunk = tmp_path / STORE_NAME / Chunk.parse(m.files[0].chunks[1], "x").rel
-    data = bytearray(chunk.read_bytes())
-    data[10] ^= 1
-    chunk.write_bytes(bytes(data))
+    chunk = Chunk.parse(m.files[0].chunks[1], "x")
+    damage_chunk(tmp_path / STORE_NAME, chunk.digest, chunk.codec)
     with pytest.raises(ImageInvalid, match=r"criu/pages-1.img: chunk [0-9a-f]+ is corrupt"):
         check_chunks(root, m.files, deep=True)
-    chunk.unlink()
+    drop_chunk(tmp_path / STORE_NAME, chunk.digest, chunk.codec)
     with pytest.raises(ImageInvalid, match="is missing from the store"):
         check_chunks(root, m.files, deep=False)
     assert collect(tmp_path)[0] == 3
-    assert not any((tmp_path / STORE_NAME / "chunks").rglob("*.raw"))
+    assert list((tmp_path / STORE_NAME / "packs").iterdir()) == []
 
 
 def test_a_store_that_is_a_link_is_refused(tmp_path: Path) -> None:
@@ -112,6 +113,7 @@ def test_a_set_members_device_image_packs_after_its_header_and_reassembles_alone
     packer = Packer(root, "zstd")
     try:
         entry = packer.pack(mem / "dev0.img", FileEntry("device/7/dev0.img", size, digest), keep=True)
+        fsync_all(packer.store.to_sync())
     finally:
         packer.close()
     assert (mem / "dev0.img").exists() and len(entry.chunks) == 1 + 2 + 1
@@ -122,3 +124,69 @@ def test_a_set_members_device_image_packs_after_its_header_and_reassembles_alone
         assert (view / "7" / "dev0.img").read_bytes() == data
     with assembled(root, m, "device", "8") as view:  # another member's: nothing to reassemble
         assert view == root / "device"
+
+
+def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes_its_pack(tmp_path: Path) -> None:
+    """A checkpoint killed while it packs (SIGKILL: no close, no cleanup) leaves a pack without an
+    index: no later checkpoint may reference what it holds (its data may not be on the disk), and
+    prune deletes it. A run that closes without indexing (a failed checkpoint) deletes its own."""
+    from npusnap_cli.image.store import Store
+
+    data = os.urandom(CHUNK_SIZE)
+    from npusnap_cli.image.format import manifest_text
+
+    kept, root = _pack(tmp_path, "kept", os.urandom(CHUNK_SIZE), "none")
+    (root / "manifest.yaml").write_text(manifest_text(kept.to_dict()))
+    digest = Chunk.parse(kept.files[0].chunks[0], "x").digest
+    pid = os.fork()
+    if pid == 0:  # the killed run
+        try:
+            s = Store(tmp_path / STORE_NAME, create=True)
+            s.put("ab" * 16, "raw", data)
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    packs = tmp_path / STORE_NAME / "packs"
+    orphan = [p for p in packs.glob("*.pack") if not p.with_suffix(".idx").exists()]
+    assert len(orphan) == 1 and orphan[0].stat().st_size == len(data)
+    with Store(tmp_path / STORE_NAME) as s:
+        assert s.find("ab" * 16) is None and s.find(digest) is not None
+        s.put("cd" * 16, "raw", data)  # closed without to_sync: its pack goes with it
+    assert sorted(packs.glob("*.pack")) == sorted([*orphan, *(p.with_suffix(".pack") for p in packs.glob("*.idx"))])
+    orphan[0].with_suffix(".tmp").write_text("an index being written when the run was killed")
+    assert collect(tmp_path) == (0, len(data))  # "kept" still references its chunk: only the orphan goes
+    assert not orphan[0].exists() and not orphan[0].with_suffix(".tmp").exists()
+    assert len(list(packs.glob("*.pack"))) == 1
+
+
+def test_a_store_written_before_packs_still_restores_and_prune_collects_it(tmp_path: Path) -> None:
+    """Earlier versions kept a file a chunk (chunks/AB/HEX.CODEC): their checkpoints still verify
+    and reassemble bit-exact; once none references them, prune deletes those files."""
+    from npusnap_cli.image.format import manifest_text, new_hasher
+
+    data = os.urandom(CHUNK_SIZE + 100)
+    pieces = [data[:CHUNK_SIZE], data[CHUNK_SIZE:]]
+    chunks = []
+    for piece in pieces:
+        h = new_hasher()
+        h.update(piece)
+        digest = h.hexdigest()
+        (tmp_path / STORE_NAME / "chunks" / digest[:2]).mkdir(mode=0o700, parents=True, exist_ok=True)
+        (tmp_path / STORE_NAME / "chunks" / digest[:2] / f"{digest}.raw").write_bytes(piece)
+        chunks.append(Chunk(digest, "raw", len(piece), len(piece)).text())
+    os.chmod(tmp_path / STORE_NAME, 0o700)
+    whole = new_hasher()
+    whole.update(data)
+    root = tmp_path / "old"
+    (root / "criu").mkdir(parents=True)
+    m = Manifest(pid=1, created="", host="", kernel="", npusnap_version="", criu_version="",
+                 files=[FileEntry("criu/pages-1.img", len(data), whole.hexdigest(), chunks)])
+    (root / "manifest.yaml").write_text(manifest_text(m.to_dict()))
+    check_chunks(root, m.files, deep=False)
+    check_chunks(root, m.files, deep=True)
+    with assembled(root, m) as view:
+        assert (view / "pages-1.img").read_bytes() == data
+    assert collect(tmp_path) == (0, 0)  # still referenced
+    (root / "manifest.yaml").unlink()
+    assert collect(tmp_path) == (2, len(data))
+    assert not list((tmp_path / STORE_NAME / "chunks").rglob("*.raw"))

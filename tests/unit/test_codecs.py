@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from npusnap_cli.image import codecs, store
+from npusnap_cli.image.checksums import fsync_all
 from npusnap_cli.image.codecs import Race, effective
 from npusnap_cli.image.format import FileEntry, Manifest, checksum_file
 from npusnap_cli.image.store import DEVICE_CHUNK, DEVICE_HEADER, Packer, assembled
@@ -89,6 +90,7 @@ def test_a_device_image_is_packed_where_compressing_pays_and_plain_where_not(
     packer = Packer(root, "auto")
     try:
         packed = packer.device_image(src, root / entry.path, entry)
+        fsync_all(packer.store.to_sync())  # as the seal does
     finally:
         packer.close()
     assert src.read_bytes() == data  # kept in memory for --leave-running's import
@@ -126,6 +128,7 @@ def _pack_device(root: Path, src: Path, entry: FileEntry) -> tuple[FileEntry | N
     packer = Packer(root, "auto")
     try:
         packed = packer.device_image(src, root / entry.path, entry)
+        fsync_all(packer.store.to_sync())  # as the seal does
     finally:
         packer.close()
     return packed, packer.device_stats.recorded("auto")
@@ -184,6 +187,7 @@ def test_a_first_checkpoints_probe_judges_its_plain_images_for_the_next(
         packer.probe(src)
         assert packer.judged and packer.race is None
         packer.probe(src)  # judged once
+        fsync_all(packer.store.to_sync())  # as the seal does
     finally:
         packer.close()
     assert src.read_bytes() == data
@@ -210,6 +214,7 @@ def test_a_failed_probe_costs_only_the_verdict(tmp_path: Path, monkeypatch: pyte
     try:
         packer.probe_ahead(src)
         packer.probe(src)
+        fsync_all(packer.store.to_sync())  # as the seal does
     finally:
         packer.close()
     assert packer.judged and "verdict" not in packer.device_stats.recorded("auto")
@@ -260,6 +265,7 @@ def test_a_verdict_that_does_not_hold_is_judged_afresh(tmp_path: Path, monkeypat
     packer = Packer(root, "auto")
     try:
         assert not packer.judged and packer.race is not None  # the next device image is probed
+        fsync_all(packer.store.to_sync())  # as the seal does
     finally:
         packer.close()
     if bad in ("symlink", "fifo"):  # the probe's verdict replaces the name, not what it points at
