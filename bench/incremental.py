@@ -13,7 +13,6 @@ the whole command, for the checkpoint's phases, and for the backup (the device e
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -152,7 +151,7 @@ def measure(res: Resources, workdir: Path, device_bytes: int, host_bytes: int = 
 
 def main(argv: Optional[list[str]] = None) -> int:
     from .config import parse_sizes
-    from .util import become_subreaper
+    from .util import measure_alone
 
     ap = argparse.ArgumentParser(prog="python -m bench.incremental", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", default="1G", help="device memory of the workload")
@@ -160,20 +159,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp"))
     args = ap.parse_args(argv)
     host = 0 if args.host.strip() == "0" else parse_sizes(args.host)[0]
-    become_subreaper()
     dev = parse_sizes(args.device)[0]
-    try:
-        with Resources() as res:
-            workdir = res.mkdtemp(args.dir, "npusnap-bench-incr-")
-            why = fits(workdir, dev, host)
-            if why:
-                raise BenchError(why)
-            doc = measure(res, workdir, dev, host)
-    except BenchError as e:
-        print(f"bench.incremental: error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(doc, indent=1))
-    return 0
+
+    def run(res: Resources, dirs: list[Path]) -> dict[str, Any]:
+        why = fits(dirs[0], dev, host)
+        if why:
+            raise BenchError(why)
+        return measure(res, dirs[0], dev, host)
+
+    return measure_alone("incremental", [args.dir], run)
 
 
 if __name__ == "__main__":

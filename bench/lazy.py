@@ -153,7 +153,7 @@ def fits(workdir: Path, host_bytes: int, device_bytes: int) -> Optional[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     from .config import human, parse_sizes
-    from .util import become_subreaper
+    from .util import measure_alone
 
     ap = argparse.ArgumentParser(prog="python -m bench.lazy", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--host", default="1G")
@@ -162,21 +162,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp"))
     args = ap.parse_args(argv)
     host, dev = parse_sizes(args.host)[0], parse_sizes(args.device)[0]
-    become_subreaper()
-    try:
-        with Resources() as res:
-            workdir = res.mkdtemp(args.dir, "npusnap-bench-lazy-")
-            why = fits(workdir, host, dev)
-            if why:
-                print(f"bench.lazy: {human(host)} host + {human(dev)} device does not fit here: {why}", file=sys.stderr)
-                return 1
-            doc = measure(res, workdir, host, dev, args.repeat)
-    except BenchError as e:
-        print(f"bench.lazy: error: {e}", file=sys.stderr)
-        return 1
-    print(row(doc))
-    print(json.dumps(doc, indent=1))
-    return 0
+
+    def run(res: Resources, dirs: list[Path]) -> dict[str, Any]:
+        why = fits(dirs[0], host, dev)
+        if why:
+            raise BenchError(f"{human(host)} host + {human(dev)} device does not fit here: {why}")
+        return measure(res, dirs[0], host, dev, args.repeat)
+
+    return measure_alone("lazy", [args.dir], run, line=row)
 
 
 def row(doc: dict[str, Any]) -> str:

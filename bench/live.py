@@ -10,7 +10,6 @@ run, median of the samples. The issue's figure: downtime at most 0.25x the full 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -74,7 +73,7 @@ def _until_resumed(phases: list[dict[str, Any]]) -> list[tuple[str, float]]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     from .config import parse_sizes
-    from .util import become_subreaper
+    from .util import measure_alone
 
     ap = argparse.ArgumentParser(prog="python -m bench.live", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", default="512M", help="device memory (the full preset's size)")
@@ -84,16 +83,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tmpfs", type=Path, default=Path("/dev/shm"))
     args = ap.parse_args(argv)
     host, dev = parse_sizes(args.host)[0], parse_sizes(args.device)[0]
-    become_subreaper()
-    try:
-        with Resources() as res:
-            workdir, tmpfs = (res.mkdtemp(d, "npusnap-bench-live-") for d in (args.dir, args.tmpfs))
-            doc = measure(res, workdir, tmpfs, host, dev, args.repeat)
-    except BenchError as e:
-        print(f"bench.live: error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(doc, indent=1))
-    return 0
+    return measure_alone("live", [args.dir, args.tmpfs],
+                         lambda res, dirs: measure(res, dirs[0], dirs[1], host, dev, args.repeat))
 
 
 if __name__ == "__main__":

@@ -142,6 +142,25 @@ def reap(pid: int, timeout: float = 30) -> None:
         time.sleep(0.005)
 
 
+def measure_alone(name: str, dirs: Sequence[Path], measure: Callable[["Resources", list[Path]], dict[str, Any]],
+                  line: Optional[Callable[[dict[str, Any]], str]] = None) -> int:
+    """One measurement run on its own (python -m bench.NAME): as a subreaper, in a fresh directory
+    under each of dirs, everything it started cleaned up after it; its document printed as JSON
+    (after line(doc), if given). 1, the error printed, when it raises BenchError (a size that
+    does not fit included)."""
+    become_subreaper()
+    try:
+        with Resources() as res:
+            doc = measure(res, [res.mkdtemp(d, f"npusnap-bench-{name}-") for d in dirs])
+    except BenchError as e:
+        print(f"bench.{name}: error: {e}", file=sys.stderr)
+        return 1
+    if line is not None:
+        print(line(doc))
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
 def become_subreaper() -> None:
     """Restored processes (orphaned when `criu restore -d` or `npusnap restore --detach`
     exits) are re-parented to us, so we can kill and reap them."""

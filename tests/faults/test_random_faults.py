@@ -51,10 +51,12 @@ pytestmark = [requires_criu, pytest.mark.criu]
 SEED = int(os.environ.get("NPUSNAP_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
 COUNTS = {"SIGINT": int(os.environ.get("NPUSNAP_FAULT_SIGINT") or 12),
           "SIGSTOP": int(os.environ.get("NPUSNAP_FAULT_SIGSTOP") or 6)}
-# (operation, checkpoint mode, data path); a restore trial restores a default-mode checkpoint
-COMBOS = [("checkpoint", "default", "direct"), ("checkpoint", "leave-running", "in-process"),
-          ("restore", "default", "direct"), ("checkpoint", "leave-running", "direct"),
-          ("checkpoint", "default", "in-process"), ("restore", "default", "in-process")]
+# (operation, checkpoint mode, data path, flags); a restore trial restores a default-mode checkpoint.
+# --dedup: the trials' checkpoints share one chunk store (their directory's), which runs killed
+# while packing must leave usable for the next.
+COMBOS = [("checkpoint", "default", "direct", ("--dedup",)), ("checkpoint", "leave-running", "in-process", ()),
+          ("restore", "default", "direct", ()), ("checkpoint", "leave-running", "direct", ("--dedup",)),
+          ("checkpoint", "default", "in-process", ()), ("restore", "default", "in-process", ())]
 LEASE = 1.0  # SIGSTOP trials: pauses up to 3 s outlast it, so fencing is exercised
 
 
@@ -209,11 +211,11 @@ def _fault(proc: subprocess.Popen, kind: str, delay: float, pause: float) -> tup
 
 def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
     rng = random.Random(f"{SEED}:{kind}:{i}")
-    op, mode, data_path = COMBOS[i % len(COMBOS)]
+    op, mode, data_path, flags = COMBOS[i % len(COMBOS)]
     if op == "checkpoint":
         w = loop.workload()
         target = loop.directory()
-        args = ["checkpoint", w.pid, "-D", target, "--data-path", data_path]
+        args = ["checkpoint", w.pid, "-D", target, "--data-path", data_path, *flags]
         args += ["--leave-running"] if mode == "leave-running" else []
         args += ["--lease", str(LEASE)] if kind == "SIGSTOP" else []
     else:
@@ -223,7 +225,7 @@ def _trial(loop: Loop, reference: Reference, kind: str, i: int) -> str:
         args = ["restore", "-d", target]
     delay = rng.uniform(0.0, loop.seconds[op])
     pause = rng.uniform(0.2, 3.0)
-    what = f"seed {SEED} trial {kind}#{i}: {op} {mode} {data_path}, delay {delay:.3f} s" + (
+    what = f"seed {SEED} trial {kind}#{i}: {op} {mode} {data_path} {' '.join(flags)}, delay {delay:.3f} s" + (
         f", stopped {pause:.2f} s" if kind == "SIGSTOP" else "")
     start = time.monotonic()
     cli = subprocess.Popen([*npusnap_cmd(), *map(str, args)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
