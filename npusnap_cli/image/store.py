@@ -64,6 +64,7 @@ DEVICE_HEADER = 64  # cut off first, so that the device's chunks fall on our chu
 # A device image's chunk: the daemon's own (it tracks changes per MiB), and one file (fsync'd) per
 # MiB instead of 16.
 DEVICE_CHUNK = 1 << 20
+MAX_STORED = 2 * DEVICE_CHUNK  # no chunk is larger raw than a device chunk, nor grows this much compressed
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -80,7 +81,8 @@ class Chunk:
     @classmethod
     def parse(cls, text: Any, where: str) -> "Chunk":
         parts = text.split() if isinstance(text, str) else []
-        if len(parts) != 4 or not _NAME.match(f"{parts[0]}.{parts[1]}") or not all(p.isdigit() for p in parts[2:]):
+        if (len(parts) != 4 or not _NAME.match(f"{parts[0]}.{parts[1]}") or not all(p.isdigit() for p in parts[2:])
+                or int(parts[2]) > DEVICE_CHUNK or int(parts[3]) > MAX_STORED):
             raise ImageInvalid(f"manifest.yaml is malformed: {where} lists a chunk {text!r}")
         return cls(parts[0], parts[1], int(parts[2]), int(parts[3]))
 
@@ -251,7 +253,7 @@ class Store:
         out = []
         for line in text.splitlines():
             m = _LINE.match(line)
-            if m:
+            if m and int(m.group(4)) <= MAX_STORED:
                 out.append((f"{m.group(1)}.{m.group(2)}", Where(pack, int(m.group(3)), int(m.group(4)))))
         return out
 

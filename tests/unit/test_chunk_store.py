@@ -37,7 +37,7 @@ def test_cuts_follow_runs_and_aligned_addresses() -> None:
 def test_chunk_text_round_trip_and_bad_text() -> None:
     c = Chunk("0" * 32, "zstd", 65536, 1234)
     assert Chunk.parse(c.text(), "criu/pages-1.img") == c
-    for bad in ("x", "0" * 32 + " gzip 1 1", "0" * 32 + " raw -1 1", 7):
+    for bad in ("x", "0" * 32 + " gzip 1 1", "0" * 32 + " raw -1 1", 7, "0" * 32 + " raw 1 99999999999"):
         with pytest.raises(ImageInvalid, match="criu/pages-1.img lists a chunk"):
             Chunk.parse(bad, "criu/pages-1.img")
 
