@@ -53,12 +53,12 @@ from .format import CRIU_DIR, DEVICE_IMAGE, MANIFEST, PAGES, FileEntry, Manifest
 
 STORE_NAME = ".npusnap-store"
 CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites little
-_STORED = {"none": "raw", "zstd": "zstd", "lz4": "lz4"}
+_PREFER = {"zstd": 0, "lz4": 1, "raw": 2}  # which stored copy of the same bytes a new reference takes
 _NAME = re.compile(r"^([0-9a-f]{32})\.(raw|zstd|lz4)$")
 PACKS = "packs"
 LEGACY = "chunks"  # a store written before packs: a file a chunk (read, and collected, only)
 _PACK = re.compile(r"^([0-9a-f]{16}-[0-9]+-[0-9a-f]{8})\.(pack|idx|tmp)$")  # tmp: an index being written
-_LINE = re.compile(r"^([0-9a-f]{32}) (raw|zstd|lz4) ([0-9]+) ([0-9]+)$")
+_LINES = re.compile(r"^([0-9a-f]{32}) (raw|zstd|lz4) ([0-9]+) ([0-9]+)$", re.MULTILINE)
 PAGE_IMAGE = re.compile(r"pages-[0-9]+\.img")  # CRIU's page images, the ones packed
 DEVICE_HEADER = 64  # cut off first, so that the device's chunks fall on our chunk boundaries
 # A device image's chunk: the daemon's own (it tracks changes per MiB), and one file (fsync'd) per
@@ -102,30 +102,45 @@ def store_of(root: Path) -> Path:
 # ---------------------------------------------------------------- the writer's pace
 
 PACE = 8 << 20  # bytes whose write-back may be under way before the writer waits for the oldest's
+BATCH = 1 << 20  # bytes whose write-back starts at once (one call, not one a chunk)
 
 
 class Pacer:
-    """Keeps the writer at the disk's speed: each chunk's write-back starts once it is written,
-    and once more than PACE bytes are under way the writer waits for the oldest chunk's to end.
-    Without it the chunks would go to the page cache at memory speed and the disk's speed would
-    show only in the seal's fsync, too late for auto to race against it (codecs.py)."""
+    """Keeps the writer at the disk's speed: the write-back of what it wrote starts a BATCH at a
+    time, and once more than PACE bytes are under way the writer waits for the oldest batch's to
+    end. Without it the chunks would go to the page cache at memory speed and the disk's speed
+    would show only in the seal's fsync, too late for auto to race against it (codecs.py)."""
 
     def __init__(self) -> None:
         self.ranges: deque[tuple[int, int, int]] = deque()  # (fd, offset, length) under way
         self.bytes = 0
+        self.pending: Optional[tuple[int, int, int]] = None  # written, its write-back not started yet
 
     def wrote(self, fd: int, offset: int, size: int) -> None:
-        self.ranges.append((fd, offset, size))
-        self.bytes += size
-        start_writeback(fd, offset, size)
+        p = self.pending
+        if p is not None and p[0] == fd and p[1] + p[2] == offset:
+            self.pending = (fd, p[1], p[2] + size)
+        else:
+            self._start()
+            self.pending = (fd, offset, size)
+        if self.pending[2] >= BATCH:
+            self._start()
         testhooks.disk(size, PACE)
         while self.bytes > PACE:
             fd, offset, n = self.ranges.popleft()
             wait_writeback(fd, offset, n)
             self.bytes -= n
 
+    def _start(self) -> None:
+        if self.pending is not None:
+            start_writeback(*self.pending)
+            self.ranges.append(self.pending)
+            self.bytes += self.pending[2]
+            self.pending = None
+
     def close(self) -> None:
         """What is still being written is the seal's to wait for (Store.to_sync)."""
+        self._start()
         self.ranges.clear()
         self.bytes = 0
 
@@ -187,6 +202,7 @@ class Store:
         self.path = path
         self.fd = _own_dir(path, create)
         self.known: Optional[dict[str, Where]] = None  # "HEX.CODEC" -> where (_load)
+        self.best: dict[str, tuple[str, Where]] = {}  # HEX -> the codec and place find() answers
         self.readers: dict[str, int] = {}  # pack id -> descriptor, for reading
         self.pack = ""  # this run's pack being written (its id), "" when none
         self.pack_fd = -1
@@ -239,9 +255,10 @@ class Store:
                 out.setdefault(m.group(1), set()).add(m.group(2))
         return out
 
-    def entries(self, pack: str) -> list[tuple[str, Where]]:
-        """A pack's index: (HEX.CODEC, where) for each of its chunks; a malformed line is skipped
-        (its chunk then counts as absent: a checkpoint stores it again, a restore says it is missing)."""
+    def entries(self, pack: str) -> list[tuple[str, str, Where]]:
+        """A pack's index: (digest, codec, where) for each of its chunks; a malformed line is
+        skipped (its chunk then counts as absent: a checkpoint stores it again, a restore says it
+        is missing)."""
         try:
             fd = os.open(f"{pack}.idx", os.O_RDONLY | _OPEN, dir_fd=self.packs)
         except FileNotFoundError:
@@ -250,22 +267,26 @@ class Store:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return []
             text = f.read().decode("ascii", "replace")
-        out = []
-        for line in text.splitlines():
-            m = _LINE.match(line)
-            if m and int(m.group(4)) <= MAX_STORED:
-                out.append((f"{m.group(1)}.{m.group(2)}", Where(pack, int(m.group(3)), int(m.group(4)))))
-        return out
+        return [(digest, codec, Where(pack, int(offset), int(stored)))
+                for digest, codec, offset, stored in _LINES.findall(text) if int(stored) <= MAX_STORED]
 
     def _load(self) -> dict[str, Where]:
         """Every indexed chunk, listed once (a checkpoint holds the lock: nothing it lists goes away)."""
         if self.known is None:
-            self.known = {}
+            self.known, self.best = {}, {}
             for pack, kinds in sorted(self.listing().items()):
                 if "idx" in kinds and "pack" in kinds:
-                    for name, where in self.entries(pack):
-                        self.known.setdefault(name, where)
+                    for digest, codec, where in self.entries(pack):
+                        self._remember(digest, codec, where)
         return self.known
+
+    def _remember(self, digest: str, codec: str, where: Where) -> None:
+        """The chunk is stored at where; find() prefers a compressed copy of the same bytes."""
+        assert self.known is not None
+        self.known.setdefault(f"{digest}.{codec}", where)
+        had = self.best.get(digest)
+        if had is None or _PREFER[codec] < _PREFER[had[0]]:
+            self.best[digest] = (codec, where)
 
     def index(self) -> None:
         """List the store now (find() answers from memory from then on)."""
@@ -273,12 +294,9 @@ class Store:
 
     def find(self, digest: str) -> Optional[Chunk]:
         """A chunk with these raw bytes already stored (any codec), or None."""
-        known = self._load()
-        for codec in ("zstd", "lz4", "raw"):
-            where = known.get(f"{digest}.{codec}")
-            if where is not None:
-                return Chunk(digest, codec, -1, where.stored)
-        return None
+        self._load()
+        found = self.best.get(digest)
+        return Chunk(digest, found[0], -1, found[1].stored) if found is not None else None
 
     def locate(self, chunk: Chunk) -> Optional[Where]:
         return self._load().get(chunk.name)
@@ -297,7 +315,8 @@ class Store:
             view = view[os.pwrite(self.pack_fd, view, self.end):]
             self.end = offset + len(data) - len(view)
         self.lines.append(f"{digest} {codec} {offset} {len(data)}\n")
-        self._load()[f"{digest}.{codec}"] = Where(self.pack, offset, len(data))
+        self._load()
+        self._remember(digest, codec, Where(self.pack, offset, len(data)))
         return self.pack_fd, offset, len(data)
 
     def to_sync(self) -> list[Path]:
@@ -412,12 +431,11 @@ class Store:
                                "restore the store from a backup")
         return data
 
-    def drop(self, pack: str, keep: Sequence[tuple[str, Where]]) -> int:
+    def drop(self, pack: str, keep: Sequence[tuple[str, str, Where]]) -> int:
         """prune: a pack (or its index alone, or an unindexed pack) deleted, its chunks in keep
         first copied into a new pack of this run (to_sync'd before the old one goes). The bytes freed."""
-        for name, at in keep:
-            digest, codec = name.split(".")
-            self.put(digest, codec, os.pread(self._reader(pack, name), at.stored, at.offset))
+        for digest, codec, at in keep:
+            self.put(digest, codec, os.pread(self._reader(pack, digest), at.stored, at.offset))
         if keep:
             fsync_all(self.to_sync())
         freed = 0
@@ -429,7 +447,7 @@ class Store:
                 size = os.stat(f"{pack}.{kind}", dir_fd=self.packs, follow_symlinks=False).st_size
                 os.unlink(f"{pack}.{kind}", dir_fd=self.packs)
                 freed += size if kind == "pack" else 0
-        return max(0, freed - sum(at.stored for _, at in keep))
+        return max(0, freed - sum(at.stored for _, _, at in keep))
 
 
 # ---------------------------------------------------------------- auto's remembered verdict
@@ -939,14 +957,14 @@ def collect(directory: Path, dry_run: bool = False) -> tuple[int, int]:
         keep = referenced(directory)
         for pack, kinds in sorted(store.listing().items()):
             chunks = store.entries(pack) if "pack" in kinds else []
-            live = [(name, at) for name, at in chunks if name in keep]
+            live = [(digest, codec, at) for digest, codec, at in chunks if f"{digest}.{codec}" in keep]
             if kinds == {"pack", "idx"} and chunks and len(live) == len(chunks):
                 continue
             count += len(chunks) - len(live)
             if not dry_run:
                 freed += store.drop(pack, live)
             elif "pack" in kinds:
-                freed += os.stat(f"{pack}.pack", dir_fd=store.packs).st_size - sum(at.stored for _, at in live)
+                freed += os.stat(f"{pack}.pack", dir_fd=store.packs).st_size - sum(at.stored for _, _, at in live)
         for sub, name in list(store.legacy_names()):
             if name not in keep:
                 path = store.path / LEGACY / sub / name
