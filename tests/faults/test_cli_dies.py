@@ -62,6 +62,36 @@ def test_cli_sigkilled_at_phase_boundary(point, npusim_daemon, reference, tmp_pa
         w.stop()
 
 
+def test_cli_sigkilled_while_packing_leaves_the_store_usable(npusim_daemon, reference, tmp_path):
+    """--dedup: the CLI killed after its pack got its first chunk, before the pack was indexed. The
+    workload comes back; the next checkpoint into the same store neither finds nor references
+    what the dead run stored, verifies, and prune deletes the dead run's pack."""
+    w = start_train(tmp_path, npusim_daemon.env)
+    store = tmp_path / ".npusnap-store" / "packs"
+    try:
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck1", "--dedup", "--leave-running", env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        indexed = {p.stem for p in store.glob("*.idx")}
+        cli = PausedCli(["checkpoint", w.pid, "-D", tmp_path / "ck2", "--dedup", "--lease", LEASE], "pack",
+                        npusim_daemon.env)
+        cli.kill()
+        wait_recovers(w, bound=LEASE + 10, env=npusim_daemon.env)
+        assert_running_intact(w, reference, npusim_daemon.env)
+        assert_no_valid_checkpoint(tmp_path / "ck2", partial_ok=True)
+        dead = [p for p in store.glob("*.pack") if p.stem not in indexed]
+        assert len(dead) == 1 and not dead[0].with_suffix(".idx").exists(), sorted(store.iterdir())
+        r = npusnap("checkpoint", w.pid, "-D", tmp_path / "ck3", "--dedup", "--leave-running", env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        assert npusnap("verify", tmp_path / "ck3", env=npusim_daemon.env).returncode == 0
+        r = npusnap("prune", tmp_path, "--keep", "2", env=npusim_daemon.env)
+        assert r.returncode == 0, r.stderr
+        assert not dead[0].exists()
+        for ck in ("ck1", "ck3"):
+            assert npusnap("verify", tmp_path / ck, env=npusim_daemon.env).returncode == 0, ck
+    finally:
+        w.stop()
+
+
 def _runbook(pid: int, env: dict, *cmds: str) -> None:
     for c in cmds:
         r = npusnap(c, pid, env=env, timeout=60)
