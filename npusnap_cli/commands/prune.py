@@ -10,7 +10,8 @@ Invalid checkpoints are kept and reported: one may be from a newer npusnap, or
 worth a look before it goes. A chain is never broken: a checkpoint that a kept
 incremental one references (its parent, theirs, ...) is kept too (image/chain.py).
 Then the chunk store (DIR/.npusnap-store, --dedup) loses the chunks no checkpoint
-left in DIR references.
+left in DIR references (a pack of chunks less than half unreferenced is kept whole
+until more of it is).
 
 A deletion renames the directory to `.NAME.deleting-*` first (atomic: it stops
 being a checkpoint at once) and then removes it.

@@ -947,10 +947,13 @@ def referenced(directory: Path) -> set[str]:
 
 def collect(directory: Path, dry_run: bool = False) -> tuple[int, int]:
     """Delete the store's chunks no checkpoint in directory references: (chunks, bytes) freed.
-    A pack none of whose chunks is referenced goes; one with some still referenced is rewritten
-    with those only; a pack without an index (a run that never finished) goes too, and so do the
-    chunk files of a store written before packs that nothing references. Holds the
-    store's lock exclusively: no checkpoint is adding or referencing chunks meanwhile."""
+    A pack none of whose chunks is referenced goes; one at least half of whose bytes nothing
+    references is rewritten with the rest (one less than half dead is left whole until then:
+    a prune after each periodic checkpoint would otherwise rewrite most of the store each time,
+    and the store stays within twice what is referenced); a pack without an index (a run that
+    never finished) goes too, and so do the chunk files of a store written before packs that
+    nothing references. Holds the store's lock exclusively: no checkpoint is adding or
+    referencing chunks meanwhile."""
     path = directory.absolute() / STORE_NAME
     if not os.path.lexists(path):
         return 0, 0
@@ -960,8 +963,9 @@ def collect(directory: Path, dry_run: bool = False) -> tuple[int, int]:
         for pack, kinds in sorted(store.listing().items()):
             chunks = store.entries(pack) if "pack" in kinds else []
             live = [(digest, codec, at) for digest, codec, at in chunks if f"{digest}.{codec}" in keep]
-            if kinds == {"pack", "idx"} and chunks and len(live) == len(chunks):
-                continue
+            dead = sum(at.stored for _, _, at in chunks) - sum(at.stored for _, _, at in live)
+            if kinds == {"pack", "idx"} and chunks and 2 * dead < sum(at.stored for _, _, at in chunks):
+                continue  # all of it referenced, or most of it
             count += len(chunks) - len(live)
             if not dry_run:
                 freed += store.drop(pack, live)

@@ -124,17 +124,21 @@ def two_checkpoints(tmp_path: Path):
         w.stop()
 
 
-def test_prune_collects_only_unreferenced_chunks(two_checkpoints, tmp_path: Path) -> None:
+def test_prune_keeps_what_is_referenced(two_checkpoints, tmp_path: Path) -> None:
+    """ck2 references most of ck1's pack (5% of the state changed): deleting ck1 leaves that pack
+    whole (a pack is rewritten once half of it is unreferenced: tests/unit/test_chunk_store.py);
+    ck2 still verifies and restores bit-exact."""
     w, digest = two_checkpoints
     before = _store_bytes(tmp_path)
     r = npusnap("prune", tmp_path, "--keep", "1", "--json", check=True)
     doc = json.loads(r.stdout)
     assert [d["name"] for d in doc["deleted"]] == ["ck1"]
-    assert doc["chunks_deleted"] > 0 and doc["chunk_bytes"] == before - _store_bytes(tmp_path) > 0
-    assert _store_bytes(tmp_path) == sum(_chunks(tmp_path, "ck2").values())  # exactly what ck2 references
+    assert doc["chunk_bytes"] == before - _store_bytes(tmp_path)
+    referenced = sum(_chunks(tmp_path, "ck2").values())
+    assert referenced <= _store_bytes(tmp_path) <= 2 * referenced
     npusnap("verify", tmp_path / "ck2", check=True)  # every chunk it references is still there
     again = json.loads(npusnap("prune", tmp_path, "--keep", "1", "--json", check=True).stdout)
-    assert again["chunks_deleted"] == 0  # nothing left to collect
+    assert again["chunks_deleted"] == 0 and again["chunk_bytes"] == 0  # nothing more to collect
     _restore_and_digest(w, tmp_path / "ck2", digest)
 
 

@@ -9,12 +9,13 @@ import pytest
 
 from npusnap_cli.errors import ImageInvalid, StorageProblem
 from npusnap_cli.image.checksums import fsync_all
-from npusnap_cli.image.format import FileEntry, Manifest, checksum_file
+from npusnap_cli.image.format import FileEntry, Manifest, checksum_file, manifest_text, new_hasher
 from npusnap_cli.image.store import (
     CHUNK_SIZE,
     STORE_NAME,
     Chunk,
     Packer,
+    Store,
     assembled,
     check_chunks,
     collect,
@@ -130,11 +131,7 @@ def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes
     """A checkpoint killed while it packs (SIGKILL: no close, no cleanup) leaves a pack without an
     index: no later checkpoint may reference what it holds (its data may not be on the disk), and
     prune deletes it. A run that closes without indexing (a failed checkpoint) deletes its own."""
-    from npusnap_cli.image.store import Store
-
     data = os.urandom(CHUNK_SIZE)
-    from npusnap_cli.image.format import manifest_text
-
     kept, root = _pack(tmp_path, "kept", os.urandom(CHUNK_SIZE), "none")
     (root / "manifest.yaml").write_text(manifest_text(kept.to_dict()))
     digest = Chunk.parse(kept.files[0].chunks[0], "x").digest
@@ -162,8 +159,6 @@ def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes
 def test_a_store_written_before_packs_still_restores_and_prune_collects_it(tmp_path: Path) -> None:
     """Earlier versions kept a file a chunk (chunks/AB/HEX.CODEC): their checkpoints still verify
     and reassemble bit-exact; once none references them, prune deletes those files."""
-    from npusnap_cli.image.format import manifest_text, new_hasher
-
     data = os.urandom(CHUNK_SIZE + 100)
     pieces = [data[:CHUNK_SIZE], data[CHUNK_SIZE:]]
     chunks = []
@@ -190,3 +185,31 @@ def test_a_store_written_before_packs_still_restores_and_prune_collects_it(tmp_p
     (root / "manifest.yaml").unlink()
     assert collect(tmp_path) == (2, len(data))
     assert not list((tmp_path / STORE_NAME / "chunks").rglob("*.raw"))
+
+
+@pytest.mark.parametrize("kept", [1, 2])
+def test_collect_rewrites_a_pack_once_half_of_it_is_unreferenced(tmp_path: Path, kept: int) -> None:
+    """Four chunks in one pack: with one of them referenced (three quarters dead) the pack is
+    rewritten with that one only; with two (half dead) too; the referenced ones read back."""
+    data = os.urandom(4 * CHUNK_SIZE)
+    m, root = _pack(tmp_path, "ck", data, "none")
+    entry = m.files[0]
+    m.files = [FileEntry(entry.path, kept * CHUNK_SIZE, "", entry.chunks[:kept])]
+    (root / "manifest.yaml").write_text(manifest_text(m.to_dict()))
+    packs = tmp_path / STORE_NAME / "packs"
+    assert collect(tmp_path) == (4 - kept, (4 - kept) * CHUNK_SIZE)
+    assert sum(p.stat().st_size for p in packs.glob("*.pack")) == kept * CHUNK_SIZE
+    check_chunks(root, m.files, deep=False)
+    with Store(tmp_path / STORE_NAME) as store:
+        for i, c in enumerate(m.files[0].chunks):
+            assert store.read(Chunk.parse(c, "x"), "x") == data[i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE]
+
+
+def test_collect_leaves_a_mostly_referenced_pack_whole(tmp_path: Path) -> None:
+    data = os.urandom(4 * CHUNK_SIZE)
+    m, root = _pack(tmp_path, "ck", data, "none")
+    entry = m.files[0]
+    m.files = [FileEntry(entry.path, 3 * CHUNK_SIZE, "", entry.chunks[:3])]
+    (root / "manifest.yaml").write_text(manifest_text(m.to_dict()))
+    assert collect(tmp_path) == (0, 0)
+    assert sum(p.stat().st_size for p in (tmp_path / STORE_NAME / "packs").glob("*.pack")) == 4 * CHUNK_SIZE
