@@ -125,7 +125,7 @@ def prune(term: Terminal, directory: Path, keep: int, dry_run: bool, verify: boo
     # under the store's lock: a checkpoint being written holds it until its manifest is in place).
     from ..image.store import collect
 
-    chunks, chunk_bytes = collect(directory, dry_run)
+    chunks, chunk_bytes = collect(directory, dry_run, {Path(e.path).name for e, _ in delete} if dry_run else ())
     freed += chunk_bytes
     if term.json_mode:
         term.data("prune", {"directory": str(directory.absolute()), "keep": keep, "dry_run": dry_run,

@@ -928,12 +928,13 @@ def assembled(root: Path, manifest: Manifest, sub: str = CRIU_DIR, member: str =
 
 # ---------------------------------------------------------------- prune: collect
 
-def referenced(directory: Path) -> set[str]:
-    """Every chunk (HEX.CODEC) any manifest among directory's children references."""
+def referenced(directory: Path, gone: Collection[str] = ()) -> set[str]:
+    """Every chunk (HEX.CODEC) any manifest among directory's children (but those named in gone)
+    references."""
     names: set[str] = set()
     for child in os.listdir(directory):
         root = directory / child
-        if child == STORE_NAME or root.is_symlink() or not (root / MANIFEST).is_file():
+        if child == STORE_NAME or child in gone or root.is_symlink() or not (root / MANIFEST).is_file():
             continue
         try:
             m = load_manifest(root)
@@ -945,8 +946,9 @@ def referenced(directory: Path) -> set[str]:
     return names
 
 
-def collect(directory: Path, dry_run: bool = False) -> tuple[int, int]:
-    """Delete the store's chunks no checkpoint in directory references: (chunks, bytes) freed.
+def collect(directory: Path, dry_run: bool = False, gone: Collection[str] = ()) -> tuple[int, int]:
+    """Delete the store's chunks no checkpoint in directory references: (chunks, bytes) freed
+    (dry_run: would be, once the checkpoints named in gone are deleted too).
     A pack none of whose chunks is referenced goes; one at least half of whose bytes nothing
     references is rewritten with the rest (one less than half dead is left whole until then:
     a prune after each periodic checkpoint would otherwise rewrite most of the store each time,
@@ -959,7 +961,7 @@ def collect(directory: Path, dry_run: bool = False) -> tuple[int, int]:
         return 0, 0
     count = freed = 0
     with Store(path, exclusive=True) as store:
-        keep = referenced(directory)
+        keep = referenced(directory, gone)
         for pack, kinds in sorted(store.listing().items()):
             chunks = store.entries(pack) if "pack" in kinds else []
             live = [(digest, codec, at) for digest, codec, at in chunks if f"{digest}.{codec}" in keep]

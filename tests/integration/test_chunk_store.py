@@ -130,10 +130,13 @@ def test_prune_keeps_what_is_referenced(two_checkpoints, tmp_path: Path) -> None
     ck2 still verifies and restores bit-exact."""
     w, digest = two_checkpoints
     before = _store_bytes(tmp_path)
+    dry = json.loads(npusnap("prune", tmp_path, "--keep", "1", "--dry-run", "--json", check=True).stdout)
+    assert _store_bytes(tmp_path) == before
     r = npusnap("prune", tmp_path, "--keep", "1", "--json", check=True)
     doc = json.loads(r.stdout)
     assert [d["name"] for d in doc["deleted"]] == ["ck1"]
     assert doc["chunk_bytes"] == before - _store_bytes(tmp_path)
+    assert (dry["chunks_deleted"], dry["chunk_bytes"]) == (doc["chunks_deleted"], doc["chunk_bytes"])  # as foretold
     referenced = sum(_chunks(tmp_path, "ck2").values())
     assert referenced <= _store_bytes(tmp_path) <= 2 * referenced
     npusnap("verify", tmp_path / "ck2", check=True)  # every chunk it references is still there

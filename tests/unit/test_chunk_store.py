@@ -197,6 +197,8 @@ def test_collect_rewrites_a_pack_once_half_of_it_is_unreferenced(tmp_path: Path,
     m.files = [FileEntry(entry.path, kept * CHUNK_SIZE, "", entry.chunks[:kept])]
     (root / "manifest.yaml").write_text(manifest_text(m.to_dict()))
     packs = tmp_path / STORE_NAME / "packs"
+    assert collect(tmp_path, dry_run=True, gone={"ck"}) == (4, 4 * CHUNK_SIZE)  # were ck deleted too
+    assert collect(tmp_path, dry_run=True) == (4 - kept, (4 - kept) * CHUNK_SIZE)  # what the next does
     assert collect(tmp_path) == (4 - kept, (4 - kept) * CHUNK_SIZE)
     assert sum(p.stat().st_size for p in packs.glob("*.pack")) == kept * CHUNK_SIZE
     check_chunks(root, m.files, deep=False)
