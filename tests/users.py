@@ -16,6 +16,7 @@ import pwd
 import subprocess
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import pytest
@@ -62,6 +63,14 @@ def _ensure_user(name: str, groups: Sequence[str] = ()) -> User:
             subprocess.run(["usermod", "-a", "-G", g, name], check=True, capture_output=True)
         gids.append(gid)
     return User(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(sorted(gids)))
+
+
+def traversable(p: Path) -> None:
+    """Let the other user walk down to p (pytest's tmp dirs are 0700)."""
+    for d in [p, *p.parents]:
+        if d == Path("/tmp") or d == Path("/"):
+            break
+        os.chmod(d, os.stat(d).st_mode & 0o7777 | 0o111)
 
 
 def other_user() -> User:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.faults.support import assert_failed_cleanly
 from tests.helpers import Workload, criu_works, kill_and_wait, npusnap, rewind_to_checkpoint
-from tests.users import as_user, other_user
+from tests.users import as_user, other_user, traversable
 
 pytestmark = pytest.mark.criu
 
@@ -53,17 +53,10 @@ def _victim(tmp_path: Path) -> Path:
     return v
 
 
-def _traversable(p: Path) -> None:
-    """Let the other user walk down to p (pytest's tmp dirs are 0700)."""
-    for d in [p, *p.parents]:
-        if d == Path("/tmp") or d == Path("/"):
-            break
-        os.chmod(d, os.stat(d).st_mode & 0o7777 | 0o111)
-
 
 def _give_logs_to(ck: Path, uid: int) -> None:
     """The attacker owns logs/ (a checkpoint of theirs, or shared storage they can write)."""
-    _traversable(ck)
+    traversable(ck)
     os.chown(ck / "logs", uid, -1)
 
 
@@ -130,7 +123,7 @@ def test_pidfile_never_written_through_a_planted_temp_name(checkpoint, tmp_path)
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)  # world-writable, sticky, like /tmp
-    _traversable(shared)
+    traversable(shared)
     pidfile = shared / "job.pid"
     as_user(other_user(), _plant_link, str(shared / "job.pid.tmp"), str(victim))
     code, err, pid = _restore_and_kill(ck, "--pidfile", pidfile)
