@@ -288,10 +288,6 @@ class Store:
         if had is None or _PREFER[codec] < _PREFER[had[0]]:
             self.best[digest] = (codec, where)
 
-    def index(self) -> None:
-        """List the store now (find() answers from memory from then on)."""
-        self._load()
-
     def find(self, digest: str) -> Optional[Chunk]:
         """A chunk with these raw bytes already stored (any codec), or None."""
         self._load()
@@ -612,7 +608,6 @@ class Packer:
         self.dedup = dedup
         self.runs: dict[str, list[tuple[int, int]]] = {}  # a page image's path -> its runs of pages (cuts)
         self.store = Store(store_of(final), create=True)
-        self.store.index()
         self.race = Race(choice) if choice != "none" else None
         self.judged = choice != "auto"
         self.submitted = False  # auto: the probe's bytes are with the race's threads (_submit)
@@ -965,14 +960,14 @@ def collect(directory: Path, dry_run: bool = False, gone: Collection[str] = ()) 
         for pack, kinds in sorted(store.listing().items()):
             chunks = store.entries(pack) if "pack" in kinds else []
             live = [(digest, codec, at) for digest, codec, at in chunks if f"{digest}.{codec}" in keep]
-            dead = sum(at.stored for _, _, at in chunks) - sum(at.stored for _, _, at in live)
-            if kinds == {"pack", "idx"} and chunks and 2 * dead < sum(at.stored for _, _, at in chunks):
+            total, kept = (sum(at.stored for _, _, at in c) for c in (chunks, live))
+            if kinds == {"pack", "idx"} and chunks and 2 * kept > total:
                 continue  # all of it referenced, or most of it
             count += len(chunks) - len(live)
             if not dry_run:
                 freed += store.drop(pack, live)
             elif "pack" in kinds:
-                freed += os.stat(f"{pack}.pack", dir_fd=store.packs).st_size - sum(at.stored for _, _, at in live)
+                freed += os.stat(f"{pack}.pack", dir_fd=store.packs).st_size - kept
         for sub, name in list(store.legacy_names()):
             if name not in keep:
                 path = store.path / LEGACY / sub / name
