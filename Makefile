@@ -6,7 +6,7 @@ PYTHON ?= python3
 SOURCES := $(shell find npusnap_cli native -type f -not -name '*.pyc' -not -name _protocol.py 2>/dev/null) \
            pyproject.toml CMakeLists.txt scripts/gen_protocol.py
 
-.PHONY: setup demo test cluster-test job-faults faults bench bench-job bench-lazy bench-live bench-quick criu zdtm completions man docs clean
+.PHONY: setup demo test cluster-test job-faults faults bench bench-incremental bench-job bench-lazy bench-live bench-quick criu zdtm completions man docs clean
 
 setup: $(VENV)/.installed $(VENV)/.criu
 
@@ -100,6 +100,10 @@ LAZY_HOST ?= 512M
 LAZY_DEVICE ?= 3584M
 bench-lazy: setup
 	$(PY) -m bench.lazy --host $(LAZY_HOST) --device $(LAZY_DEVICE)
+
+# The second of two checkpoints (--parent, --dedup) after a tenth of a 4 GiB job changed, against the first.
+bench-incremental: setup
+	$(PY) -m bench.incremental --host $(LAZY_HOST) --device $(LAZY_DEVICE)
 
 # CRIU's zdtm static tests, bare and through npusnap; fails if one passes bare only.
 # ZDTM_TESTS=a,b picks tests (default: every one the CRIU tree has that runs in host mode here).

@@ -76,11 +76,12 @@ def ancestors(root: Path, m: Manifest) -> list[tuple[Path, Manifest]]:
 def verify_chain(root: Path, m: Manifest, deep: bool = True) -> list[tuple[Path, Manifest]]:
     """Every link above root checked like a checkpoint of its own: manifest, tree, every file's
     size, and (deep) every checksum. Otherwise (restore, checkpoint --parent) sizes suffice: only
-    the links' device chunks are used, and the daemon checks each one it takes."""
+    the links' device chunks are used (their host pages never are: not looked up in the chunk
+    store), and the daemon checks each one it takes."""
     chain = ancestors(root, m)
     for p, pm in chain:
         try:
-            verify(p, pm, shallow=() if deep else (CRIU_DIR, DEVICE_DIR), deep=deep)
+            verify(p, pm, shallow=() if deep else (CRIU_DIR, DEVICE_DIR), deep=deep, pages=deep)
         except ImageInvalid as e:
             raise ImageInvalid(f"{p} (link of the chain of {root}): {e.message}", e.hint) from e
     return chain
@@ -112,7 +113,7 @@ def check_set_parent(parent: Path, pids: Iterable[int]) -> tuple[Manifest, list[
         raise ImageInvalid(f"{parent} holds no direct device images of process {indirect[0]} "
                            f"(data path {next(e for e in pm.members if e.pid == indirect[0]).device.method}): "
                            "it cannot be a parent", "take a full checkpoint with the direct data path first")
-    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR), deep=False)
+    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR), deep=False, pages=False)
     return pm, verify_chain(parent, pm, deep=False)
 
 
@@ -146,7 +147,7 @@ def check_parent(parent: Path, pid: int) -> tuple[Manifest, list[tuple[Path, Man
         raise ImageInvalid(f"{parent} holds no direct device images (data path {pm.device.method}): "
                            "it cannot be a parent", "take a full checkpoint with the direct data path first")
     # Sizes only: the daemon checks the parent's index, and each chunk keeps its hash.
-    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR), deep=False)
+    verify(parent, pm, shallow=(CRIU_DIR, DEVICE_DIR), deep=False, pages=False)
     return pm, verify_chain(parent, pm, deep=False)
 
 

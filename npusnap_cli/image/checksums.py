@@ -68,9 +68,9 @@ class Follower:
     seal hashes the others itself."""
 
     def __init__(self, directory: Path, interval: float = 0.02, max_files: int = 256,
-                 keep_cached: Optional[re.Pattern[str]] = None) -> None:
+                 skip: Optional[re.Pattern[str]] = None) -> None:
         self.max_files = max_files
-        self.keep_cached = keep_cached  # names not written back: they move to the chunk store (store.py)
+        self.skip = skip  # names not followed: they move to the chunk store, hashed as they go (store.py)
         self.directory = directory
         self.interval = interval
         self.tails: dict[str, _Tail] = {}
@@ -112,6 +112,8 @@ class Follower:
                 self._drop(name)
 
     def _follow(self, name: str) -> None:
+        if self.skip is not None and self.skip.fullmatch(name):
+            return
         path = self.directory / name
         st = os.lstat(path)
         if not stat.S_ISREG(st.st_mode):
@@ -131,8 +133,7 @@ class Follower:
         end = os.fstat(tail.fd).st_size
         if end > tail.offset:
             done = hash_fd(tail.fd, tail.hasher, tail.offset, end)
-            if self.keep_cached is None or not self.keep_cached.fullmatch(name):
-                start_writeback(tail.fd, tail.offset, done)
+            start_writeback(tail.fd, tail.offset, done)
             tail.offset += done
 
     def _drop(self, name: str) -> None:

@@ -93,7 +93,7 @@ def workers() -> int:
 class _Job:
     __slots__ = ("data", "out", "state")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
         self.out: Any = None
         self.state = _WAITING
@@ -123,7 +123,7 @@ class Race:
         self.passed_bytes = 0  # raw bytes of the chunks auto stored raw (their compression not done in time)
         self.done = [0, 0, 0.0]  # compressed by the threads: raw bytes, their compressed bytes, seconds
 
-    def submit(self, data: bytes) -> _Job:
+    def submit(self, data: bytes | memoryview) -> _Job:
         job = _Job(data)
         with self.cond:
             if not self.threads:

@@ -133,10 +133,11 @@ class Manifest:
     parent: Optional[ParentRef] = None  # an incremental checkpoint's (its device images reference the parent's)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for f in d["files"]:
-            if not f["chunks"]:
-                del f["chunks"]  # files in DIR itself are listed exactly as they always were
+        # The files by hand: asdict would copy each of their chunk lines (thousands with --dedup)
+        # one by one. A file in DIR itself has no chunks key: listed exactly as it always was.
+        d = dataclasses.asdict(dataclasses.replace(self, files=[]))
+        d["files"] = [{"path": f.path, "size": f.size, "checksum": f.checksum}
+                      | ({"chunks": list(f.chunks)} if f.chunks else {}) for f in self.files]
         if not self.members:
             del d["members"]  # a single process's manifest stays exactly what it always was
         if self.parent is None:
@@ -499,6 +500,8 @@ def flow_yaml(data: dict[str, Any]) -> str:
                 raise TypeError(f"a manifest mapping with keys that are not text: {list(v)!r}")
             return "{" + ", ".join(f"{json.dumps(k)}: {value(x)}" for k, x in v.items()) + "}"
         if isinstance(v, (list, tuple)):
+            if all(isinstance(x, str) for x in v):  # chunk lines: the same text, in one call
+                return json.dumps(v)
             return "[" + ", ".join(value(x) for x in v) + "]"
         return json.dumps(v, allow_nan=False)
 

@@ -84,12 +84,12 @@ class Staging:
     def follow(self, directory: Path, packing: bool = False) -> Follower:
         """Around the writing of directory (CRIU's dump): its files are hashed and their write-back
         started while they are written; seal() takes those checksums instead of reading again."""
-        keep_cached: Optional[re.Pattern[str]] = None
+        skip: Optional[re.Pattern[str]] = None
         if packing:  # the chunk store's module only with --dedup/--compress, not on every checkpoint's path
             from .store import PAGE_IMAGE
 
-            keep_cached = PAGE_IMAGE
-        follower = Follower(directory, keep_cached=keep_cached)
+            skip = PAGE_IMAGE  # hashed by the packer as it reads them: once, after CRIU
+        follower = Follower(directory, skip=skip)
         self.followers.append(follower)
         return follower
 
@@ -111,8 +111,9 @@ class Staging:
         entries = []
         to_sync = []
         rels = list(image_files(self.path))
+        packed = {str(rel) for rel in rels if packer is not None and packer.takes(str(rel))}
         for rel in rels:  # the disk starts writing what is left now, while we checksum from the page cache
-            if str(rel) not in written and str(rel) not in hashed:
+            if str(rel) not in written and str(rel) not in hashed and str(rel) not in packed:
                 _start_writeback(self.path / rel)
         for rel in rels:
             p = self.path / rel
@@ -123,15 +124,15 @@ class Staging:
                 if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
                     raise ImageInvalid(f"{rel} changed after it was written")
                 to_sync.append(p)  # the export leaves it to us: its write-back overlapped CRIU's dump
+            elif str(rel) in packed:
+                assert packer is not None
+                entry = packer.pack(p, FileEntry(str(rel), os.lstat(p).st_size, ""))
             else:
                 size, digest = hashed.get(str(rel), (-1, ""))
                 if size != os.lstat(p).st_size:
                     size, digest = checksum_file(p)
                 entry = FileEntry(str(rel), size, digest)
-                if packer is not None and packer.takes(entry):
-                    entry = packer.pack(p, entry)
-                else:
-                    to_sync.append(p)
+                to_sync.append(p)
             entries.append(entry)
         if written:
             raise ImageInvalid(f"{sorted(written)[0]} is missing from the checkpoint")

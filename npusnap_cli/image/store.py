@@ -297,7 +297,7 @@ class Store:
     def locate(self, chunk: Chunk) -> Optional[Where]:
         return self._load().get(chunk.name)
 
-    def put(self, digest: str, codec: str, data: bytes) -> tuple[int, int, int]:
+    def put(self, digest: str, codec: str, data: bytes | memoryview) -> tuple[int, int, int]:
         """Append one chunk to this run's pack (made on the first). Returns (descriptor, offset,
         length) of its bytes there, for the caller's pacing (Pacer)."""
         if not self.pack:
@@ -641,9 +641,10 @@ class Packer:
         if self.stopped:
             raise StorageProblem("the checkpoint was stopped while its images went into the chunk store")
 
-    def takes(self, entry: FileEntry) -> bool:
-        """Whether a page image goes into the store: --dedup, or a codec named."""
-        return packable(entry) and (self.dedup or self.choice in ("zstd", "lz4"))
+    def takes(self, path: str) -> bool:
+        """Whether an image (its path in the checkpoint) goes into the store: a page image, with
+        --dedup or a codec named."""
+        return bool(PAGES.fullmatch(path)) and (self.dedup or self.choice in ("zstd", "lz4"))
 
     def add_runs(self, criu_dir: Path, runs: dict[str, list[tuple[int, int]]]) -> None:
         """The runs of pages of criu_dir's page images (platform/criu.page_runs), by image name."""
@@ -739,7 +740,8 @@ class Packer:
                 self.race.submit(data)
 
     def pack(self, path: Path, entry: FileEntry, keep: bool = False) -> FileEntry:
-        """Store the file's chunks (checking the whole checksum on the way), then remove it
+        """Store the file's chunks (checking the whole checksum on the way, or taking it where
+        entry has none: a page image, read here for the first time), then remove it
         (keep: the caller still needs it, as a device image imported back for --leave-running).
         The chunks are read AHEAD of the writer, each new one handed to the race's threads."""
         chunks = []
@@ -747,45 +749,46 @@ class Packer:
         device = bool(DEVICE_IMAGE.fullmatch(entry.path))
         stats = self.device_stats if device else self.stats
         lengths = iter(device_cuts(entry.size) if device else cuts(self.runs.get(str(path), []), entry.size))
-        ahead: deque[tuple[str, bytes, Any]] = deque()
+        ahead: deque[tuple[str, memoryview, Any]] = deque()
         pacer = Pacer()
         read = 0
         fd = os.open(path, os.O_RDONLY | _OPEN)
         try:
-            with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-                more = True
-                while more or ahead:
-                    while more and read < AHEAD:
-                        length = next(lengths, 0)
-                        data = f.read(length) if length else b""
-                        more = len(data) == length > 0
-                        if not data:
-                            break
-                        whole.update(data)
-                        digest = _digest(data)
-                        new = self.race is not None and self.store.find(digest) is None
-                        ahead.append((digest, data, self.race.submit(data) if new and self.race else None))
-                        read += len(data)
-                    if not ahead:
+            image, at = _mapped(fd), 0
+            more = True
+            while more or ahead:
+                while more and read < AHEAD:
+                    length = next(lengths, 0)
+                    data = image[at:at + length]
+                    at += len(data)
+                    more = len(data) == length > 0
+                    if not data:
                         break
-                    self._check()
-                    digest, data, job = ahead.popleft()
-                    read -= len(data)
-                    chunks.append(self._one(digest, data, job, stats, pacer))
+                    whole.update(data)
+                    digest = _digest(data)
+                    new = self.race is not None and self.store.find(digest) is None
+                    ahead.append((digest, data, self.race.submit(data) if new and self.race else None))
+                    read += len(data)
+                if not ahead:
+                    break
+                self._check()
+                digest, data, job = ahead.popleft()
+                read -= len(data)
+                chunks.append(self._one(digest, data, job, stats, pacer))
         finally:
             pacer.close()
             os.close(fd)
-        size = sum(c.size for c in chunks)
-        if size != entry.size or whole.hexdigest() != entry.checksum:
+        size, checksum = sum(c.size for c in chunks), whole.hexdigest()
+        if size != entry.size or entry.checksum not in ("", checksum):
             raise ImageInvalid(f"{entry.path} changed while it was moved into the chunk store")
         if not keep:
             os.unlink(path)
         stats.raw_bytes += size
         if stats.compressed_bytes:
             stats.codec = AUTO_CODEC if self.choice == "auto" else self.choice
-        return FileEntry(entry.path, entry.size, entry.checksum, [c.text() for c in chunks])
+        return FileEntry(entry.path, entry.size, checksum, [c.text() for c in chunks])
 
-    def _one(self, digest: str, data: bytes, job: Any, stats: PackStats, pacer: Pacer) -> Chunk:
+    def _one(self, digest: str, data: bytes | memoryview, job: Any, stats: PackStats, pacer: Pacer) -> Chunk:
         """The writer's turn for one chunk: referenced if the store has it, else stored,
         compressed if the race has it so."""
         found = self.store.find(digest)  # also a chunk this image stored a moment ago
@@ -803,7 +806,17 @@ class Packer:
         return Chunk(digest, codec, len(data), len(stored))
 
 
-def _digest(data: bytes) -> str:
+def _mapped(fd: int) -> memoryview:
+    """The file's bytes as a view of its mapping: its chunks are hashed and stored from the page
+    cache without a copy. Unmapped when the last view of it goes (a chunk's may outlive the
+    caller on an error path, or sit in the codec's queue)."""
+    import mmap  # only here: every restore imports this module
+
+    size = os.fstat(fd).st_size
+    return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
+
+
+def _digest(data: bytes | memoryview) -> str:
     h = new_hasher()
     h.update(data)
     return str(h.hexdigest())
@@ -871,11 +884,12 @@ def check_chunks(root: Path, entries: Iterable[FileEntry], deep: bool) -> None:
 
 
 def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = (),
-           later: Collection[str] = (), deep: bool = True) -> Manifest:
+           later: Collection[str] = (), deep: bool = True, pages: bool = True) -> Manifest:
     """format.verify, and the chunks of packed images: present (deep: and intact, each chunk's
-    raw bytes against its digest and the whole image against its checksum)."""
+    raw bytes against its digest and the whole image against its checksum). pages=False: a
+    chain link's, whose host pages nothing reads, so its packed page images are not looked up."""
     m = manifest or load_manifest(root)
-    check_chunks(root, packed_entries(m), deep)
+    check_chunks(root, [e for e in packed_entries(m) if pages or not packable(e)], deep)
     return fmt.verify(root, m, shallow, later, chunks_checked=True)
 
 

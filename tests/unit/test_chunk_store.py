@@ -20,6 +20,7 @@ from npusnap_cli.image.store import (
     check_chunks,
     collect,
     cuts,
+    verify,
 )
 from tests.helpers import damage_chunk, drop_chunk
 
@@ -43,7 +44,9 @@ def test_chunk_text_round_trip_and_bad_text() -> None:
             Chunk.parse(bad, "criu/pages-1.img")
 
 
-def _pack(tmp_path: Path, name: str, data: bytes, codec: str) -> tuple[Manifest, Path]:
+def _pack(tmp_path: Path, name: str, data: bytes, codec: str, hashed: bool = True) -> tuple[Manifest, Path]:
+    """data packed as a checkpoint's page image; hashed: its checksum known before (else the
+    packer's, as for CRIU's page images)."""
     root = tmp_path / name
     (root / "criu").mkdir(parents=True)
     path = root / "criu" / "pages-1.img"
@@ -51,7 +54,8 @@ def _pack(tmp_path: Path, name: str, data: bytes, codec: str) -> tuple[Manifest,
     size, digest = checksum_file(path)
     packer = Packer(root, codec)
     try:
-        entry = packer.pack(path, FileEntry("criu/pages-1.img", size, digest))
+        entry = packer.pack(path, FileEntry("criu/pages-1.img", size, digest if hashed else ""))
+        assert entry.checksum == digest
         fsync_all(packer.store.to_sync())  # as the seal does: the pack indexed
     finally:
         packer.close()
@@ -87,6 +91,19 @@ def test_damage_is_named_and_collect_keeps_what_is_referenced(tmp_path: Path) ->
         check_chunks(root, m.files, deep=False)
     assert collect(tmp_path)[0] == 3
     assert list((tmp_path / STORE_NAME / "packs").iterdir()) == []
+
+
+def test_an_image_packed_unhashed_gets_its_checksum_and_a_links_pages_are_not_looked_up(tmp_path: Path) -> None:
+    m, root = _pack(tmp_path, "a", os.urandom(3 * CHUNK_SIZE), "none", hashed=False)
+    with assembled(root, m) as view:  # the checksum the packer took is the one checked on the way back
+        assert checksum_file(view / "pages-1.img")[1] == m.files[0].checksum
+    (root / "device").mkdir()
+    (root / "logs").mkdir()
+    chunk = Chunk.parse(m.files[0].chunks[1], "x")
+    drop_chunk(tmp_path / STORE_NAME, chunk.digest, chunk.codec)
+    verify(root, m, shallow=("criu", "device"), deep=False, pages=False)  # a chain link: its pages are never read
+    with pytest.raises(ImageInvalid, match="is missing from the store"):
+        verify(root, m, shallow=("criu", "device"), deep=False)
 
 
 def test_a_store_that_is_a_link_is_refused(tmp_path: Path) -> None:
