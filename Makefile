@@ -103,7 +103,7 @@ bench-lazy: setup
 
 # The second of two checkpoints (--parent, --dedup) after a tenth of a 4 GiB job changed, against the first.
 bench-incremental: setup
-	$(PY) -m bench.incremental --host $(LAZY_HOST) --device $(LAZY_DEVICE)
+	$(PY) -m bench.incremental
 
 # CRIU's zdtm static tests, bare and through npusnap; fails if one passes bare only.
 # ZDTM_TESTS=a,b picks tests (default: every one the CRIU tree has that runs in host mode here).

@@ -130,7 +130,7 @@ def full_run(res: Resources, criu: str, workdir: Path, tmpfs_dir: Path, sizes: S
     why = incremental.fits(workdir, incr_dev, incr_host)
     incr = {"skipped": why} if why else incremental.measure(res, workdir, incr_dev, incr_host)
 
-    live_bytes = min(sizes.limit_bytes, 512 << 20)
+    live_bytes = sizes.live_bytes
     progress(f"live: {human(live_bytes)} of device memory, downtime of --live vs a full --leave-running")
     live_run = live.measure(res, workdir, tmpfs_dir, min(sizes.host_bytes, 64 << 20), live_bytes, min(repeat, 2))
 

@@ -30,15 +30,18 @@ class Sizes:
     budget: Optional[float] = None  # seconds for the whole run (samples beyond the first are cut to fit)
     tiny_bytes: int = 1 * MIB      # a tiny CPU-only process: npusnap's fixed cost over bare CRIU
     # bench/incremental.py: (device, host) memory of the workload checkpointed twice, a tenth of
-    # each changed in between (a job whose device memory outweighs its host memory, as training's
-    # does). The full preset's is a 4 GiB job, as bench-lazy's: at 1 GiB a checkpoint's fixed cost
-    # (~0.3 s: Python's start, CRIU's kernel probes) is a third of the second one's time.
-    incremental: tuple[int, int] = (1 * GIB, 128 * MIB)
+    # each changed in between: a 4 GiB job, as bench-lazy's, whose device memory outweighs its host
+    # memory, as training's does (at 1 GiB + 128 MiB a checkpoint's fixed ~0.2 s, Python's start
+    # and CRIU's kernel probes, is most of the second one's time: README).
+    incremental: tuple[int, int] = (3584 * MIB, 512 * MIB)
+    live_bytes: int = 512 * MIB     # bench/live.py's device memory (the downtime's fixed part, CRIU's
+                                    # freeze and parasite, is a quarter of a 256 MiB checkpoint)
 
 
 PRESETS = {
     "tiny": Sizes("tiny", cpu_bytes=[16 * MIB], host_bytes=16 * MIB, device_bytes=[16 * MIB],
-                  limit_bytes=32 * MIB, repeat=1, pings=200, helps=3, incremental=(32 * MIB, 16 * MIB)),
+                  limit_bytes=32 * MIB, repeat=1, pings=200, helps=3, incremental=(32 * MIB, 16 * MIB),
+                  live_bytes=32 * MIB),
     "quick": Sizes("quick", cpu_bytes=[64 * MIB, 256 * MIB], host_bytes=256 * MIB, device_bytes=[256 * MIB],
                    limit_bytes=256 * MIB, repeat=3, budget=110),
     # --profile: where a device checkpoint's and restore's time goes, phase by phase (nothing else runs)
@@ -46,7 +49,7 @@ PRESETS = {
                      limit_bytes=256 * MIB, repeat=3),
     "full": Sizes("full", cpu_bytes=[64 * MIB, 256 * MIB, 1 * GIB, 4 * GIB], host_bytes=1 * GIB,
                   device_bytes=[256 * MIB, 1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB],
-                  limit_bytes=1 * GIB, repeat=3, plot=True, budget=1500, incremental=(3584 * MIB, 512 * MIB)),
+                  limit_bytes=1 * GIB, repeat=3, plot=True, budget=1500),
 }
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
