@@ -754,12 +754,12 @@ class Packer:
         read = 0
         fd = os.open(path, os.O_RDONLY | _OPEN)
         try:
-            image, at = _mapped(fd), 0
+            image, at = _Mapped(fd), 0
             more = True
             while more or ahead:
                 while more and read < AHEAD:
                     length = next(lengths, 0)
-                    data = image[at:at + length]
+                    data = image.view[at:at + length]
                     at += len(data)
                     more = len(data) == length > 0
                     if not data:
@@ -775,6 +775,7 @@ class Packer:
                 digest, data, job = ahead.popleft()
                 read -= len(data)
                 chunks.append(self._one(digest, data, job, stats, pacer))
+                image.release(at - read)
         finally:
             pacer.close()
             os.close(fd)
@@ -806,14 +807,29 @@ class Packer:
         return Chunk(digest, codec, len(data), len(stored))
 
 
-def _mapped(fd: int) -> memoryview:
-    """The file's bytes as a view of its mapping: its chunks are hashed and stored from the page
-    cache without a copy. Unmapped when the last view of it goes (a chunk's may outlive the
-    caller on an error path, or sit in the codec's queue)."""
-    import mmap  # only here: every restore imports this module
+class _Mapped:
+    """A file's bytes as a view of its mapping: its chunks are hashed and stored from the page
+    cache without a copy. release(upto) unmaps the pages before upto once they are stored (read
+    again, they fault back in from the page cache): what the process holds of the file stays what
+    it reads ahead, not the file's size. Unmapped when the last view of it goes (a chunk's may
+    outlive the caller on an error path, or sit in the codec's queue)."""
 
-    size = os.fstat(fd).st_size
-    return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
+    STEP = 8 << 20  # bytes released at a time
+
+    def __init__(self, fd: int) -> None:
+        import mmap  # only here: every restore imports this module
+
+        self.mmap = mmap
+        size = os.fstat(fd).st_size
+        self.map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+        self.released = 0
+
+    def release(self, upto: int) -> None:
+        upto -= upto % self.mmap.PAGESIZE
+        if self.map is not None and upto - self.released >= self.STEP:
+            self.map.madvise(self.mmap.MADV_DONTNEED, self.released, upto - self.released)
+            self.released = upto
 
 
 def _digest(data: bytes | memoryview) -> str:
