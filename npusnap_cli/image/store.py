@@ -31,6 +31,7 @@ manifest that may reference a chunk before it deletes one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -184,6 +185,11 @@ def _flock(fd: int, how: int, path: Path) -> None:
             time.sleep(0.05)
 
 
+def _new_id() -> str:
+    """A new pack's id: unique across runs and machines sharing the store (_PACK)."""
+    return f"{time.time_ns():016x}-{os.getpid()}-{os.urandom(4).hex()}"
+
+
 @dataclass(frozen=True)
 class Where:
     """A stored chunk's place: its pack, and its bytes there."""
@@ -208,6 +214,7 @@ class Store:
         self.pack_fd = -1
         self.end = 0  # the pack's size so far
         self.lines: list[str] = []  # its index, written by to_sync()
+        self.adopted: list[tuple[str, int, list[str]]] = []  # (id, descriptor, index lines): adopt()ed files
         try:
             self.lock = os.open("lock", os.O_RDWR | os.O_CREAT | _OPEN, 0o600, dir_fd=self.fd)
             _flock(self.lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, path)
@@ -232,11 +239,12 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        if getattr(self, "pack", ""):  # never indexed: nobody can reference what it holds
-            os.close(self.pack_fd)
+        unindexed = [(self.pack, self.pack_fd)] if getattr(self, "pack", "") else []
+        for pack, fd in unindexed + [(a[0], a[1]) for a in getattr(self, "adopted", [])]:
+            os.close(fd)  # never indexed: nobody can reference what it holds
             with contextlib.suppress(OSError):
-                os.unlink(f"{self.pack}.pack", dir_fd=self.packs)
-            self.pack, self.pack_fd = "", -1
+                os.unlink(f"{pack}.pack", dir_fd=self.packs)
+        self.pack, self.pack_fd, self.adopted = "", -1, []
         for fd in getattr(self, "readers", {}).values():
             os.close(fd)
         self.readers = {}
@@ -301,7 +309,7 @@ class Store:
         """Append one chunk to this run's pack (made on the first). Returns (descriptor, offset,
         length) of its bytes there, for the caller's pacing (Pacer)."""
         if not self.pack:
-            pack = f"{time.time_ns():016x}-{os.getpid()}-{os.urandom(4).hex()}"
+            pack = _new_id()
             self.pack_fd = os.open(f"{pack}.pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600,
                                    dir_fd=self.packs)
             self.pack, self.end, self.lines = pack, 0, []
@@ -317,25 +325,47 @@ class Store:
         self._remember(digest, codec, Where(self.pack, offset, len(data)))
         return self.pack_fd, offset, len(data)
 
-    def to_sync(self) -> list[Path]:
-        """This run's pack made findable: its data on the disk first, then its index, whole or
-        not at all (written aside, fsync'd, renamed into place). Returns the directories, for
-        the seal's one batch of fsyncs."""
-        if not self.pack:
-            return []
-        pack, fd = self.pack, self.pack_fd
-        self.pack, self.pack_fd = "", -1
+    def adopt(self, src: Path, chunks: Sequence[tuple[str, int, int]]) -> bool:
+        """src, a file of this run's, made a pack as it is: renamed into the store, not copied.
+        chunks: its raw chunks to index, (digest, offset, length); its other bytes (chunks the
+        store had already) are never indexed, dead from the start, and prune counts them so.
+        False where src is on another file system than the store: nothing done."""
+        pack = _new_id()
         try:
-            os.fdatasync(fd)
+            os.rename(src, f"{pack}.pack", dst_dir_fd=self.packs)
+        except OSError as e:
+            if e.errno == errno.EXDEV:
+                return False
+            raise
+        fd = os.open(f"{pack}.pack", os.O_RDONLY | _OPEN, dir_fd=self.packs)
+        self.adopted.append((pack, fd, [f"{digest} raw {offset} {length}\n" for digest, offset, length in chunks]))
+        start_writeback(fd)  # CRIU's writes: nothing started them (they were to be copied)
+        testhooks.pause("pack")  # a run killed from here leaves a pack nothing can find
+        self._load()
+        for digest, offset, length in chunks:
+            self._remember(digest, "raw", Where(pack, offset, length))
+        return True
+
+    def to_sync(self) -> list[Path]:
+        """This run's packs made findable: each one's data on the disk first, then its index,
+        whole or not at all (written aside, fsync'd, renamed into place). Returns the
+        directories, for the seal's one batch of fsyncs."""
+        pending = [(self.pack, self.pack_fd, self.lines)] if self.pack else []
+        pending += self.adopted
+        self.pack, self.pack_fd, self.adopted = "", -1, []
+        try:
+            for pack, fd, lines in pending:  # one that fails is left unindexed, as a killed run's: prune deletes it
+                os.fdatasync(fd)
+                tmp = os.open(f"{pack}.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=self.packs)
+                with os.fdopen(tmp, "w") as f:
+                    f.write("".join(lines))
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                os.rename(f"{pack}.tmp", f"{pack}.idx", src_dir_fd=self.packs, dst_dir_fd=self.packs)
         finally:
-            os.close(fd)
-        tmp = os.open(f"{pack}.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=self.packs)
-        with os.fdopen(tmp, "w") as f:
-            f.write("".join(self.lines))
-            f.flush()
-            os.fdatasync(f.fileno())
-        os.rename(f"{pack}.tmp", f"{pack}.idx", src_dir_fd=self.packs, dst_dir_fd=self.packs)
-        return [self.path / PACKS, self.path]
+            for _, fd, _ in pending:
+                os.close(fd)
+        return [self.path / PACKS, self.path] if pending else []
 
     def read(self, chunk: Chunk, where: str) -> bytes:
         """A chunk's raw bytes, checked against its digest."""
@@ -585,6 +615,7 @@ class PackStats:
 
 
 AHEAD = 32 << 20  # bytes read ahead of the writer, for the codec's threads to work on
+ADOPT = 0.75  # share of new bytes from which a page image becomes a pack as it is (Packer._raw)
 PROBE = 16 << 20  # auto: the bytes of the first device image written plain, timed, before it judges
 
 
@@ -742,20 +773,85 @@ class Packer:
     def pack(self, path: Path, entry: FileEntry, keep: bool = False) -> FileEntry:
         """Store the file's chunks (checking the whole checksum on the way, or taking it where
         entry has none: a page image, read here for the first time), then remove it
-        (keep: the caller still needs it, as a device image imported back for --leave-running).
-        The chunks are read AHEAD of the writer, each new one handed to the race's threads."""
-        chunks = []
+        (keep: the caller still needs it, as a device image imported back for --leave-running)."""
         whole = new_hasher()
         device = bool(DEVICE_IMAGE.fullmatch(entry.path))
         stats = self.device_stats if device else self.stats
         lengths = iter(device_cuts(entry.size) if device else cuts(self.runs.get(str(path), []), entry.size))
-        ahead: deque[tuple[str, memoryview, Any]] = deque()
-        pacer = Pacer()
-        read = 0
         fd = os.open(path, os.O_RDONLY | _OPEN)
         try:
-            image, at = _Mapped(fd), 0
-            more = True
+            image = _Mapped(fd)
+            if self.race is None:
+                chunks, gone = self._raw(path, image, lengths, whole, stats, adopt=not keep)
+            else:
+                chunks, gone = self._raced(image, lengths, whole, stats), False
+        finally:
+            os.close(fd)
+        size, checksum = sum(c.size for c in chunks), whole.hexdigest()
+        if size != entry.size or entry.checksum not in ("", checksum):
+            raise ImageInvalid(f"{entry.path} changed while it was moved into the chunk store")
+        if not keep and not gone:
+            os.unlink(path)
+        stats.raw_bytes += size
+        if stats.compressed_bytes:
+            stats.codec = AUTO_CODEC if self.choice == "auto" else self.choice
+        return FileEntry(entry.path, entry.size, checksum, [c.text() for c in chunks])
+
+    def _raw(self, path: Path, image: "_Mapped", lengths: Iterator[int], whole: Any, stats: PackStats,
+             adopt: bool) -> tuple[list[Chunk], bool]:
+        """No codec (--dedup alone): every chunk hashed and looked up first, then the new ones
+        stored: copied into this run's pack, or, where they are at least ADOPT of the file (a
+        first checkpoint into the store), the file itself made a pack (Store.adopt: nothing
+        copied). The chunks, and whether the file went into the store whole."""
+        cut: list[tuple[str, int, int, Optional[Chunk]]] = []  # digest, offset, length, the store's copy
+        first: dict[str, int] = {}  # a new chunk's digest -> its first place in cut (the file may repeat it)
+        at = new = 0
+        for length in lengths:
+            data = image.view[at:at + length]
+            if not data:
+                break
+            self._check()
+            whole.update(data)
+            digest = _digest(data)
+            found = self.store.find(digest)
+            if found is None and digest not in first:
+                first[digest] = len(cut)
+                new += len(data)
+            cut.append((digest, at, len(data), found))
+            at += len(data)
+            image.release(at)
+        fresh = [cut[i][:3] for i in first.values()]
+        gone = adopt and new >= ADOPT * at > 0 and self.store.adopt(path, fresh)
+        if not gone:
+            image.released = 0  # the new chunks' pages are mapped again: given back again as they go
+            pacer = Pacer()
+            try:
+                for digest, offset, length in fresh:
+                    self._check()
+                    pacer.wrote(*self.store.put(digest, "raw", image.view[offset:offset + length]))
+                    image.release(offset + length)
+            finally:
+                pacer.close()
+        chunks = []
+        for digest, _, length, found in cut:
+            if found is None and first.pop(digest, None) is not None:
+                stats.new_bytes += length
+                chunks.append(Chunk(digest, "raw", length, length))
+            else:
+                stats.referenced_bytes += length
+                chunks.append(Chunk(digest, found.codec, length, found.stored) if found is not None
+                              else Chunk(digest, "raw", length, length))  # a repeat of a new one
+        return chunks, gone
+
+    def _raced(self, image: "_Mapped", lengths: Iterator[int], whole: Any, stats: PackStats) -> list[Chunk]:
+        """With a codec: the chunks are read AHEAD of the writer, each new one handed to the
+        race's threads, and stored compressed if the race has it so by the writer's turn."""
+        chunks = []
+        ahead: deque[tuple[str, memoryview, Any]] = deque()
+        pacer = Pacer()
+        read = at = 0
+        more = True
+        try:
             while more or ahead:
                 while more and read < AHEAD:
                     length = next(lengths, 0)
@@ -778,16 +874,7 @@ class Packer:
                 image.release(at - read)
         finally:
             pacer.close()
-            os.close(fd)
-        size, checksum = sum(c.size for c in chunks), whole.hexdigest()
-        if size != entry.size or entry.checksum not in ("", checksum):
-            raise ImageInvalid(f"{entry.path} changed while it was moved into the chunk store")
-        if not keep:
-            os.unlink(path)
-        stats.raw_bytes += size
-        if stats.compressed_bytes:
-            stats.codec = AUTO_CODEC if self.choice == "auto" else self.choice
-        return FileEntry(entry.path, entry.size, checksum, [c.text() for c in chunks])
+        return chunks
 
     def _one(self, digest: str, data: bytes | memoryview, job: Any, stats: PackStats, pacer: Pacer) -> Chunk:
         """The writer's turn for one chunk: referenced if the store has it, else stored,
@@ -990,14 +1077,16 @@ def collect(directory: Path, dry_run: bool = False, gone: Collection[str] = ()) 
         for pack, kinds in sorted(store.listing().items()):
             chunks = store.entries(pack) if "pack" in kinds else []
             live = [(digest, codec, at) for digest, codec, at in chunks if f"{digest}.{codec}" in keep]
-            total, kept = (sum(at.stored for _, _, at in c) for c in (chunks, live))
+            kept = sum(at.stored for _, _, at in live)
+            # the pack's size: an adopted one holds bytes no index line covers (Store.adopt)
+            total = os.stat(f"{pack}.pack", dir_fd=store.packs, follow_symlinks=False).st_size if "pack" in kinds else 0
             if kinds == {"pack", "idx"} and chunks and 2 * kept > total:
                 continue  # all of it referenced, or most of it
             count += len(chunks) - len(live)
             if not dry_run:
                 freed += store.drop(pack, live)
-            elif "pack" in kinds:
-                freed += os.stat(f"{pack}.pack", dir_fd=store.packs).st_size - kept
+            else:
+                freed += total - kept
         for sub, name in list(store.legacy_names()):
             if name not in keep:
                 path = store.path / LEGACY / sub / name

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,7 +146,18 @@ def test_a_set_members_device_image_packs_after_its_header_and_reassembles_alone
         assert view == root / "device"
 
 
-def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes_its_pack(tmp_path: Path) -> None:
+def _store_one(store: Store, digest: str, data: bytes, how: str, where: Path) -> None:
+    """One chunk into the store's pack of this run: appended (put), or a file made a pack (adopt)."""
+    if how == "put":
+        store.put(digest, "raw", data)
+    else:
+        where.write_bytes(data)
+        assert store.adopt(where, [(digest, 0, len(data))])
+
+
+@pytest.mark.parametrize("how", ["put", "adopt"])
+def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes_its_pack(tmp_path: Path,
+                                                                                          how: str) -> None:
     """A checkpoint killed while it packs (SIGKILL: no close, no cleanup) leaves a pack without an
     index: no later checkpoint may reference what it holds (its data may not be on the disk), and
     prune deletes it. A run that closes without indexing (a failed checkpoint) deletes its own."""
@@ -156,7 +169,7 @@ def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes
     if pid == 0:  # the killed run
         try:
             s = Store(tmp_path / STORE_NAME, create=True)
-            s.put("ab" * 16, "raw", data)
+            _store_one(s, "ab" * 16, data, how, tmp_path / "killed.img")
         finally:
             os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0
@@ -165,7 +178,7 @@ def test_a_run_killed_before_its_index_leaves_nothing_findable_and_prune_deletes
     assert len(orphan) == 1 and orphan[0].stat().st_size == len(data)
     with Store(tmp_path / STORE_NAME) as s:
         assert s.find("ab" * 16) is None and s.find(digest) is not None
-        s.put("cd" * 16, "raw", data)  # closed without to_sync: its pack goes with it
+        _store_one(s, "cd" * 16, data, how, tmp_path / "failed.img")  # closed without to_sync: its pack goes with it
     assert sorted(packs.glob("*.pack")) == sorted([*orphan, *(p.with_suffix(".pack") for p in packs.glob("*.idx"))])
     orphan[0].with_suffix(".tmp").write_text("an index being written when the run was killed")
     assert collect(tmp_path) == (0, len(data))  # "kept" still references its chunk: only the orphan goes
@@ -261,3 +274,63 @@ print(hwm() - before)
 """
     grew = int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
     assert grew < 64 << 20, f"resident memory grew {grew >> 20} MiB packing a {size >> 20} MiB image"
+
+
+def _write_manifest(root: Path, m: Manifest) -> None:
+    (root / "manifest.yaml").write_text(manifest_text(m.to_dict()))  # what prune counts as referencing
+
+
+def test_a_mostly_new_image_becomes_a_pack_as_it_is_and_prune_counts_what_it_never_indexed(tmp_path: Path) -> None:
+    """A page image at least ADOPT new (a first checkpoint into a store) is renamed into the store,
+    not copied. Its chunks the store had already, and a repeat of its own, stay in it unindexed:
+    dead bytes that prune counts, so it rewrites the pack once half of the file is unreferenced."""
+    known = os.urandom(CHUNK_SIZE)
+    a, a_root = _pack(tmp_path, "a", known, "none")
+    _write_manifest(a_root, a)
+    fresh = [os.urandom(CHUNK_SIZE) for _ in range(7)]
+    data = known + b"".join(fresh) + fresh[0]  # 9 chunks: 1 in the store, 7 new (7/9 >= ADOPT), 1 repeat
+    root = tmp_path / "b"
+    (root / "criu").mkdir(parents=True)
+    image = root / "criu" / "pages-1.img"
+    image.write_bytes(data)
+    inode = image.stat().st_ino
+    packer = Packer(root, "none", True)
+    try:
+        entry = packer.pack(image, FileEntry("criu/pages-1.img", len(data), ""))
+        fsync_all(packer.store.to_sync())
+    finally:
+        packer.close()
+    packs = tmp_path / STORE_NAME / "packs"
+    adopted = next(p for p in packs.glob("*.pack") if p.stat().st_ino == inode)  # the very file
+    assert len(adopted.with_suffix(".idx").read_text().splitlines()) == 7
+    assert packer.stats.new_bytes == 7 * CHUNK_SIZE and packer.stats.referenced_bytes == 2 * CHUNK_SIZE
+    b = Manifest(pid=1, created="", host="", kernel="", npusnap_version="", criu_version="", files=[entry])
+    with assembled(root, b) as view:
+        assert (view / "pages-1.img").read_bytes() == data
+    _write_manifest(root, b)
+    assert collect(tmp_path) == (0, 0)  # all referenced
+    # c references 4 of the 7 new chunks; b goes. 4 of 7 indexed would be most of the index, but
+    # the file holds 9 chunks' bytes: less than half of it is referenced, so it is rewritten.
+    c, c_root = _pack(tmp_path, "c", b"".join(fresh[:4]), "none")
+    _write_manifest(c_root, c)
+    (root / "manifest.yaml").unlink()
+    assert collect(tmp_path) == (3, 5 * CHUNK_SIZE)
+    assert not adopted.exists()
+    with assembled(c_root, c) as view:
+        assert (view / "pages-1.img").read_bytes() == b"".join(fresh[:4])
+
+
+def test_an_image_on_another_file_system_than_its_store_is_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rename = os.rename
+
+    def across(src: Any, dst: Any, **kw: Any) -> None:
+        if str(dst).endswith(".pack"):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        rename(src, dst, **kw)
+
+    monkeypatch.setattr(os, "rename", across)
+    data = os.urandom(3 * CHUNK_SIZE)
+    m, root = _pack(tmp_path, "a", data, "none")  # all new: it would have been adopted
+    with assembled(root, m) as view:
+        assert (view / "pages-1.img").read_bytes() == data
+    assert len(list((tmp_path / STORE_NAME / "packs").glob("*.pack"))) == 1
