@@ -846,6 +846,8 @@ class Packer:
     def _raced(self, image: "_Mapped", lengths: Iterator[int], whole: Any, stats: PackStats) -> list[Chunk]:
         """With a codec: the chunks are read AHEAD of the writer, each new one handed to the
         race's threads, and stored compressed if the race has it so by the writer's turn."""
+        race = self.race
+        assert race is not None
         chunks = []
         ahead: deque[tuple[str, memoryview, Any]] = deque()
         pacer = Pacer()
@@ -862,8 +864,7 @@ class Packer:
                         break
                     whole.update(data)
                     digest = _digest(data)
-                    new = self.race is not None and self.store.find(digest) is None
-                    ahead.append((digest, data, self.race.submit(data) if new and self.race else None))
+                    ahead.append((digest, data, race.submit(data) if self.store.find(digest) is None else None))
                     read += len(data)
                 if not ahead:
                     break
