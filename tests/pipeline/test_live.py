@@ -80,15 +80,16 @@ def _wait_for_pause(cli: "subprocess.Popen[str] | subprocess.Popen[bytes]", err:
     assert cli.poll() is None, err.read_text()
 
 
-@pytest.mark.parametrize("data_path", ["direct", "in-process"])
-def test_the_checkpoint_holds_the_state_from_before_the_resume(data_path: str, gated: Gated, npusim_daemon,
+@pytest.mark.parametrize("flags", [("--data-path", "direct"), ("--data-path", "in-process"),
+                                   ("--data-path", "direct", "--dedup")], ids=["direct", "in-process", "dedup"])
+def test_the_checkpoint_holds_the_state_from_before_the_resume(flags: tuple[str, ...], gated: Gated, npusim_daemon,
                                                                reference, tmp_path: Path, shm: Path) -> None:
     ref = reference(_argv("-"))
     ck, go, err = tmp_path / "ck", tmp_path / "write-behind.go", tmp_path / "ck.err"
     env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE": "before:write-behind", "NPUSNAP_TEST_PAUSE_UNTIL": str(go),
            "NPUSNAP_TEST_PAUSE_S": "120"}
     with open(err, "w") as e:
-        cli = subprocess.Popen(_live(gated.w.pid, ck, shm, "--data-path", data_path), env=env,
+        cli = subprocess.Popen(_live(gated.w.pid, ck, shm, *flags), env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=e, text=True)
     try:
         _wait_for_pause(cli, err, "before:write-behind")
@@ -111,6 +112,8 @@ def test_the_checkpoint_holds_the_state_from_before_the_resume(data_path: str, g
     assert [p["name"] for p in doc["phases"]] == ["lock", "backup", "dump", "resume", "write-behind", "seal"]
     assert list(shm.iterdir()) == []
     assert npusnap("verify", ck).returncode == 0
+    if "--dedup" in flags:  # the page images written behind went into the store (their pack: the very files)
+        assert not list((ck / "criu").glob("pages-*.img")) and list((tmp_path / ".npusnap-store" / "packs").glob("*.idx"))
 
     gated.finish()
     assert strip_ready(gated.w.lines()) == ref
