@@ -675,7 +675,7 @@ class Packer:
     def takes(self, path: str) -> bool:
         """Whether an image (its path in the checkpoint) goes into the store: a page image, with
         --dedup or a codec named."""
-        return bool(PAGES.fullmatch(path)) and (self.dedup or self.choice in ("zstd", "lz4"))
+        return packable(path) and (self.dedup or self.choice in ("zstd", "lz4"))
 
     def add_runs(self, criu_dir: Path, runs: dict[str, list[tuple[int, int]]]) -> None:
         """The runs of pages of criu_dir's page images (platform/criu.page_runs), by image name."""
@@ -823,7 +823,7 @@ class Packer:
         fresh = [cut[i][:3] for i in first.values()]
         gone = adopt and new >= ADOPT * at > 0 and self.store.adopt(path, fresh)
         if not gone:
-            image.released = 0  # the new chunks' pages are mapped again: given back again as they go
+            image.rewind()
             pacer = Pacer()
             try:
                 for digest, offset, length in fresh:
@@ -913,6 +913,10 @@ class _Mapped:
         self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
         self.released = 0
 
+    def rewind(self) -> None:
+        """The file is read again from its start: its pages, mapped again, are given back again."""
+        self.released = 0
+
     def release(self, upto: int) -> None:
         upto -= upto % self.mmap.PAGESIZE
         if self.map is not None and upto - self.released >= self.STEP:
@@ -952,8 +956,9 @@ def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
     return out
 
 
-def packable(entry: FileEntry) -> bool:
-    return bool(PAGES.fullmatch(entry.path))
+def packable(path: str) -> bool:
+    """Whether an image (its path in the checkpoint) is a page image, the kind the store takes."""
+    return bool(PAGES.fullmatch(path))
 
 
 def packed_device(manifest: Manifest) -> bool:
@@ -993,7 +998,7 @@ def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[st
     raw bytes against its digest and the whole image against its checksum). pages=False: a
     chain link's, whose host pages nothing reads, so its packed page images are not looked up."""
     m = manifest or load_manifest(root)
-    check_chunks(root, [e for e in packed_entries(m) if pages or not packable(e)], deep)
+    check_chunks(root, [e for e in packed_entries(m) if pages or not packable(e.path)], deep)
     return fmt.verify(root, m, shallow, later, chunks_checked=True)
 
 
