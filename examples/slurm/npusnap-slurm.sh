@@ -7,30 +7,44 @@
 #   nps_main CMD [ARG...]     # start (or restore) CMD, checkpoint + requeue on USR1
 #
 # What nps_main does:
-#   start    SLURM_RESTART_COUNT > 0 (or NPUSNAP_RESUME=1) and `npusnap verify DIR` passes:
-#              `npusnap restore DIR` (the workload continues where it was);
-#            otherwise a fresh `setsid npusnap run -- CMD`. An invalid DIR is renamed
-#            to DIR.invalid-TIME (kept for a person) before the fresh start.
-#   USR1     `npusnap checkpoint PID -D DIR --replace --json`. npusnap writes
-#            .DIR.partial-* and renames it over DIR only once complete, so the last good
-#            checkpoint stays until the new one is committed. Exit 0: the workload was
-#            killed after the commit -> `scontrol requeue $SLURM_JOB_ID`. Any other exit:
-#            npusnap rolled back, the workload runs on unlocked (checked with
+#   layout   the job's directory DIR=$CKPT_DIR/$NPUSNAP_JOB_KEY holds its checkpoints, one
+#            directory each named by its UTC time (and, with NPUSNAP_CHECKPOINT_DEDUP=1, the
+#            chunk store .npusnap-store beside them); the newest one is the job's.
+#   start    SLURM_RESTART_COUNT > 0 (or NPUSNAP_RESUME=1) and `npusnap verify` passes the newest
+#              checkpoint (and every link of its chain): `npusnap restore CKPT` (the workload
+#              continues where it was); otherwise a fresh `setsid npusnap run -- CMD`. When the
+#              newest does not verify, or cannot be restored, DIR is renamed to DIR.invalid-TIME
+#              (or DIR.unrestorable-TIME), kept whole for a person, before the fresh start.
+#   USR1     `npusnap checkpoint PID -D DIR/TIME --parent CKPT --json`: incremental (only the
+#            device memory changed since CKPT, the checkpoint this run restored, is written; the
+#            rest is referenced), or a full one after a fresh start, once the chain holds
+#            NPUSNAP_FULL_EVERY checkpoints, or when CKPT cannot be the parent (exit 8, 11).
+#            npusnap writes DIR/.TIME.partial-* and renames it into place only once complete, so
+#            the last good checkpoint stays until the new one is committed; then
+#            `npusnap prune DIR --keep NPUSNAP_KEEP` (it never deletes a link a kept one needs).
+#            Exit 0: the workload was killed after the commit -> `scontrol requeue $SLURM_JOB_ID`.
+#            Any other exit: npusnap rolled back, the workload runs on unlocked (checked with
 #            `npusnap status`, `npusnap recover` if not RUNNING) and the job continues.
 #   end      the workload's exit code is the script's exit code.
 #
 # Settings (environment):
-#   CKPT_DIR                   where checkpoints go (required); the job's is $CKPT_DIR/$NPUSNAP_JOB_KEY
+#   CKPT_DIR                   where checkpoints go (required); the job's are in $CKPT_DIR/$NPUSNAP_JOB_KEY
 #   NPUSNAP_JOB_KEY            default $SLURM_JOB_ID (set it to resume another job's checkpoint)
 #   NPUSNAP_RESUME=1           restore a valid checkpoint even when SLURM_RESTART_COUNT is 0
 #   NPUSNAP_WORK_LOG           the workload's stdout+stderr, default $CKPT_DIR/$NPUSNAP_JOB_KEY.log.
 #                              A regular file at a stable path: CRIU reopens it by name on restore
-#                              and refuses it if its size changed since the dump.
+#                              and refuses it if its size changed since the dump (so only the
+#                              newest checkpoint, taken when the log stopped growing, restores).
+#   NPUSNAP_FULL_EVERY         a full checkpoint once the chain holds this many (default 10; 1: all full)
+#   NPUSNAP_KEEP               checkpoints prune keeps after each commit (default 2; their chains too)
 #   NPUSNAP_LOCK_TIMEOUT       seconds for queued device work to finish (default 60)
 #   NPUSNAP_LOCK_RETRIES       extra checkpoint attempts after a lock timeout, exit 10 (default 1)
-#   NPUSNAP_ON_RESTORE_FAILURE fresh (default): rename the unrestorable checkpoint to
+#   NPUSNAP_ON_RESTORE_FAILURE fresh (default): rename the job's directory to
 #                              DIR.unrestorable-TIME and start fresh; fail: exit with
-#                              npusnap's code, the checkpoint left in place
+#                              npusnap's code, the checkpoints left in place
+#   NPUSNAP_CHECKPOINT_*       npusnap's own settings for every checkpoint (README, Configuration),
+#                              e.g. NPUSNAP_CHECKPOINT_DEDUP=1 (host pages stored once across
+#                              checkpoints), NPUSNAP_CHECKPOINT_COMPRESS=auto
 #   NPUSNAP                    the npusnap command (default: npusnap)
 #   SCONTROL                   the scontrol command (default: scontrol)
 
@@ -83,8 +97,12 @@ nps_init() {
     if [ -z "${CKPT_DIR:-}" ]; then nps_log "CKPT_DIR is not set"; return 2; fi
     NPS_KEY=${NPUSNAP_JOB_KEY:-${SLURM_JOB_ID:-}}
     if [ -z "$NPS_KEY" ]; then nps_log "neither SLURM_JOB_ID nor NPUSNAP_JOB_KEY is set"; return 2; fi
+    case ${NPUSNAP_FULL_EVERY:-10} in ''|*[!0-9]*|0) nps_log "NPUSNAP_FULL_EVERY must be a number >= 1"; return 2 ;; esac
+    case ${NPUSNAP_KEEP:-2} in ''|*[!0-9]*|0) nps_log "NPUSNAP_KEEP must be a number >= 1"; return 2 ;; esac
     mkdir -p -m 0700 -- "$CKPT_DIR" || return 12
-    NPS_CKPT=$CKPT_DIR/$NPS_KEY
+    NPS_DIR=$CKPT_DIR/$NPS_KEY
+    NPS_CKPT=      # the job's newest checkpoint (nps_newest), then the one this run committed
+    NPS_PARENT=    # the checkpoint this run restored, while its chain is shorter than NPUSNAP_FULL_EVERY
     NPS_LOG=${NPUSNAP_WORK_LOG:-$CKPT_DIR/$NPS_KEY.log}
     NPS_TMP=$(mktemp -d "${TMPDIR:-/tmp}/npusnap-slurm.XXXXXX") || return 12
     NPS_PID=
@@ -96,9 +114,34 @@ nps_cleanup() {
     NPS_TMP=
 }
 
-# nps_checkpoint_valid: true when $NPS_CKPT holds a checkpoint whose checksums verify.
+# nps_newest: the newest complete checkpoint in $NPS_DIR (a checkpoint still being written, or
+# whose writer died, does not count): sets NPS_CKPT and NPS_LINKS (its chain's length, itself
+# included); false when there is none.
+nps_newest() {
+    local line
+    NPS_CKPT=
+    [ -d "$NPS_DIR" ] || return 1
+    line=$("$NPUSNAP" list "$NPS_DIR" --json 2>"$NPS_TMP/list.err" | python3 -c '
+import json, sys
+entries = json.load(sys.stdin)["checkpoints"]  # newest first
+by_path = {e["path"]: e for e in entries}
+done = [e for e in entries if e["state"] in ("valid", "invalid")]
+if done:
+    links, e = 0, done[0]
+    while e is not None and links < 1000:
+        links += 1
+        e = by_path.get(e["parent"]) if e.get("parent") else None
+    print(links, done[0]["path"])
+' 2>/dev/null)
+    if [ -z "$line" ]; then
+        [ -s "$NPS_TMP/list.err" ] && nps_log "cannot list $NPS_DIR: $(tail -n 1 "$NPS_TMP/list.err")"
+        return 1
+    fi
+    read -r NPS_LINKS NPS_CKPT <<<"$line"
+}
+
+# nps_checkpoint_valid: true when $NPS_CKPT (and every link of its chain) verifies.
 nps_checkpoint_valid() {
-    [ -e "$NPS_CKPT" ] || return 1
     "$NPUSNAP" verify "$NPS_CKPT" --json >"$NPS_TMP/verify.json" 2>"$NPS_TMP/verify.err"
     local rc=$?
     [ "$rc" -eq 0 ] && return 0
@@ -152,35 +195,55 @@ nps_start_restore() {
 nps_start() {
     local rc
     if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ "${NPUSNAP_RESUME:-0}" = 1 ]; then
-        if nps_checkpoint_valid; then
-            nps_start_restore && return 0
+        if ! nps_newest; then
+            nps_log "restart ${SLURM_RESTART_COUNT:-0} but no checkpoint in $NPS_DIR; starting fresh"
+        elif nps_checkpoint_valid; then
+            nps_start_restore
             rc=$?
+            if [ "$rc" -eq 0 ]; then
+                # Its next checkpoint writes only what changes from here (an older layout's
+                # checkpoint, $NPS_DIR itself, cannot hold its children: a full one then).
+                if [ "$NPS_LINKS" -lt "${NPUSNAP_FULL_EVERY:-10}" ] && [ "$NPS_CKPT" != "$NPS_DIR" ]; then
+                    NPS_PARENT=$NPS_CKPT
+                fi
+                return 0
+            fi
             if [ "${NPUSNAP_ON_RESTORE_FAILURE:-fresh}" = fail ]; then
-                nps_log "NPUSNAP_ON_RESTORE_FAILURE=fail: giving up; $NPS_CKPT is left as it is"
+                nps_log "NPUSNAP_ON_RESTORE_FAILURE=fail: giving up; $NPS_DIR is left as it is"
                 return "$rc"
             fi
-            nps_log "kept the checkpoint as $(nps_aside "$NPS_CKPT" unrestorable); starting fresh"
-        elif [ -e "$NPS_CKPT" ]; then
-            nps_log "kept the invalid checkpoint as $(nps_aside "$NPS_CKPT" invalid); starting fresh"
+            # The whole directory: a chain's links and its chunk store are one thing.
+            nps_log "kept the job's checkpoints as $(nps_aside "$NPS_DIR" unrestorable); starting fresh"
         else
-            nps_log "restart ${SLURM_RESTART_COUNT:-0} but no checkpoint at $NPS_CKPT; starting fresh"
+            nps_log "kept the job's checkpoints as $(nps_aside "$NPS_DIR" invalid); starting fresh"
         fi
     fi
     nps_start_fresh "$@"
 }
 
-# nps_checkpoint: checkpoint $NPS_PID into $NPS_CKPT; returns npusnap's exit code.
+# nps_checkpoint: checkpoint $NPS_PID into $NPS_DIR/TIME (incremental against $NPS_PARENT when
+# set), then prune; returns npusnap's exit code.
 nps_checkpoint() {
     local rc tries=$((${NPUSNAP_LOCK_RETRIES:-1} + 1)) json=$NPS_TMP/checkpoint.json state
+    local parent=$NPS_PARENT dest
+    mkdir -p -m 0700 -- "$NPS_DIR" || return 12
     while :; do
-        nps_log "checkpointing pid $NPS_PID into $NPS_CKPT"
-        "$NPUSNAP" checkpoint "$NPS_PID" -D "$NPS_CKPT" --replace \
+        dest=$NPS_DIR/$(date -u +%Y%m%dT%H%M%S.%NZ)
+        nps_log "checkpointing pid $NPS_PID into $dest${parent:+ (incremental: what changed since ${parent##*/})}"
+        "$NPUSNAP" checkpoint "$NPS_PID" -D "$dest" ${parent:+--parent "$parent"} \
             --lock-timeout "${NPUSNAP_LOCK_TIMEOUT:-60}" --json >"$json"
         rc=$?
+        if { [ "$rc" -eq 8 ] || [ "$rc" -eq 11 ]; } && [ -n "$parent" ]; then
+            nps_log "$parent cannot be the parent (npusnap exit $rc, see above): taking a full checkpoint"
+            parent=
+            continue
+        fi
         tries=$((tries - 1))
         case $rc in
-            0)  nps_log "checkpoint committed: $(nps_json_field "$json" bytes) bytes;" \
+            0)  NPS_CKPT=$dest
+                nps_log "checkpoint committed: $(nps_json_field "$json" bytes) bytes written;" \
                         "the workload was stopped after the commit"
+                nps_prune
                 return 0 ;;
             4)  nps_log "pid $NPS_PID is gone (it finished first): nothing to checkpoint"
                 return 4 ;;
@@ -199,6 +262,13 @@ nps_checkpoint() {
         fi
         return "$rc"
     done
+}
+
+# nps_prune: the job's newest NPUSNAP_KEEP checkpoints stay (with every link their chains need);
+# a failure is reported, never fatal: the new checkpoint is committed.
+nps_prune() {
+    "$NPUSNAP" prune "$NPS_DIR" --keep "${NPUSNAP_KEEP:-2}" >&2 2>"$NPS_TMP/prune.err" ||
+        nps_log "prune failed (npusnap exit $?): $(tail -n 1 "$NPS_TMP/prune.err"); the new checkpoint is committed"
 }
 
 # nps_requeue: put the job back in the queue (it is killed and restarted by Slurm).

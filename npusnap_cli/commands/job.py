@@ -67,13 +67,14 @@ def job() -> None:
               help="Compress every rank's host pages (with the in-process data path: its device memory too; "
                    "with --data-path direct: its device images) in that store (zstd, lz4: imply --dedup); auto "
                    "only direct device images, where compressing beats the disk.")
-@click.option("--data-path", type=click.Choice(["in-process", "direct"]), default="in-process", show_default=True,
+@click.option("--data-path", type=click.Choice(["in-process", "direct", "auto"]), default="in-process",
+              show_default=True,
               help="How device memory is saved: through each rank (in-process) or by the daemon (direct, which "
-                   "--parent needs; the ranks are then restored on the nodes that hold their daemons' state).")
+                   "--parent needs; auto: direct for each rank whose runtime offers it).")
 @click.option("--parent", type=click.Path(path_type=Path), default=None, metavar="JOBDIR",
               help="Incremental: each rank writes only the device memory changed since its images in job "
-                   "checkpoint JOBDIR (the same ranks, taken with --data-path direct) and references the rest "
-                   "(implies --data-path direct; exit 8 if JOBDIR cannot be its parent).")
+                   "checkpoint JOBDIR (the same ranks, their device images taken by the direct data path) and "
+                   "references the rest (implies --data-path direct; exit 8 if JOBDIR cannot be its parent).")
 @click.option("--stage", metavar="DIR", default=None, type=click.Path(path_type=Path), callback=_absolute,
               help="Dump each node's ranks into a fresh directory under this node-local DIR first, then copy "
                    "them to DIRECTORY before the node votes (with --leave-running the ranks run on before "
@@ -100,7 +101,7 @@ def checkpoint(term: Terminal, directory: Path, job: Optional[str], listen: Opti
                                 live_staging=live_staging if live else None,
                                 shell_job=shell_job, lock_timeout=lock_timeout, criu_timeout=criu_timeout,
                                 deadlines=Deadlines(connect_timeout, prepare_timeout, commit_timeout), stage=stage,
-                                dedup=dedup, compress=compress, direct=data_path == "direct", parent=parent)
+                                dedup=dedup, compress=compress, data_path=data_path, parent=parent)
     r = checkpoint_job(opts, term.info)
     m = r.manifest
     if term.json_mode:
@@ -284,19 +285,19 @@ def _worker_options(f: F) -> F:
 @click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
 @click.option("--dedup", is_flag=True)
 @click.option("--compress", type=click.Choice(COMPRESS), default="none")
-@click.option("--direct", is_flag=True)
+@click.option("--data-path", type=click.Choice(["in-process", "direct", "auto"]), default="in-process")
 @click.option("--parent", type=click.Path(path_type=Path), default=None)
 @click.option("--stage", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
                       leave_running: bool, live_staging: Optional[Path], shell_job: bool, lock_timeout: float,
                       criu_timeout: Optional[float], rendezvous: Optional[Path], dedup: bool, compress: str,
-                      direct: bool, parent: Optional[Path], stage: Optional[Path]) -> None:
+                      data_path: str, parent: Optional[Path], stage: Optional[Path]) -> None:
     from ..core.job.worker import WorkerOptions, checkpoint_worker, run_worker
 
     run_worker(lambda: checkpoint_worker(WorkerOptions(
         coordinator=coordinator, run=run_id, secret_file=secret_file, lease=lease, job=job_id, staging=staging,
         leave_running=leave_running, live_staging=live_staging, shell_job=shell_job, lock_timeout=lock_timeout,
-        criu_timeout=criu_timeout, rendezvous=rendezvous, dedup=dedup, compress=compress, direct=direct,
+        criu_timeout=criu_timeout, rendezvous=rendezvous, dedup=dedup, compress=compress, data_path=data_path,
         parent=parent, stage=stage)))
 
 

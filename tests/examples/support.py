@@ -74,6 +74,14 @@ def wait_for_line(path: Path, needle: str, timeout: float, alive: Optional[subpr
     raise AssertionError(f"{needle!r} did not appear in {path} within {timeout:.0f} s: {read_lines(path)[-5:]}")
 
 
+def job_checkpoints(job_dir: Path) -> list[Path]:
+    """The checkpoints npusnap-slurm.sh committed in a job's directory, oldest first (each is named
+    by its UTC time; hidden names are partial ones and the chunk store)."""
+    if not job_dir.is_dir():
+        return []
+    return sorted(p for p in job_dir.iterdir() if not p.name.startswith(".") and p.is_dir())
+
+
 def workload_pid(log: Path) -> Optional[int]:
     for line in read_lines(log):
         if line.startswith("ready pid "):

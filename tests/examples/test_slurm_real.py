@@ -21,6 +21,7 @@ from .slurm_cluster import SlurmCluster, ensure_installed
 from .support import (
     SBATCH,
     SLURM_LIB,
+    job_checkpoints,
     new_marker,
     read_lines,
     reap_marked,
@@ -82,6 +83,7 @@ def test_sbatch_checkpoint_requeue_restore(tmp_path: Path, npusim_daemon: NpuSim
         assert f"restored pid {pid} " in text, text
         assert strip_pid(read_lines(log)) == reference
         assert pid is not None and not pid_alive(pid)
-        assert npusnap("verify", ckpt / job_id).returncode == 0   # the last checkpoint stays (for prune)
+        kept = job_checkpoints(ckpt / job_id)                 # the last checkpoint stays (for prune)
+        assert len(kept) == 1 and npusnap("verify", kept[0]).returncode == 0
     finally:
         reap_marked(slurm.marker)

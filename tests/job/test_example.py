@@ -1,7 +1,8 @@
 """examples/slurm/npusnap-multinode.sbatch on the test cluster: 4 ranks over 2 nodes, USR1 to the
 batch shell (as --signal=B:USR1@N sends it) -> `npusnap job checkpoint` -> requeue -> the
-requeued run (SLURM_RESTART_COUNT=1) restores every rank; the ranks' output is bit-identical to
-an uninterrupted run."""
+requeued run (SLURM_RESTART_COUNT=1) restores every rank, and its USR1 checkpoint is incremental
+against the job checkpoint it restored -> requeue -> the third run restores through that chain;
+the ranks' output is bit-identical to an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import uuid
 from tests.cluster.support import Cluster, poll
 from tests.helpers import ROOT, StepGate
 
-from .support import STEP, reference, train_argv, wait_finished
+from .support import STEP, as_json, npusnap, reference, train_argv, wait_finished
 
 SCRIPT = ROOT / "examples" / "slurm" / "npusnap-multinode.sbatch"
 STEPS = 40
@@ -37,15 +38,28 @@ def test_usr1_checkpoints_requeues_and_the_next_run_resumes(live_cluster: Cluste
         return max((int(m.group(1)) for line in (f.read_text().splitlines() if f.exists() else [])
                     if (m := STEP.match(line))), default=-1)
 
+    def latest() -> str:
+        return (root / "latest").readlink().name if (root / "latest").is_symlink() else ""
+
     assert poll(lambda: all(steps(f) >= 3 for f in ranks), 90), c.output(job)
     c.run("scancel", "--signal=USR1", "--batch", job)
-    assert poll(lambda: (root / "latest").exists(), 60), c.output(job)
+    assert poll(lambda: latest() == "run-0", 60), c.output(job)
+    at = max(steps(f) for f in ranks)
+    # The requeued run restored the ranks (they step on past the checkpoint): its USR1 now.
+    assert poll(lambda: all(steps(f) >= at + 2 for f in ranks), 120), c.output(job)
+    c.run("scancel", "--signal=USR1", "--batch", job)
+    assert poll(lambda: latest() == "run-1", 60), c.output(job)
     gate.open()
     state = wait_finished(c, job, timeout=180)
     text = c.output(job)
-    assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 1, (state.get("restart_cnt"), text)
+    assert state["job_state"] == "COMPLETED" and state.get("restart_cnt") == 2, (state.get("restart_cnt"), text)
     assert "committed; requeueing" in text and "restoring from run-0" in text, text
+    assert "incremental: what changed since run-0" in text and "restoring from run-1 (a chain of 2)" in text, text
     assert json.loads((root / "run-0.json").read_text())["kind"] == "job-checkpoint"
+    ins = as_json(npusnap(c, "job", "inspect", str(root / "run-1"), "--json"))
+    assert ins["parent"] == "../run-0", ins
+    assert all(x["device"].get("method") == "direct" and x["device"].get("referenced", 0) > 0
+               for x in ins["ranks"]), ins["ranks"]
     for f in ranks:
         lines = [x for x in f.read_text().splitlines() if STEP.match(x) or x.startswith("done ")]
         assert lines == want, f"{f.name} differs from the uninterrupted run"

@@ -1,8 +1,9 @@
 """Incremental and compressed job checkpoints on the real test cluster: a 2-node job of 2 npusim
 training ranks checkpointed with the direct data path into the chunk store (--compress), then
 again with --parent (each rank's images reference its images in the first), killed and restored
-from the second bit-identical to an uninterrupted run; a flipped byte in the parent's rank image
-is caught by `job verify` of the child; a parent of another shape is refused."""
+from the second, each node's ranks on the other node, bit-identical to an uninterrupted run; a
+flipped byte in the parent's rank image is caught by `job verify` of the child; a parent of
+another shape is refused."""
 
 from __future__ import annotations
 
@@ -45,13 +46,14 @@ def test_job_chain_with_compressed_links_restores_bit_identical(live_cluster: Cl
     v = as_json(npusnap(c, "job", "verify", str(ck2), "--json"))
     assert all(len(links) == 1 for links in v["chains"].values()), v
 
-    # Restored from the second on the nodes it ran on (the direct path's daemons hold no state, but
-    # each rank's environment names its node's daemon).
+    # Restored from the second with the nodes swapped: each node's direct images (and the chain's)
+    # go into the other node's daemon, whichever daemon the ranks' environment named.
     order = [n["name"] for n in json.loads(ck2.joinpath("job.json").read_text())["nodes"]]
     job.gate.open()
-    b = c.sbatch(_wrap(c, f"npusnap job restore {ck2} --nodes {','.join(order)}"), "--nodes=2")
+    b = c.sbatch(_wrap(c, f"npusnap job restore {ck2} --nodes {','.join(reversed(order))}"), "--nodes=2")
     state = wait_finished(c, b)
     assert state["job_state"] == "COMPLETED", c.output(b)
+    assert f"{order[0]} -> {order[1]}" in c.output(b), c.output(b)
     for t in range(2):
         assert job.step_lines(t) == want, f"rank {t} differs from the uninterrupted run"
 

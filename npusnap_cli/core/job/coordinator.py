@@ -82,7 +82,7 @@ class JobCheckpointOptions:
     stage: Optional[Path] = None  # a node-local directory each worker writes its node to first (writebehind.py)
     dedup: bool = False  # every rank's host pages into the node checkpoints' chunk store (nodes/.npusnap-store)
     compress: str = "none"  # auto | zstd | lz4 | none: passed to every node's set
-    direct: bool = False  # the ranks' device memory through the daemon (the direct data path), not the ranks
+    data_path: str = "in-process"  # in-process | direct (the daemon moves device memory) | auto (direct where offered)
     parent: Optional[Path] = None  # incremental: each rank's images reference this job checkpoint's (implies direct)
 
 
@@ -421,9 +421,9 @@ def _checkpoint_worker_args(job: str, opts: JobCheckpointOptions, staging: Path,
 
 
 def _store_worker_args(opts: JobCheckpointOptions) -> list[str]:
-    """--dedup, --compress, --data-path direct, --parent: as every node's worker passes them to its set."""
+    """--dedup, --compress, --data-path, --parent: as every node's worker passes them to its set."""
     args = (["--dedup"] if opts.dedup else []) + (["--compress", opts.compress] if opts.compress != "none" else [])
-    args += ["--direct"] if opts.direct or opts.parent is not None else []
+    args += ["--data-path", "direct" if opts.parent is not None else opts.data_path]
     return args + (["--parent", str(opts.parent.absolute())] if opts.parent is not None else [])
 
 

@@ -64,7 +64,7 @@ class WorkerOptions:
     extra: dict[str, Any] = field(default_factory=dict)
     dedup: bool = False  # checkpoint: the set's host pages into the chunk store (image/store.py)
     compress: str = "none"
-    direct: bool = False  # checkpoint: the direct data path (the daemon moves device memory)
+    data_path: str = "in-process"  # checkpoint: in-process | direct (the daemon moves device memory) | auto
     parent: Optional[Path] = None  # checkpoint: the parent job checkpoint (incremental)
     lazy: bool = False  # restore: the ranks run before their memory is back (restore --lazy)
 
@@ -317,7 +317,7 @@ def checkpoint_worker(opts: WorkerOptions) -> int:
         copts = CheckpointOptions(directory=directory, leave_running=opts.leave_running, shell_job=shell_job,
                                   live=opts.live_staging is not None, live_staging=opts.live_staging or LIVE_STAGING,
                                   lock_timeout=opts.lock_timeout, criu_timeout=opts.criu_timeout,
-                                  data_path=DataPathChoice.DIRECT if opts.direct else DataPathChoice.IN_PROCESS,
+                                  data_path=DataPathChoice(opts.data_path),
                                   peers_elsewhere=True, dedup=opts.dedup, compress=opts.compress,
                                   rendezvous=opts.rendezvous,
                                   run_on_at_seal=local is not None and opts.leave_running,
