@@ -13,6 +13,7 @@ from ..output import Terminal, human_bytes
 from . import json_option
 
 F = TypeVar("F", bound=Callable[..., Any])
+DATA_PATHS = ("in-process", "direct", "auto")  # backends.DataPathChoice, as a job takes them
 
 
 def _job_options(f: F) -> F:
@@ -67,7 +68,7 @@ def job() -> None:
               help="Compress every rank's host pages (with the in-process data path: its device memory too; "
                    "with --data-path direct: its device images) in that store (zstd, lz4: imply --dedup); auto "
                    "only direct device images, where compressing beats the disk.")
-@click.option("--data-path", type=click.Choice(["in-process", "direct", "auto"]), default="in-process",
+@click.option("--data-path", type=click.Choice(DATA_PATHS), default="in-process",
               show_default=True,
               help="How device memory is saved: through each rank (in-process) or by the daemon (direct, which "
                    "--parent needs; auto: direct for each rank whose runtime offers it).")
@@ -285,7 +286,7 @@ def _worker_options(f: F) -> F:
 @click.option("--rendezvous", type=click.Path(path_type=Path), default=None)
 @click.option("--dedup", is_flag=True)
 @click.option("--compress", type=click.Choice(COMPRESS), default="none")
-@click.option("--data-path", type=click.Choice(["in-process", "direct", "auto"]), default="in-process")
+@click.option("--data-path", type=click.Choice(DATA_PATHS), default="in-process")
 @click.option("--parent", type=click.Path(path_type=Path), default=None)
 @click.option("--stage", type=click.Path(path_type=Path), default=None)
 def worker_checkpoint(coordinator: str, run_id: str, secret_file: Path, lease: float, job_id: str, staging: Path,
