@@ -22,7 +22,7 @@ $(VENV)/.installed: $(VENV)/bin/python $(SOURCES)
 	touch $@
 
 # CRIU >= 4.1 on PATH and pycriu in the venv (builds CRIU once; seconds afterwards).
-$(VENV)/.criu: $(VENV)/bin/python scripts/install-criu.sh
+$(VENV)/.criu: $(VENV)/bin/python scripts/install-criu.sh $(wildcard scripts/criu-patches/*.patch)
 	bash scripts/install-criu.sh $(VENV)
 	touch $@
 

@@ -3,7 +3,9 @@
 #
 # Debian 12 packages CRIU 3.17, which cannot run on recent kernels (vDSO
 # layout), so we build the pinned upstream tarball that Debian's source
-# archive serves.  Idempotent: a good CRIU already installed costs seconds.
+# archive serves, with npusnap's patches (scripts/criu-patches/, each says
+# why) applied and named as its git id (`criu --version`: GitID: npHASH).
+# Idempotent: a good CRIU already installed costs seconds.
 #
 # usage: scripts/install-criu.sh [VENV]      (VENV defaults to .venv)
 set -euo pipefail
@@ -19,6 +21,10 @@ MIN_MAJOR=4 MIN_MINOR=1
 
 log() { echo "install-criu: $*" >&2; }
 
+PATCHES=$(ls "$(cd "$(dirname "$0")" && pwd)"/criu-patches/*.patch 2>/dev/null | sort || true)
+# The patches' fingerprint, built in as CRIU's git id: `criu --version` says which it carries.
+MARK=np$(cat $PATCHES /dev/null | sha256sum | cut -c1-8)
+
 good_criu() {  # $1 = binary; true if it is >= 4.1
     local v
     v=$("$1" --version 2>/dev/null | awk '/^Version:/{print $2}') || return 1
@@ -31,7 +37,7 @@ good_criu() {  # $1 = binary; true if it is >= 4.1
 build_deps() {
     local pkgs="libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler
         libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev uuid-dev pkg-config
-        python3-protobuf xz-utils iproute2 libnftables-dev"
+        python3-protobuf xz-utils iproute2 libnftables-dev patch"
     local missing
     missing=$(dpkg-query -W -f='${Package} ${Status}\n' $pkgs 2>/dev/null | awk '!/ installed$/{print $1}'; \
         for p in $pkgs; do dpkg-query -W "$p" >/dev/null 2>&1 || echo "$p"; done)
@@ -68,28 +74,42 @@ fetch_tarball() {  # leaves criu_$VERSION.orig.tar.xz (checked) in $CACHE, sets 
     log "could not fetch CRIU source from Debian's source archive"; exit 1
 }
 
-build_criu() {
+ours() {  # $1 = binary; true if it is our build with today's patches
+    "$1" --version 2>/dev/null | grep -qx "GitID: $MARK"
+}
+
+build_criu() {  # leaves the patched tree in $CACHE/criu-$VERSION-$MARK and installs its criu
     fetch_tarball
     cd "$CACHE"
-    if [ ! -x "criu-$VERSION/criu/criu" ] || [ ! -d "criu-$VERSION/lib/pycriu" ]; then
-        rm -rf "criu-$VERSION"; tar xf "criu_$VERSION.orig.tar.xz"
-        log "building CRIU $VERSION (about a minute)"
-        make -C "criu-$VERSION" -j"$(nproc)" criu lib >"$CACHE/build-$VERSION.log" 2>&1 \
+    local tree=criu-$VERSION-$MARK
+    if [ ! -x "$tree/criu/criu" ] || [ ! -d "$tree/lib/pycriu" ]; then
+        rm -rf "$tree" "$tree.new" && mkdir "$tree.new"
+        tar xf "criu_$VERSION.orig.tar.xz" -C "$tree.new" --strip-components=1
+        for p in $PATCHES; do
+            patch -d "$tree.new" -p1 --forward --quiet <"$p" || { log "$p does not apply to CRIU $VERSION"; exit 1; }
+        done
+        mv "$tree.new" "$tree"
+        log "building CRIU $VERSION with $(echo $PATCHES | wc -w) patch(es) (about a minute)"
+        make -C "$tree" -j"$(nproc)" GITID="$MARK" criu lib >"$CACHE/build-$VERSION.log" 2>&1 \
             || { log "build failed, see $CACHE/build-$VERSION.log"; tail -20 "$CACHE/build-$VERSION.log" >&2; exit 1; }
     fi
-    install -D -m 0755 "criu-$VERSION/criu/criu" "$PREFIX/sbin/criu"
+    install -D -m 0755 "$tree/criu/criu" "$PREFIX/sbin/criu"
 }
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-if good_criu "$PREFIX/sbin/criu"; then
+if good_criu "$PREFIX/sbin/criu" && ours "$PREFIX/sbin/criu"; then
     log "CRIU $("$PREFIX/sbin/criu" --version | awk '/^Version:/{print $2}') already at $PREFIX/sbin/criu"
 else
+    if good_criu "$PREFIX/sbin/criu"; then
+        log "CRIU at $PREFIX/sbin/criu lacks npusnap's patches (scripts/criu-patches): rebuilding it"
+    fi
     [ "$(id -u)" -eq 0 ] || { log "building and installing CRIU needs root (apt-get, $PREFIX)"; exit 1; }
     build_deps
     build_criu
     cd "$ROOT"
-    good_criu "$PREFIX/sbin/criu" || { log "installed CRIU does not report >= $MIN_MAJOR.$MIN_MINOR"; exit 1; }
+    good_criu "$PREFIX/sbin/criu" && ours "$PREFIX/sbin/criu" \
+        || { log "installed CRIU does not report >= $MIN_MAJOR.$MIN_MINOR with $MARK"; exit 1; }
     log "installed CRIU $VERSION at $PREFIX/sbin/criu"
 fi
 
@@ -97,7 +117,7 @@ fi
 if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import pycriu' 2>/dev/null; then
     src=$(ls -d "$CACHE"/criu-*/lib 2>/dev/null | sort -V | tail -1)
     if [ -z "$src" ] || [ ! -d "$src/pycriu/images" ]; then
-        build_deps; build_criu; cd "$ROOT"; src="$CACHE/criu-$VERSION/lib"
+        build_deps; build_criu; cd "$ROOT"; src="$CACHE/criu-$VERSION-$MARK/lib"
     fi
     log "installing pycriu into $VENV"
     "$VENV/bin/pip" install -q "$src"

@@ -175,7 +175,7 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
         verify_chain(root, manifest, deep=False)  # an incremental's ancestors; the daemon checks each chunk it takes
-    return manifest, BulkVerifier(root, pages, check_entry).start() if pages else None
+    return manifest, BulkVerifier(root, pages, check_entry, read_ahead=not opts.lazy).start() if pages else None
 
 
 def _import_ahead(root: Path, manifest: Manifest, opts: RestoreOptions) -> Optional["ImportAhead"]:

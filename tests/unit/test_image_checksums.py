@@ -232,6 +232,34 @@ def test_the_verifier_passes_good_images(tmp_path: Path) -> None:
     BulkVerifier(tmp_path, page_entries(m), check_entry).start().result()
 
 
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_the_verifier_reads_each_directorys_page_images_ahead_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    read_ahead: bool) -> None:
+    """Once CRIU outruns the verifier its own reads go to the disk in readahead's small steps: the
+    verifier asks for every page image, whole, up front (a set's directories each at once), but
+    never for a lazy restore, whose first touches need the disk."""
+    from npusnap_cli.image import prefetch
+
+    made: list[prefetch.Prefetch] = []
+
+    class Recorded(prefetch.Prefetch):
+        def __enter__(self) -> "Recorded":
+            made.append(self)
+            super().__enter__()
+            return self
+
+    monkeypatch.setattr(prefetch, "Prefetch", Recorded)
+    for rel, size in (("criu/7/pages-1.img", 3 * prefetch.STEP + 5), ("criu/7/pages-2.img", 10),
+                      ("criu/9/pages-1.img", prefetch.STEP)):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(os.urandom(size))
+    m = _manifest(tmp_path, ["criu/7/pages-1.img", "criu/7/pages-2.img", "criu/9/pages-1.img"])
+    BulkVerifier(tmp_path, page_entries(m), check_entry, read_ahead=read_ahead).start().result()
+    got = {str(p.directory.relative_to(tmp_path)): (p.names, p.requested) for p in made}
+    assert got == ({"criu/7": (["pages-1.img", "pages-2.img"], 3 * prefetch.STEP + 15),
+                    "criu/9": (["pages-1.img"], prefetch.STEP)} if read_ahead else {})
+
+
 # -- CRIU's image format, encoded here the way protobuf does
 
 def _varint(n: int) -> bytes:
