@@ -70,6 +70,9 @@ def main() -> None:
     watch = ChildWatch({int(p) for p in workload.split(",") if p.strip().isdigit()})
     watch.start()
     try:
+        from npusnap_cli.platform import criustart
+
+        criustart.start(args)  # as npusnap_cli/__init__.py does for the `npusnap` command
         from npusnap_cli.cli import main as cli_main
 
         cli_main(args)

@@ -169,6 +169,9 @@ def _run(argv: Optional[list[str]]) -> None:
         # The process's own CLI (argv from sys.argv) exits next; a caller in-process gets its handler back.
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN if argv is None else previous)
         sys.unraisablehook = previous_hook
+        criustart = sys.modules.get("npusnap_cli.platform.criustart")  # loaded where it started one
+        if criustart is not None:
+            criustart.drop()  # a CRIU started for a request that never came (a failure, --help)
 
 
 _interrupted = [False]  # a Ctrl-C arrived: what it broke (a native module's import, say) reports as one

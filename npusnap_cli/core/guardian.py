@@ -165,7 +165,7 @@ WAITER = Path(__file__).resolve().parent.parent / "_native" / "bin" / "npusnap-g
 class Guardian:
     def __init__(self, staging: Optional[Path], pid: int) -> None:
         """staging: the partial checkpoint to remove if we die (None: a restore, nothing to remove)."""
-        from ..platform.criu import clean_env
+        from ..platform.criustart import clean_env
 
         self.staging, self.pid = staging, pid
         argv = [sys.executable, "-I", "-S", "-c", _SCRIPT, str(staging) if staging else "-", sys.executable]

@@ -41,6 +41,9 @@ LOG_NAMES = frozenset({"dump.log", "stats-dump", "restore.log", "stats-restore",
 MEMBER_LOG = re.compile(r"^(dump-[0-9]+\.log|stats-dump-[0-9]+)$")  # a set member's dump logs
 RESTORE_LOG_DIR = re.compile(r"^restore-[A-Za-z0-9_]{8}$")
 CHUNK = 8 << 20
+# hash_fd's buffer for what it reads in one thread: small enough to stay in the CPU's cache, and to
+# cost no page faults worth counting (a fresh 8 MiB buffer took 4 ms of a 15 MB image's 5 ms).
+READ_CHUNK = 1 << 20
 
 # Hidden siblings npusnap names itself: `.NAME.partial-*` (being written),
 # `.NAME.old-*` (replaced by --replace), `.NAME.deleting-*` (being pruned).
@@ -338,14 +341,14 @@ def checksum_file(path: Path) -> tuple[int, str]:
 
 def hash_fd(fd: int, h: Any, offset: int = 0, end: Optional[int] = None) -> int:
     """Feed h the bytes of fd from offset to end (default: EOF); returns how many. The buffer is
-    sized to the file (most images are a few KiB: an 8 MiB buffer per file would cost more than
-    hashing them), and xxhash releases the GIL while it hashes. A large range is read on a thread
+    sized to the file up to READ_CHUNK (most images are a few KiB: a large buffer per file would
+    cost more than hashing them), and xxhash releases the GIL while it hashes. A large range is read on a thread
     of its own while this one hashes what was read before (_hash_overlapped)."""
     if end is None:
         end = os.fstat(fd).st_size
     if end - offset > 2 * CHUNK:
         return _hash_overlapped(fd, h, offset, end)
-    buf = bytearray(max(1, min(CHUNK, end - offset)))
+    buf = bytearray(max(1, min(READ_CHUNK, end - offset)))
     view = memoryview(buf)
     done = 0
     while offset + done < end:

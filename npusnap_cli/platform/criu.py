@@ -16,16 +16,16 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 from .. import warmup
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, EnvironmentProblem, Interrupted, NpusnapError, StorageProblem
-from . import criurpc
+from . import criurpc, criustart
+from .criustart import SEARCH_DIRS, clean_env
 
 MIN_VERSION = (4, 1)
 INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
-SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
 def rpc_messages() -> Any:
@@ -118,16 +118,6 @@ def find_criu(explicit: Optional[str] = None) -> CriuBinary:
     raise EnvironmentProblem(f"no CRIU >= 4.1 found{where}", INSTALL_HINT)
 
 
-def clean_env() -> dict[str, str]:
-    """Our environment without the agent preloaded (a job script under `npusnap run`
-    may call npusnap; CRIU must not carry the agent into its own processes)."""
-    env = dict(os.environ)
-    preload = [p for p in env.pop("LD_PRELOAD", "").split() if "libnpusnap_agent" not in p]
-    if preload:
-        env["LD_PRELOAD"] = " ".join(preload)
-    return env
-
-
 class Swrk:
     """One `criu swrk` process and its RPC socket."""
 
@@ -144,23 +134,14 @@ class Swrk:
         (its action scripts' names), CRIU waiting for our answer; the first that raises makes
         CRIU fail the request, and is raised once CRIU has answered."""
         rpc = rpc_messages()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            proc = subprocess.Popen(
-                [self.binary, "swrk", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(), *pass_fds),
-                stdin=subprocess.DEVNULL if terminal is None else terminal,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                # Otherwise a session of its own: a Ctrl-C at the terminal reaches us, not CRIU mid-dump.
-                start_new_session=terminal is None,
-                env=clean_env(),
-            )
-        except OSError as e:
-            ours.close()
-            theirs.close()
-            raise CriuFailed(f"cannot run {self.binary}: {e}", INSTALL_HINT) from e
-        theirs.close()
+        early = None
+        if req.type in (rpc.DUMP, rpc.RESTORE) and not pass_fds and terminal is None:
+            early = criustart.take(self.binary)  # the one started as the command began, its probes done
+        if early is not None:
+            proc: Union[subprocess.Popen[bytes], criustart.Spawned] = early[0]
+            ours = socket.socket(fileno=early[1].detach())
+        else:
+            proc, ours = self._spawn(pass_fds, terminal)
         try:
             if started is not None:
                 started(proc.pid)
@@ -191,8 +172,29 @@ class Swrk:
             _reap(proc)
 
 
-    def _answer(self, ours: socket.socket, proc: subprocess.Popen[bytes], deadline: Optional[float],
-                timeout: Optional[float]) -> Any:
+    def _spawn(self, pass_fds: tuple[int, ...],
+               terminal: Optional[int]) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [self.binary, "swrk", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(), *pass_fds),
+                stdin=subprocess.DEVNULL if terminal is None else terminal,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                # Otherwise a session of its own: a Ctrl-C at the terminal reaches us, not CRIU mid-dump.
+                start_new_session=terminal is None,
+                env=clean_env(),
+            )
+        except OSError as e:
+            ours.close()
+            raise CriuFailed(f"cannot run {self.binary}: {e}", INSTALL_HINT) from e
+        finally:
+            theirs.close()
+        return proc, ours
+
+    def _answer(self, ours: socket.socket, proc: "subprocess.Popen[bytes] | criustart.Spawned",
+                deadline: Optional[float], timeout: Optional[float]) -> Any:
         """CRIU's next message: its answer, or a notification."""
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -219,7 +221,7 @@ class Swrk:
         return resp
 
 
-def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_exit(proc: "subprocess.Popen[bytes] | criustart.Spawned", timeout: float) -> None:
     """proc.wait(timeout), woken the instant the child exits: Popen.wait with a timeout polls, in
     sleeps growing to 50 ms, which a command that reaps a child or two pays on every run."""
     try:
@@ -236,7 +238,7 @@ def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
     proc.wait(timeout=0.5 if proc.poll() is None else None)
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
+def _reap(proc: "subprocess.Popen[bytes] | criustart.Spawned") -> None:
     try:
         wait_exit(proc, timeout=10)
     except subprocess.TimeoutExpired:
@@ -412,7 +414,7 @@ class Criu:
             resp = Swrk(self.binary.path).request(
                 rpc.criu_req(type=rpc.DUMP, opts=opts),
                 timeout=None if not o.timeout else o.timeout + 30,
-                pass_fds=(images_fd, log_fd, *fds), started=o.started,
+                pass_fds=fds, started=o.started,
                 on_notify=notified if o.pre_dump is not None else None,
             )
         return resp
@@ -439,7 +441,7 @@ class Criu:
             opts.images_dir_fd = images_fd
             opts.work_dir_fd = log_fd
             resp = Swrk(self.binary.path).request(rpc.criu_req(type=rpc.RESTORE, opts=opts),
-                                                  pass_fds=(images_fd, log_fd, *fds), terminal=tty,
+                                                  pass_fds=fds, terminal=tty,
                                                   started=started)
         if not resp.success:
             error = _failure(resp, "restore", log_dir / "restore.log")
@@ -536,7 +538,8 @@ def _is_socket(dir_fd: int, name: str) -> bool:
 
 @contextlib.contextmanager
 def _dir_fds(*dirs: Path) -> Iterator[list[int]]:
-    """The directories opened for CRIU (it reaches them as /proc/OUR_PID/fd/N), never through a link."""
+    """The directories opened for CRIU, never through a link. CRIU reaches them as /proc/OUR_PID/fd/N
+    (our pid: the socket's peer), so it need not inherit them."""
     fds: list[int] = []
     try:
         for d in dirs:

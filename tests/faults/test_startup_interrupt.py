@@ -56,6 +56,8 @@ def interrupted_at(argv: list[str], delay: float) -> tuple[subprocess.CompletedP
 COMMANDS = {
     "version": (["--version"], 0, "npusnap, version"),
     "status-1": (["status", "1"], 13, "refusing"),
+    # starts `criu swrk` first thing (platform/criustart.py), which the interrupt must not break
+    "checkpoint-1": (["checkpoint", "1", "-D", "/nonexistent/ck"], 13, "refusing"),
 }
 
 
