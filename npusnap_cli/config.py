@@ -58,6 +58,8 @@ def user_config_path() -> Path:
 
 @dataclass
 class ConfigFile:
+    """A configuration file npusnap looked for, and whether it was read."""
+
     path: Path
     origin: str      # system | user | --config
     loaded: bool
@@ -65,6 +67,8 @@ class ConfigFile:
 
 @dataclass
 class Config:
+    """The settings read from the configuration files, as click's default_map."""
+
     files: list[ConfigFile] = field(default_factory=list)
     default_map: dict[str, Any] = field(default_factory=dict)
     # (command path..., parameter name) -> the file that set it
@@ -258,6 +262,8 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Setting:
+    """One effective setting, and where its value came from (`npusnap config`)."""
+
     key: str                  # checkpoint.lock_timeout
     option: str               # --lock-timeout
     value: Any

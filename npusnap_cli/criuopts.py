@@ -46,6 +46,8 @@ class InheritFd:
 
 @dataclass(frozen=True)
 class CriuOptions:
+    """CRIU's options for the resources a tree holds (files, sockets, TCP, namespaces, cgroups)."""
+
     link_remap: bool = False         # link unlinked-but-open files back in place until restore
     ghost_limit: Optional[int] = None  # bytes of deleted files' contents kept in the image (CRIU: 1 MiB)
     ext_unix_sk: bool = False        # allow Unix sockets connected to a peer outside the tree

@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class CheckpointOptions:
+    """What `npusnap checkpoint` (and the runbook's DUMP) was asked to do."""
+
     directory: Path
     leave_running: bool = False
     shell_job: bool = False

@@ -28,6 +28,8 @@ from .progress import Progress, warn
 
 @dataclass(frozen=True)
 class Communicator:
+    """A collective communicator one process belongs to: its id, and its rank of how many."""
+
     id: str
     rank: int
     ranks: int

@@ -28,6 +28,8 @@ BYTES_PER_S = 50 << 20  # the slowest fill we wait for on a loaded machine befor
 
 @dataclass
 class LazyOutcome:
+    """How a lazy restore's background transfer ended."""
+
     seconds: float
     pages_status: Optional[int] = None  # `criu lazy-pages`'s exit status (None: no lazy host pages)
     device: dict[str, object] = field(default_factory=dict)  # the daemon's last lazy_status

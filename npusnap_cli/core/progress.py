@@ -18,6 +18,8 @@ from ..image.format import PhaseTiming
 
 @dataclass(frozen=True)
 class PhaseStarted:
+    """A pipeline phase began."""
+
     name: str
     member: Optional[int] = None  # a process set's member (its pid); None: the whole checkpoint
 
@@ -28,6 +30,8 @@ class PhaseStarted:
 
 @dataclass(frozen=True)
 class PhaseFinished:
+    """A pipeline phase ended: how long it took and the bytes it moved."""
+
     name: str
     seconds: float
     bytes: int
@@ -60,6 +64,8 @@ class Level(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Message:
+    """A line for the person (or the --json document's warnings)."""
+
     level: Level
     text: str
 

@@ -51,6 +51,8 @@ RESTORE_LEASE_S = 10.0  # the lease a restore keeps renewing on the restored loc
 
 @dataclass
 class RestoreOptions:
+    """What `npusnap restore` was asked to do."""
+
     directory: Path
     criu_path: Optional[str] = None
     verify: bool = True
@@ -69,6 +71,8 @@ class RestoreOptions:
 
 @dataclass
 class RestoreResult:
+    """A restored process: its pid, the manifest it came from, and the phases' timings."""
+
     pid: int
     manifest: Manifest
     phases: list[PhaseTiming] = field(default_factory=list)

@@ -124,6 +124,8 @@ def _become_subreaper() -> None:
 
 @dataclass
 class Services:
+    """What the pipelines reach outside Python through: the real ones, or a test's fakes."""
+
     criu: Callable[[Optional[str]], CriuDriver] = _criu
     select_backend: Callable[[int, BackendName, str, DataPathChoice], Backend] = _select
     restore_backend: Callable[[int, DeviceState, Optional[dict[str, str]]], Backend] = _for_restore

@@ -55,6 +55,8 @@ def wait_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
 
 @dataclass
 class _Tail:
+    """A file being followed while it is written: how far it has been hashed."""
+
     fd: int
     inode: int
     hasher: Any

@@ -56,6 +56,8 @@ def hidden_sibling(final: Path, kind: str) -> Path:
 
 @dataclass
 class FileEntry:
+    """One file of a checkpoint: its path under DIR, size and checksum (or its chunks in the store)."""
+
     path: str
     size: int
     checksum: str
@@ -71,6 +73,8 @@ PACKABLE = re.compile(f"{PAGES.pattern}|{DEVICE_IMAGE.pattern}")
 
 @dataclass
 class ProcessEntry:
+    """One process of the dumped tree."""
+
     pid: int
     ppid: int
     comm: str
@@ -79,6 +83,8 @@ class ProcessEntry:
 
 @dataclass
 class PhaseTiming:
+    """One phase of a checkpoint or restore: its seconds, bytes and named steps."""
+
     name: str
     seconds: float
     bytes: int = 0
@@ -96,6 +102,8 @@ class PhaseTiming:
 
 @dataclass
 class DeviceState:
+    """What a process held on its device(s) when it was checkpointed."""
+
     backend: str = "none"            # backends.BackendName: none | sim | ascend | cuda
     devices: list[int] = field(default_factory=list)
     allocations: int = 0
@@ -119,6 +127,8 @@ class ParentRef:
 
 @dataclass
 class Manifest:
+    """manifest.yaml: what a checkpoint holds; written last, before the rename that makes DIR valid."""
+
     pid: int
     created: str
     host: str
@@ -234,6 +244,8 @@ SET_FORMAT_VERSION = 2
 
 @dataclass
 class MemberEntry:
+    """One member of a process set's checkpoint: its root pid, tree and device state."""
+
     pid: int
     command: list[str] = field(default_factory=list)
     processes: list[ProcessEntry] = field(default_factory=list)

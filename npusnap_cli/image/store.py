@@ -71,6 +71,8 @@ _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 @dataclass(frozen=True)
 class Chunk:
+    """One chunk in the store: its digest, codec and sizes."""
+
     digest: str
     codec: str   # raw | zstd | lz4
     size: int    # raw bytes
@@ -596,6 +598,8 @@ def write_verdict(store_fd: int, verdict: Verdict) -> None:
 
 @dataclass
 class PackStats:
+    """What packing a checkpoint's images into the store wrote and reused."""
+
     raw_bytes: int = 0         # the images' size
     new_bytes: int = 0         # what this checkpoint added to the store
     referenced_bytes: int = 0  # raw bytes of chunks that were there already

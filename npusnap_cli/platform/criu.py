@@ -36,6 +36,8 @@ def rpc_messages() -> Any:
 
 @dataclass
 class CriuBinary:
+    """A CRIU binary and its version."""
+
     path: str
     version: tuple[int, ...]
 
@@ -339,6 +341,8 @@ def _empty_images_dir(images_dir: Path) -> None:
 
 @dataclass
 class DumpOptions:
+    """One `criu dump` request's settings."""
+
     pid: int
     images_dir: Path
     log_dir: Path

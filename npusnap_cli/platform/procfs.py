@@ -14,6 +14,8 @@ from ..image.format import ProcessEntry
 
 @dataclass
 class Target:
+    """A process to checkpoint, as /proc shows it."""
+
     pid: int
     command: list[str]
     uid: int
