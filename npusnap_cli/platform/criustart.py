@@ -19,6 +19,7 @@ import os
 SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 COMMANDS = ("checkpoint", "restore", "dump")  # the commands whose request is a dump or a restore
 EARLY_PROBE = "CRIU_SWRK_EARLY_PROBE"
+EARLY_PROBE_LOG = "Kernel probed before the request"  # the patch's log line, in a CRIU that carries it
 SIGPIPE, SIGXFSZ, SIGKILL = 13, 25, 9
 
 _started: tuple[str, Spawned, _socket.socket] | None = None  # (realpath, the process, our end)
@@ -43,7 +44,10 @@ class Spawned:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: gone, its status unknown (as Popen)
+                pid, status = self.pid, 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -61,8 +65,20 @@ class Spawned:
             finally:
                 os.close(fd)
         if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            try:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            except ChildProcessError:
+                self.returncode = 0
         return self.returncode
+
+
+def probes_early(binary: str) -> bool:
+    """Whether this CRIU carries the patch (its log line is in the binary): `npusnap check`."""
+    try:
+        with open(binary, "rb") as f:
+            return EARLY_PROBE_LOG.encode() in f.read()
+    except OSError:
+        return False
 
 
 def start(argv: list[str]) -> None:

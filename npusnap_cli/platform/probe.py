@@ -65,7 +65,7 @@ def _criu(report: Report, criu_path: Optional[str]) -> None:
     except NpusnapError:
         feats = {}
     _network_lock(report, binary.path)
-    _kernel_cache(report)
+    _kernel_cache(report, binary.path)
     for key, label, use in (("mem_track", "soft-dirty tracking", "incremental (pre-dump) checkpoints"),
                             ("lazy_pages", "userfaultfd", "lazy (post-copy) restore")):
         if key in feats:
@@ -92,16 +92,23 @@ def fs_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[str]
     return kind
 
 
-def _kernel_cache(report: Report) -> None:
-    """CRIU probes the kernel's features on every call (~30 ms of a checkpoint or restore on a
-    2-core machine) unless it kept them in /run/criu.kdat, which it does on a tmpfs only."""
+def _kernel_cache(report: Report, criu_binary: str) -> None:
+    """CRIU probes the kernel's features on every call (~40 ms of a checkpoint or restore on a
+    2-core machine) unless it kept them in /run/criu.kdat, which it does on a tmpfs only. A CRIU
+    with npusnap's patch runs them while npusnap starts (criustart.py), off the critical path."""
+    from .criustart import probes_early
+
     kind = fs_type("/run")
     if kind == "tmpfs":
         report.add("criu kernel cache", "ok", "/run is a tmpfs: CRIU keeps its kernel probes (/run/criu.kdat)")
+        return
+    detail = (f"/run is {kind or 'of an unknown type'}, not a tmpfs: CRIU probes the kernel again on every "
+              "checkpoint and restore (tens of ms each)")
+    if probes_early(criu_binary):
+        report.add("criu kernel cache", "info", detail + "; this CRIU runs them while npusnap starts")
     else:
-        report.add("criu kernel cache", "info",
-                   f"/run is {kind or 'of an unknown type'}, not a tmpfs: CRIU probes the kernel again on every "
-                   "checkpoint and restore (tens of ms each)", "mount a tmpfs on /run, as systemd does")
+        report.add("criu kernel cache", "info", detail, "mount a tmpfs on /run, as systemd does, or build CRIU "
+                   "with npusnap's patches (scripts/install-criu.sh): it probes while npusnap starts")
 
 
 def _network_lock(report: Report, criu_binary: str) -> None:

@@ -16,7 +16,7 @@ from tests.helpers import Workload, npusnap, requires_criu
 
 pytestmark = requires_criu
 
-PROBED = "Kernel probed before the request"
+PROBED = criustart.EARLY_PROBE_LOG
 LOOP = "import time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.01)\n"
 
 
@@ -27,7 +27,7 @@ def criu_binary() -> str:
 
 
 def test_checkpoint_and_restore_are_served_by_the_criu_started_early(tmp_path: Path) -> None:
-    if PROBED.encode() not in Path(criu_binary()).read_bytes():
+    if not criustart.probes_early(criu_binary()):
         pytest.skip("this CRIU lacks scripts/criu-patches/0002 (run scripts/install-criu.sh)")
     w = Workload([sys.executable, "-c", LOOP], tmp_path / "out")
     try:

@@ -131,12 +131,15 @@ def test_network_lock_that_cannot_work_is_refused_before_anything(peer: socket.s
 def test_check_reports_the_network_lock_that_works_and_the_criu_kernel_cache() -> None:
     from npusnap_cli.netlock import methods
     from npusnap_cli.platform.criu import find_criu
+    from npusnap_cli.platform.criustart import probes_early
     from npusnap_cli.platform.probe import fs_type
 
     r = npusnap("check", "--json")
     checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
     cache = checks["criu kernel cache"]  # CRIU keeps its kernel probes on a tmpfs /run only
     assert cache["status"] == ("ok" if fs_type("/run") == "tmpfs" else "info") and "/run is" in cache["detail"], cache
+    if fs_type("/run") != "tmpfs":  # whether the probes run while npusnap starts (scripts/criu-patches/0002)
+        assert ("while npusnap starts" in cache["detail"]) == probes_early(find_criu().path), cache
     item = checks["network lock"]
     found = methods(find_criu().path)
     working = [m.name for m in found if m.works and m.name != "skip"]
