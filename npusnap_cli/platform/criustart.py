@@ -93,6 +93,8 @@ def start(argv: list[str]) -> None:
         return
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     try:
+        if theirs.fileno() <= 2:  # we were started without stdio: /dev/null would land on it
+            raise OSError("no standard descriptors")
         proc = _spawn(binary, theirs.fileno())
     except (OSError, NotImplementedError):  # no POSIX_SPAWN_SETSID: the request starts its own
         ours.close()

@@ -6,6 +6,7 @@ that never comes is killed and reaped; and it holds nothing of ours but its sock
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,3 +94,15 @@ def test_no_criu_is_started_for_other_commands(argv: list[str]) -> None:
         assert criustart._started is None
     finally:
         criustart.drop()
+
+
+def test_no_criu_is_started_onto_our_standard_descriptors(tmp_path: Path) -> None:
+    """Started with stdin, stdout and stderr closed, the socket for CRIU would be one of them, which
+    its /dev/null would replace: none is started then (the request starts its own, as before)."""
+    out = tmp_path / "out"
+    code = ("import os\nfor fd in (0, 1, 2): os.close(fd)\n"
+            "from npusnap_cli.platform import criustart\n"
+            "criustart.start(['checkpoint', '1'])\n"
+            f"open({str(out)!r}, 'w').write(repr(criustart._started))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    assert out.read_text() == "None"
