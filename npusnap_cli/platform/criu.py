@@ -26,6 +26,8 @@ from .criustart import SEARCH_DIRS, clean_env
 
 MIN_VERSION = (4, 1)
 INSTALL_HINT = "run scripts/install-criu.sh (builds CRIU >= 4.1), or point NPUSNAP_CRIU at a CRIU >= 4.1"
+# A `criu swrk`: spawned by a request, or started as the command began (criustart.py)
+CriuProcess = Union["subprocess.Popen[bytes]", criustart.Spawned]
 
 
 def rpc_messages() -> Any:
@@ -140,7 +142,7 @@ class Swrk:
         if req.type in (rpc.DUMP, rpc.RESTORE) and not pass_fds and terminal is None:
             early = criustart.take(self.binary)  # the one started as the command began, its probes done
         if early is not None:
-            proc: Union[subprocess.Popen[bytes], criustart.Spawned] = early[0]
+            proc: CriuProcess = early[0]
             ours = socket.socket(fileno=early[1].detach())
         else:
             proc, ours = self._spawn(pass_fds, terminal)
@@ -173,7 +175,6 @@ class Swrk:
             ours.close()
             _reap(proc)
 
-
     def _spawn(self, pass_fds: tuple[int, ...],
                terminal: Optional[int]) -> tuple[subprocess.Popen[bytes], socket.socket]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -195,7 +196,7 @@ class Swrk:
             theirs.close()
         return proc, ours
 
-    def _answer(self, ours: socket.socket, proc: "subprocess.Popen[bytes] | criustart.Spawned",
+    def _answer(self, ours: socket.socket, proc: CriuProcess,
                 deadline: Optional[float], timeout: Optional[float]) -> Any:
         """CRIU's next message: its answer, or a notification."""
         while True:
@@ -223,7 +224,7 @@ class Swrk:
         return resp
 
 
-def wait_exit(proc: "subprocess.Popen[bytes] | criustart.Spawned", timeout: float) -> None:
+def wait_exit(proc: CriuProcess, timeout: float) -> None:
     """proc.wait(timeout), woken the instant the child exits: Popen.wait with a timeout polls, in
     sleeps growing to 50 ms, which a command that reaps a child or two pays on every run."""
     try:
@@ -240,7 +241,7 @@ def wait_exit(proc: "subprocess.Popen[bytes] | criustart.Spawned", timeout: floa
     proc.wait(timeout=0.5 if proc.poll() is None else None)
 
 
-def _reap(proc: "subprocess.Popen[bytes] | criustart.Spawned") -> None:
+def _reap(proc: CriuProcess) -> None:
     try:
         wait_exit(proc, timeout=10)
     except subprocess.TimeoutExpired:
