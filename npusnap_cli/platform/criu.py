@@ -504,7 +504,9 @@ class LazyPages:
             except OSError as e:
                 raise CriuFailed(f"cannot run {binary} lazy-pages: {e}", INSTALL_HINT) from e
             deadline = time.monotonic() + LAZY_READY_S
-            while not _is_socket(log_fd, LAZY_SOCKET):
+            # Listening, not only bound: bind() makes the file before listen() lets a connect in (a
+            # restore whose CRIU probed the kernel ahead, criustart.py, connects within that window).
+            while not (_is_socket(log_fd, LAZY_SOCKET) and _listening(self.proc.pid, LAZY_SOCKET)):
                 if self.proc.poll() is not None or time.monotonic() >= deadline:
                     self.kill()
                     raise CriuFailed("CRIU's lazy-pages daemon did not start", f"see {self.log}")
@@ -530,6 +532,28 @@ class LazyPages:
         """Its socket, which it leaves behind (not a log: a checkpoint's logs/ holds only files)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket)
+
+
+def _listening(pid: int, name: str) -> bool:
+    """Whether process pid holds a listening Unix socket bound to name: its sockets' inodes
+    (/proc/PID/fd), looked up in /proc/net/unix (flag __SO_ACCEPTCON: listen() was called)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[len("socket:["):-1])
+        with open("/proc/net/unix") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return False
+    for line in lines:  # Num RefCount Protocol Flags Type St Inode Path
+        fields = line.split()
+        if (len(fields) >= 8 and fields[6] in inodes and int(fields[3], 16) & 0x10000
+                and fields[7].rsplit("/", 1)[-1] == name):
+            return True
+    return False
 
 
 def _is_socket(dir_fd: int, name: str) -> bool:

@@ -106,3 +106,24 @@ def test_no_criu_is_started_onto_our_standard_descriptors(tmp_path: Path) -> Non
             f"open({str(out)!r}, 'w').write(repr(criustart._started))\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert out.read_text() == "None"
+
+
+def test_a_lazy_pages_socket_counts_as_ready_once_it_listens(tmp_path: Path) -> None:
+    """A restore whose CRIU probed ahead connects to `criu lazy-pages` within moments of its socket
+    file appearing: bind() makes the file, only listen() lets a connect in (refused before)."""
+    import socket
+
+    from npusnap_cli.platform.criu import LAZY_SOCKET, _listening
+
+    cwd = os.getcwd()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        os.chdir(tmp_path)
+        s.bind(LAZY_SOCKET)  # as CRIU binds it: a name relative to its work directory
+        assert (tmp_path / LAZY_SOCKET).exists() and not _listening(os.getpid(), LAZY_SOCKET)
+        s.listen(1)
+        assert _listening(os.getpid(), LAZY_SOCKET)
+        assert not _listening(os.getpid(), "another.socket")
+    finally:
+        os.chdir(cwd)
+        s.close()
