@@ -230,8 +230,10 @@ def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,
     limit_for = {
         ("checkpoint", "disk"): ("disk_write_fsync_Bps", limits["disk_write_fsync_Bps"]),
         ("restore", "disk"): ("disk_read_cold_Bps", limits["disk_read_cold_Bps"]),
-        ("checkpoint", "tmpfs"): ("memcpy_Bps", limits["memcpy_Bps"]),
-        ("restore", "tmpfs"): ("memcpy_Bps", limits["memcpy_Bps"]),
+        # a file on a tmpfs is written into fresh pages, not copied into touched ones: its write
+        # rate (a few times under memcpy's) is the limit there, as the disk's is on a disk
+        ("checkpoint", "tmpfs"): ("tmpfs_write_Bps", limits["tmpfs_write_Bps"]),
+        ("restore", "tmpfs"): ("tmpfs_read_Bps", limits["tmpfs_read_Bps"]),
     }
     out = []
     for op in ("checkpoint", "restore"):

@@ -87,7 +87,7 @@ def _newest_first(e: Entry) -> tuple[float, int, str]:
 def _checkpoint(path: Path, name: str, verify: bool) -> Entry:
     from ..errors import NpusnapError
     from ..image.format import MANIFEST, load_manifest, member_summary, safe_member
-    from ..image.store import verify as verify_dir
+    from ..image.packed import verify as verify_dir
 
     mtime, age, disk = _tree_facts(path)
     entry = Entry(name, str(path), "invalid", None, os.lstat(path / MANIFEST).st_mtime, age, disk_bytes=disk)

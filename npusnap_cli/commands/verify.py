@@ -18,8 +18,8 @@ def verify(term: Terminal, directory: Path, require_signature: bool, trusted_key
     non-zero naming the first bad file."""
     from ..image.chain import verify_chain
     from ..image.format import member_summary
+    from ..image.packed import verify as verify_dir
     from ..image.signing import check
-    from ..image.store import verify as verify_dir
 
     signer = check(directory, trusted_keys, require_signature)
     m = verify_dir(directory)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
@@ -88,6 +86,9 @@ def rendezvous(needed: bool, owner: Optional[int] = None) -> Iterator[Optional[P
     if not needed:
         yield None
         return
+    import shutil  # here: few restores need it, and with tempfile it is ~3 ms of imports before CRIU's request
+    import tempfile
+
     d = Path(tempfile.mkdtemp(prefix="npusnap-hccl-"))  # 0700, a random name: nobody can plant a root
     try:
         if owner is not None and os.geteuid() == 0 and owner != 0:

@@ -51,8 +51,9 @@ from ..image.format import (
     set_device,
 )
 from ..image.memstage import MemStage
+from ..image.packed import assembled
 from ..image.staging import Staging
-from ..image.store import Packer, assembled
+from ..image.store import Packer
 from ..platform.criu import LazyPages
 from ..platform.criuimages import page_runs
 from . import communicators, processes

@@ -1,23 +1,24 @@
 """What the pipelines tell their caller while they run: typed events, one callback.
 
 The rich progress display (output.Terminal.reporter) draws them; with --json the command's
-document carries the warnings among them. A library caller may pass any callable."""
+document carries the warnings among them. A library caller may pass any callable.
+
+The events are NamedTuples: as immutable as frozen dataclasses, and several times cheaper to
+define (~0.1 ms against ~0.5 ms each), which every command pays before CRIU's request."""
 
 from __future__ import annotations
 
 import contextlib
 import enum
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, NamedTuple, Optional, Union
 
 from .. import testhooks
 from ..image.format import PhaseTiming
 
 
-@dataclass(frozen=True)
-class PhaseStarted:
+class PhaseStarted(NamedTuple):
     """A pipeline phase began."""
 
     name: str
@@ -28,8 +29,7 @@ class PhaseStarted:
         return self.name if self.member is None else f"{self.name} {self.member}"
 
 
-@dataclass(frozen=True)
-class PhaseFinished:
+class PhaseFinished(NamedTuple):
     """A pipeline phase ended: how long it took and the bytes it moved."""
 
     name: str
@@ -42,8 +42,7 @@ class PhaseFinished:
         return self.name if self.member is None else f"{self.name} {self.member}"
 
 
-@dataclass(frozen=True)
-class BytesExpected:
+class BytesExpected(NamedTuple):
     """The running phase fills `directory` with about `total` bytes (0: unknown): a display
     follows the directory's size against it."""
 
@@ -62,8 +61,7 @@ class Level(str, enum.Enum):
     WARNING = "warning"
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """A line for the person (or the --json document's warnings)."""
 
     level: Level

@@ -30,13 +30,13 @@ from ..image.format import (
     PhaseTiming,
     check_entry,
     load_manifest,
+    packed_entries,
     restore_log_dir,
 )
-from ..image.store import assembled, packed_entries, verify
+from ..image.packed import assembled, verify
 from ..platform.criuimages import stopped_at_dump
 from ..platform.procfs import process_exists
 from . import communicators, processes
-from .lazy import LazyRestore
 from .progress import Phases, Progress, info, quiet, warn
 from .services import REAL, Services
 from .signals import Signals
@@ -44,6 +44,7 @@ from .signals import Signals
 if TYPE_CHECKING:
     from ..backends.direct import ImportAhead
     from ..platform.criu import LazyPages
+    from .lazy import LazyRestore
     from .services import CriuDriver
 
 RESTORE_LEASE_S = 10.0  # the lease a restore keeps renewing on the restored lock until its unlock
@@ -76,7 +77,7 @@ class RestoreResult:
     pid: int
     manifest: Manifest
     phases: list[PhaseTiming] = field(default_factory=list)
-    lazy: Optional[LazyRestore] = None  # --lazy: the caller must finish() it (or kill() it)
+    lazy: Optional["LazyRestore"] = None  # --lazy: the caller must finish() it (or kill() it)
 
 
 def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services = REAL) -> RestoreResult:
@@ -175,7 +176,7 @@ def _verified(root: Path, opts: RestoreOptions, phase: Phases) -> tuple[Manifest
         # not for both); a tree that cannot wait stopped has them all checked here first.
         wait_stopped = _can_wait_stopped(root, manifest)
         pages = [e for e in page_entries(manifest) if not e.chunks] if wait_stopped else []
-        # Chunks in the store are checked as they are reassembled, before CRIU runs (store.assembled).
+        # Chunks in the store are checked as they are reassembled, before CRIU runs (packed.assembled).
         later = {e.path for e in pages} | {e.path for e in packed_entries(manifest)}
         verify(root, manifest, shallow=(DEVICE_DIR,) if direct else (), later=later, deep=False)
         verify_chain(root, manifest, deep=False)  # an incremental's ancestors; the daemon checks each chunk it takes
@@ -240,8 +241,10 @@ def lazy_supported(criu: "CriuDriver") -> None:
 
 
 def lazy_restore(pid: int, pids: list[int], pages: Optional["LazyPages"], device: DeviceState,
-                 opts: RestoreOptions, page_bytes: int) -> LazyRestore:
+                 opts: RestoreOptions, page_bytes: int) -> "LazyRestore":
     """What brings a lazily restored tree's memory in (host pages, device chunks) until it all is."""
+    from .lazy import LazyRestore  # here: only --lazy needs it, and every restore imports this module
+
     on = on_daemon(device, opts)
     return LazyRestore(pid, pids, pages, on.endpoint if on.backend == BackendName.SIM else None,
                        device.bytes + page_bytes)

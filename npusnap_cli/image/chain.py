@@ -20,7 +20,7 @@ from typing import Iterable, Optional
 
 from ..errors import ImageInvalid
 from .format import CRIU_DIR, DEVICE_DIR, MANIFEST, MANIFEST_CHECKSUM_KEY, Manifest, ParentRef, load_manifest
-from .store import assembled, verify
+from .packed import assembled, verify
 
 MAX_CHAIN = 32  # the daemon's kMaxDepth: a chunk is never referenced further up than this
 

@@ -265,6 +265,16 @@ class MemberEntry:
         return [member_relative(f) for f in manifest.files if self.owns(f)]
 
 
+def packable(path: str) -> bool:
+    """Whether an image (its path in the checkpoint) is a page image, the kind the chunk store takes."""
+    return bool(PAGES.fullmatch(path))
+
+
+def packed_entries(manifest: Manifest) -> list[FileEntry]:
+    """The manifest's images that live in the chunk store (listed with their chunks): image/packed.py."""
+    return [f for f in manifest.files if f.chunks]
+
+
 def member_relative(entry: FileEntry) -> FileEntry:
     """criu/PID/X -> criu/X: a member's file as its own pipeline names it."""
     parts = Path(entry.path).parts
@@ -562,11 +572,11 @@ def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[st
     """Check every listed file's size and checksum, and that nothing unlisted was added.
     Files under the `shallow` subdirectories, and the files named in `later`, get their size
     checked only (their reader verifies their checksums while it reads them: check_entry).
-    Files packed into the chunk store are store.verify's (which calls this, chunks_checked)."""
+    Files packed into the chunk store are packed.verify's (which calls this, chunks_checked)."""
     m = manifest or load_manifest(root)
     listed = set()
     if not chunks_checked and any(e.chunks for e in m.files):
-        raise ImageInvalid(f"{root}'s host pages are in the chunk store: verify it with image.store.verify")
+        raise ImageInvalid(f"{root}'s host pages are in the chunk store: verify it with image.packed.verify")
     for entry in m.files:
         if entry.chunks:
             listed.add(entry.path)

@@ -47,10 +47,9 @@ from typing import Any, Collection, Iterable, Iterator, Optional, Sequence
 
 from .. import testhooks
 from ..errors import ImageInvalid, NpusnapError, StorageProblem
-from . import format as fmt
 from .checksums import fsync_all, start_writeback, wait_writeback
 from .codecs import AUTO_CODEC, Race, decompress
-from .format import CRIU_DIR, DEVICE_IMAGE, MANIFEST, PAGES, FileEntry, Manifest, load_manifest, new_hasher
+from .format import DEVICE_IMAGE, MANIFEST, FileEntry, load_manifest, new_hasher, packable, packed_entries
 
 STORE_NAME = ".npusnap-store"
 CHUNK_SIZE = 64 << 10  # page-aligned; small enough that a changed page rewrites little
@@ -696,7 +695,7 @@ class Packer:
             self.judged = probed = True
             if self._probe(src, dst):
                 return self.pack(src, entry, keep=True)
-        from .memstage import send  # only here: every restore imports this module
+        from .memstage import send  # only here: only an image written plain needs it
 
         # plain: after the probe's bytes, if it wrote them (they are the file's start)
         testhooks.disk(send(src, dst, then=os.fsync, new=not probed, check=self._check), 0)
@@ -909,7 +908,7 @@ class _Mapped:
     STEP = 8 << 20  # bytes released at a time
 
     def __init__(self, fd: int) -> None:
-        import mmap  # only here: every restore imports this module
+        import mmap  # only here: only the packer reads through a mapping
 
         self.mmap = mmap
         size = os.fstat(fd).st_size
@@ -960,21 +959,8 @@ def cuts(runs: list[tuple[int, int]], size: int) -> list[int]:
     return out
 
 
-def packable(path: str) -> bool:
-    """Whether an image (its path in the checkpoint) is a page image, the kind the store takes."""
-    return bool(PAGES.fullmatch(path))
-
-
-def packed_device(manifest: Manifest) -> bool:
-    """Whether the checkpoint's device images live in the chunk store (--compress)."""
-    return any(f.chunks and DEVICE_IMAGE.fullmatch(f.path) for f in manifest.files)
-
-
 # ---------------------------------------------------------------- restore, verify
-
-def packed_entries(manifest: Manifest) -> list[FileEntry]:
-    return [f for f in manifest.files if f.chunks]
-
+# (packed.py decides whether a checkpoint needs these: most do not, and never load this module)
 
 def check_chunks(root: Path, entries: Iterable[FileEntry], deep: bool) -> None:
     """Every chunk the entries reference is in the store (deep: and matches its digest)."""
@@ -996,28 +982,12 @@ def check_chunks(root: Path, entries: Iterable[FileEntry], deep: bool) -> None:
                 raise ImageInvalid(f"{entry.path}: checksum mismatch (its chunks were altered)")
 
 
-def verify(root: Path, manifest: Optional[Manifest] = None, shallow: Sequence[str] = (),
-           later: Collection[str] = (), deep: bool = True, pages: bool = True) -> Manifest:
-    """format.verify, and the chunks of packed images: present (deep: and intact, each chunk's
-    raw bytes against its digest and the whole image against its checksum). pages=False: a
-    chain link's, whose host pages nothing reads, so its packed page images are not looked up."""
-    m = manifest or load_manifest(root)
-    check_chunks(root, [e for e in packed_entries(m) if pages or not packable(e.path)], deep)
-    return fmt.verify(root, m, shallow, later, chunks_checked=True)
-
-
 @contextlib.contextmanager
-def assembled(root: Path, manifest: Manifest, sub: str = CRIU_DIR, member: str = "") -> Iterator[Path]:
-    """The directory CRIU (sub criu/) or the device import (sub device/) reads: root/sub itself,
-    or, when images in it were packed, a private directory in the store holding them reassembled
-    (every chunk checked, and the whole file's checksum) and links to the other (verified)
-    images. Removed on exit. member: a set member's subdirectory, the only one reassembled."""
-    packed = [e for e in packed_entries(manifest)
-              if Path(e.path).parts[0] == sub and (not member or Path(e.path).parts[1] == member)]
-    if not packed:
-        yield root / sub
-        return
-    import tempfile  # only here: every restore imports this module
+def reassembled(root: Path, packed: Sequence[FileEntry], sub: str) -> Iterator[Path]:
+    """packed.assembled's view of root/sub when the entries in packed (all under sub) are in the
+    store: a private directory in the store, those images written back from their chunks and
+    links to the rest. Removed on exit."""
+    import tempfile
 
     with Store(store_of(root)) as store:
         view = Path(tempfile.mkdtemp(prefix="restore-", dir=store.path))

@@ -12,17 +12,16 @@ import pytest
 from npusnap_cli.errors import ImageInvalid, StorageProblem
 from npusnap_cli.image.checksums import fsync_all
 from npusnap_cli.image.format import FileEntry, Manifest, checksum_file, manifest_text, new_hasher
+from npusnap_cli.image.packed import assembled, verify
 from npusnap_cli.image.store import (
     CHUNK_SIZE,
     STORE_NAME,
     Chunk,
     Packer,
     Store,
-    assembled,
     check_chunks,
     collect,
     cuts,
-    verify,
 )
 from tests.helpers import damage_chunk, drop_chunk
 

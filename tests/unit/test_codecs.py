@@ -14,7 +14,8 @@ from npusnap_cli.image import codecs, store
 from npusnap_cli.image.checksums import fsync_all
 from npusnap_cli.image.codecs import Race, effective
 from npusnap_cli.image.format import FileEntry, Manifest, checksum_file
-from npusnap_cli.image.store import DEVICE_CHUNK, DEVICE_HEADER, Packer, assembled
+from npusnap_cli.image.packed import assembled
+from npusnap_cli.image.store import DEVICE_CHUNK, DEVICE_HEADER, Packer
 
 DATA = bytes(range(256)) * 4096  # 1 MiB, compressible
 

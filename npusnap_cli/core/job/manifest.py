@@ -120,7 +120,7 @@ def verify(root: Path, deep: bool = True) -> JobManifest:
     """The job manifest, every node's manifest against its recorded sha256, and (deep) every
     node's files against their checksums. ImageInvalid names the first thing that is wrong."""
     from ...image.format import MANIFEST
-    from ...image.store import verify as verify_node
+    from ...image.packed import verify as verify_node
 
     m = load(root)
     for n in m.nodes:

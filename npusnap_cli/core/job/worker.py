@@ -409,7 +409,7 @@ def _committed_images(directory: Path, views: contextlib.ExitStack, named_from: 
     from ...errors import ImageInvalid
     from ...image.chain import ancestors, device_views
     from ...image.format import DEVICE_DIR, load_manifest
-    from ...image.store import assembled
+    from ...image.packed import assembled
 
     try:
         m = load_manifest(directory)
