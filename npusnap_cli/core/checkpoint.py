@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -776,7 +775,7 @@ class CheckpointRun:
             parent=self._parent_ref(),
             pid=self.pid,
             created=datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # prune orders by it
-            host=socket.gethostname(),
+            host=os.uname().nodename,  # gethostname(), without socket.py's imports
             kernel=os.uname().release,
             npusnap_version=__version__,
             criu_version=self.criu.binary.version_str,

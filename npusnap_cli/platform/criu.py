@@ -7,11 +7,11 @@ request has a deadline, CRIU can be killed on Ctrl-C, and its exit is reaped.
 
 from __future__ import annotations
 
+import _socket  # the builtin: socket.py's enums are ~2 ms of imports before CRIU's request
 import contextlib
 import errno as errno_mod
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -143,7 +143,7 @@ class Swrk:
             early = criustart.take(self.binary)  # the one started as the command began, its probes done
         if early is not None:
             proc: CriuProcess = early[0]
-            ours = socket.socket(fileno=early[1].detach())
+            ours = early[1]
         else:
             proc, ours = self._spawn(pass_fds, terminal)
         try:
@@ -176,8 +176,8 @@ class Swrk:
             _reap(proc)
 
     def _spawn(self, pass_fds: tuple[int, ...],
-               terminal: Optional[int]) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+               terminal: Optional[int]) -> tuple[subprocess.Popen[bytes], _socket.socket]:
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
                 [self.binary, "swrk", str(theirs.fileno())],
@@ -196,20 +196,20 @@ class Swrk:
             theirs.close()
         return proc, ours
 
-    def _answer(self, ours: socket.socket, proc: CriuProcess,
+    def _answer(self, ours: _socket.socket, proc: CriuProcess,
                 deadline: Optional[float], timeout: Optional[float]) -> Any:
         """CRIU's next message: its answer, or a notification."""
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ours.settimeout(None if remaining is None else min(remaining, 0.5))
             try:
-                size = len(ours.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
+                size = len(ours.recv(1, _socket.MSG_TRUNC | _socket.MSG_PEEK))
                 buf = ours.recv(max(size, 1))
                 break
             except (ConnectionError, BrokenPipeError):
                 buf = b""
                 break
-            except socket.timeout:
+            except TimeoutError:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise CriuFailed(f"CRIU did not answer within {timeout:.0f} s; it was stopped") from None
                 if proc.poll() is not None:
