@@ -84,7 +84,7 @@ def test_bench_tiny_writes_well_formed_results(tmp_path: Path, shm_dir: Path) ->
         assert isinstance(t["met"], bool), t
         assert t["met"] == (t["value"] >= t["goal"] if t["cmp"] == ">=" else t["value"] <= t["goal"]), t
 
-    for key in ("memcpy_Bps", "disk_write_fsync_Bps", "disk_read_cold_Bps", "tmpfs_write_Bps"):
+    for key in ("memcpy_Bps", "disk_write_fsync_Bps", "disk_read_cold_Bps", "tmpfs_write_Bps", "tmpfs_read_Bps"):
         assert doc["limits"][key] > 0, key
     kinds = {(r["kind"], r["op"], r["storage"]) for r in doc["runs"]}
     assert {("cpu-only", "checkpoint", "disk"), ("device", "checkpoint", "disk"), ("device", "restore", "disk"),
