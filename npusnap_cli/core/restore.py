@@ -77,7 +77,7 @@ class RestoreResult:
     pid: int
     manifest: Manifest
     phases: list[PhaseTiming] = field(default_factory=list)
-    lazy: Optional["LazyRestore"] = None  # --lazy: the caller must finish() it (or kill() it)
+    lazy: Optional[LazyRestore] = None  # --lazy: the caller must finish() it (or kill() it)
 
 
 def restore(opts: RestoreOptions, progress: Progress = quiet, services: Services = REAL) -> RestoreResult:
@@ -241,7 +241,7 @@ def lazy_supported(criu: "CriuDriver") -> None:
 
 
 def lazy_restore(pid: int, pids: list[int], pages: Optional["LazyPages"], device: DeviceState,
-                 opts: RestoreOptions, page_bytes: int) -> "LazyRestore":
+                 opts: RestoreOptions, page_bytes: int) -> LazyRestore:
     """What brings a lazily restored tree's memory in (host pages, device chunks) until it all is."""
     from .lazy import LazyRestore  # here: only --lazy needs it, and every restore imports this module
 

@@ -4,9 +4,9 @@ Checkpoint: a Follower hashes CRIU's images while CRIU writes them, from the pag
 the bytes still are, on a thread of its own (xxhash and preadv release the GIL), and has their
 write-back started as it goes (sync_file_range, on another thread: it blocks while the disk's
 queue is full), so the disk is busy from the first page and the seal only hashes the last few
-bytes and waits for the flush. CRIU writes every image front to back
-and never goes back over what it wrote; a file replaced under the same name (a new inode: a
-retried dump) or shrunk is hashed again from its start.
+bytes and waits for the flush. CRIU writes every image front to back and never goes back over
+what it wrote; a file replaced under the same name (a new inode: a retried dump) or shrunk is
+hashed again from its start.
 
 Restore: BulkVerifier checks the page images (the bulk of a checkpoint, pure memory contents)
 while CRIU reads them; see core/restore.py for why that is safe (the restored tree stays
