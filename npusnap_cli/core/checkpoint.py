@@ -180,13 +180,19 @@ def transaction(signals: Signals, undos: UndoStack, progress: Progress,
 
 def make_staging(staging: Staging, undos: UndoStack, discard: Callable[[], None],
                  start_guardian: Callable[[], GuardianLike]) -> GuardianLike:
-    """staging (named, not made yet) made, and the guardian started for it; its cleanup (discard)
-    is pushed first, so a Ctrl-C from here on, before the pipeline's handlers, leaves nothing."""
+    """The guardian started for staging (named, not made yet), then staging made; its cleanup
+    (discard) is pushed first, so a Ctrl-C from here on, before the pipeline's handlers, leaves
+    nothing. The guardian comes first: a SIGTERM before those handlers takes its default action,
+    and had it come between the two it would have left the staging directory behind."""
     undos.push("cleanup", discard)
+    guardian: Optional[GuardianLike] = None
     try:
+        guardian = start_guardian()  # from now on, our death is cleaned up after (staging's creation too)
         staging.create()
-        return start_guardian()  # from now on, our death is cleaned up after
+        return guardian
     except BaseException:
+        if guardian is not None:
+            guardian.release()  # nothing for it to do: the cleanup below removes what was made
         staged_on(undos)
         raise
 
