@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -36,18 +37,28 @@ int32_t transfer(pid_t pid, char *local, uint64_t remote, uint64_t size, bool to
 
 // The kernel's copy (rep movsb) writes about 3x slower when the destination sits 16 bytes past
 // the source modulo a cache line, which is exactly a D2H copy into a malloc'd numpy array. Such
-// copies go through a small cache-resident staging buffer placed at the destination's alignment:
-// the extra copy stays in cache, so memory traffic is unchanged.
+// copies go through a staging buffer placed at the destination's alignment, in pieces of 2 MiB:
+// measured on a 256 MiB D2H copy, 128 KiB pieces (one process_vm_writev each) ran at 8.3-9.5
+// GiB/s, 2 MiB pieces at 12.3-16.8, as fast as an aligned copy that needs no staging (13-14).
+// The buffer is the thread's, on the heap and only as large as its largest piece so far (static
+// thread-local storage of that size would be set up for every thread of the daemon).
 int32_t copy_range(pid_t pid, char *local, uint64_t remote, uint64_t size, bool to_client) {
   const uint64_t shift = remote % 64;
   if (!to_client || (reinterpret_cast<uint64_t>(local) - remote) % 64 == 0 || size < 4096)
     return transfer(pid, local, remote, size, to_client);
-  constexpr uint64_t kPiece = 128 << 10;
-  alignas(64) static thread_local char staging[kPiece + 64];
-  for (uint64_t done = 0; done < size; done += kPiece) {
-    const uint64_t len = std::min(kPiece, size - done);
-    std::memcpy(staging + shift, local + done, len);
-    if (int32_t rc = transfer(pid, staging + shift, remote + done, len, true); rc != ACL_SUCCESS) return rc;
+  constexpr uint64_t kPiece = 2ULL << 20;
+  thread_local std::vector<char> buffer;
+  const uint64_t piece = std::min(kPiece, size);
+  try {
+    if (buffer.size() < piece + 128) buffer.resize(piece + 128);
+  } catch (const std::bad_alloc &) {
+    return transfer(pid, local, remote, size, to_client);  // the slow copy is still a copy
+  }
+  char *staging = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64 + shift;
+  for (uint64_t done = 0; done < size; done += piece) {
+    const uint64_t len = std::min(piece, size - done);
+    std::memcpy(staging, local + done, len);
+    if (int32_t rc = transfer(pid, staging, remote + done, len, true); rc != ACL_SUCCESS) return rc;
   }
   return ACL_SUCCESS;
 }

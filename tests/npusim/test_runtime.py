@@ -74,6 +74,33 @@ print("isolated")
     assert npusim.daemon_status(npusim_daemon.socket)["clients"] == []
 
 
+def test_copies_to_the_host_are_exact_at_any_alignment(npusim_daemon) -> None:
+    """A device->host copy whose destination is not at the source's cache-line offset goes
+    through the daemon's staging buffer in pieces, split across threads when large: every byte
+    lands where it belongs, and none beside the destination is touched."""
+    out = run_py(PRELUDE + """
+npusim.init(); npusim.set_device(0)
+MiB = 1 << 20
+total = 9 * MiB + 77
+pattern = (np.arange(total + 64, dtype=np.uint64) * 2654435761 % 251).astype(np.uint8)
+dev = npusim.malloc(total + 64)
+npusim.memcpy_h2d(dev, pattern)
+checked = 0
+for src_off in (0, 16):
+    for shift in (0, 1, 16, 48, 63):
+        for size in (4095, 2 * MiB, 5 * MiB + 77, total):
+            raw = np.full(size + 128, 0xEE, np.uint8)
+            dst = raw[shift:shift + size]
+            npusim.memcpy_d2h(dst, dev + src_off)
+            assert np.array_equal(dst, pattern[src_off:src_off + size]), (src_off, shift, size)
+            assert (raw[:shift] == 0xEE).all() and (raw[shift + size:] == 0xEE).all(), (src_off, shift, size)
+            checked += 1
+npusim.free(dev)
+print(checked)
+""", npusim_daemon.env)
+    assert out == "40\n"
+
+
 def test_lock_waits_for_queued_work(npusim_daemon) -> None:
     # The stream is FIFO: its last task (a fill of d) finishes only after every matmul before it,
     # so a Lock that returned early would leave d (or c) unfinished.
