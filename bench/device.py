@@ -2,12 +2,14 @@
 memory and D bytes of npusim device memory, of which a known share is zero.
 
 Per sample (the first on a fresh workload, each next one on the process the previous
-sample restored): `npusnap checkpoint --device sim` timed while the target's
-memory is watched; the images' bytes on disk, and how many of them are device memory
-(pages CRIU dumped at addresses the process did not map before the checkpoint: the
-runtime's backup staging); eviction from the page cache (disk only); `npusnap restore
---detach` timed; a status check through the agent; kill. The daemon's RSS is watched during
-both commands: its growth is host memory the checkpoint costs too. Each D that does not fit
+sample restored): the storage's write limit on files of the image's size (bench/limits.py);
+`npusnap checkpoint --device sim` timed while the target's memory is watched; the images'
+bytes on disk, and how many of them are device memory (pages CRIU dumped at addresses the
+process did not map before the checkpoint: the runtime's backup staging); eviction from the
+page cache (disk only); `npusnap restore --detach` timed; a status check through the agent;
+the disk's cold read limit on those files (a tmpfs's read limit is taken with its write
+limit); kill. Each rate is held to the limits of its own sample. The daemon's RSS is watched
+during both commands: its growth is host memory the checkpoint costs too. Each D that does not fit
 the machine (memory, disk, tmpfs) is skipped with the reason printed."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .limits import READERS, LimitFiles, sample
 from .util import (
     PAGE,
     BenchError,
@@ -97,6 +100,7 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
     argv = [*npusnap_exe(), "run", "--", *workload_argv(host, dev, zero_fraction=zero_fraction)]
     w = start_workload(res, argv, out, env=env)
     pid = w.pid
+    image = int(w.info["host_bytes"]) + int(w.info["device_nonzero_bytes"])  # what a checkpoint stores
     samples: list[dict[str, Any]] = []
     began = time.monotonic()
     try:
@@ -105,7 +109,20 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                 break
             ckpt = ckpt_parent / f"{tag}-{i}"
             s: dict[str, Any] = {"pid": pid}
+            limit_files: Optional[LimitFiles] = None
             try:
+                # The limits at the image's size, next to what they bound: this VM writes memory it
+                # has not touched lately (a tmpfs, the page cache) the slower the more of it a write
+                # takes (a 7 GiB file on a tmpfs: 0.6-1.2 GiB/s, 256 MiB: 2.3-2.6), its disk's rate
+                # drifts within minutes, and it reads data the slower the longer ago it was written
+                # (LimitFiles): the limit's files, written before the checkpoint, are read once the
+                # restore is done, older than the images were when the restore read them. A tmpfs's
+                # is removed before the checkpoint: it may not have room for both.
+                if storage == "disk":
+                    limit_files = LimitFiles(ckpt_parent, f"{tag}-limits", image, disk=True)
+                    s["limit"] = {"bytes": image, "write": limit_files.write()}
+                else:
+                    s["limit"] = {"bytes": image, **sample(ckpt_parent, image, disk=False)}
                 old = proc_maps(pid)
                 with MemoryWatch(pid) as mem, DaemonWatch(daemon_pid) as dmem:
                     run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "sim"], env=env, workdir=workdir)
@@ -148,8 +165,12 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                 state = AgentClient(rpid).status().state
                 if state != "RUNNING":
                     raise BenchError(f"restored workload {rpid} is {state}, not RUNNING")
+                if limit_files is not None:  # a disk's
+                    s["limit"].update(limit_files.read(reverse=i % 2 == 1))
             finally:
                 shutil.rmtree(ckpt, ignore_errors=True)
+                if limit_files is not None:
+                    limit_files.remove()
             samples.append(s)
             time.sleep(0.05)
     finally:
@@ -171,10 +192,11 @@ def start_daemon(res: Resources, workdir: Path, memory: int) -> tuple[str, int]:
 
 def need(host: int, dev: int, storage: str, zero_fraction: float) -> dict[str, int]:
     """What one (D, storage) series needs: the workload's host memory and interpreter, its device
-    memory in the daemon, and one checkpoint (zero device chunks are not stored) on disk or tmpfs."""
+    memory in the daemon, and one checkpoint (zero device chunks are not stored) on disk or tmpfs;
+    on a disk, each sample's limit files as well (on a tmpfs its one is removed before the checkpoint)."""
     image = host + int(dev * (1.0 - zero_fraction)) + (64 << 20)
-    out = {"memory": host + dev + (512 << 20), "disk": 0, "tmpfs": 0}
-    out["disk" if storage == "disk" else "tmpfs"] = image
+    out = {"memory": host + dev + (512 << 20), "disk": (1 + len(READERS)) * image if storage == "disk" else 0,
+           "tmpfs": image if storage == "tmpfs" else 0}
     return out
 
 
@@ -183,12 +205,13 @@ def section_name(dev: int, storage: str) -> str:
 
 
 def sections(host: int, devs: list[int]) -> list[tuple[str, float]]:
-    """Budget sections and weights (bytes moved; disk counts double, plus a fixed cost)."""
+    """Budget sections and weights (bytes moved, the limits' files' included; disk counts double,
+    plus a fixed cost)."""
     fixed = 256 << 20
     out: list[tuple[str, float]] = []
     for dev in devs:
-        out.append((section_name(dev, "disk"), 2 * (host + dev) * 2 + fixed))
-        out.append((section_name(dev, "tmpfs"), 2 * (host + dev) + fixed))
+        out.append((section_name(dev, "disk"), (2 + len(READERS)) * (host + dev) * 2 + fixed))
+        out.append((section_name(dev, "tmpfs"), 3 * (host + dev) + fixed))
     return out
 
 
@@ -227,13 +250,13 @@ def measure(res: Resources, workdir: Path, tmpfs_dir: Path, host: int, devs: lis
 def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,
                limits: dict[str, float]) -> list[dict[str, Any]]:
     state = host + dev
-    limit_for = {
-        ("checkpoint", "disk"): ("disk_write_fsync_Bps", limits["disk_write_fsync_Bps"]),
-        ("restore", "disk"): ("disk_read_cold_Bps", limits["disk_read_cold_Bps"]),
+    limit_for = {  # (the run's limit, measured on a file of limits["bytes"]; the samples' own limit)
+        ("checkpoint", "disk"): ("disk_write_fsync_Bps", "write"),
+        ("restore", "disk"): ("disk_read_cold_Bps", "read"),
         # a file on a tmpfs is written into fresh pages, not copied into touched ones: its write
         # rate (a few times under memcpy's) is the limit there, as the disk's is on a disk
-        ("checkpoint", "tmpfs"): ("tmpfs_write_Bps", limits["tmpfs_write_Bps"]),
-        ("restore", "tmpfs"): ("tmpfs_read_Bps", limits["tmpfs_read_Bps"]),
+        ("checkpoint", "tmpfs"): ("tmpfs_write_Bps", "write"),
+        ("restore", "tmpfs"): ("tmpfs_read_Bps", "read"),
     }
     out = []
     for op in ("checkpoint", "restore"):
@@ -242,15 +265,23 @@ def _summarise(samples: list[dict[str, Any]], storage: str, host: int, dev: int,
         phases = {n: median([s[f"{op}_phases"].get(n, 0.0) for s in samples]) for n in names}
         phases["cli"] = max(0.0, median(secs) - sum(phases.values()))  # start-up, imports, exit
         thr = state / median(secs)
-        limit_name, limit = limit_for[(op, storage)]
+        limit_name, key = limit_for[(op, storage)]
+        at_size = [s["limit"][key] for s in samples]  # each sample's own, at the image's size
+        limit = median(at_size)
+        ratio = median([state / t / lim for t, lim in zip(secs, at_size)])  # each sample against its own
         run: dict[str, Any] = {
             "kind": "device", "tool": "npusnap", "op": op, "storage": storage,
             "host_bytes": host, "device_bytes": dev, "state_bytes": state,
             "seconds": median(secs), "samples": secs, "throughput_Bps": thr,
-            "limit": limit_name, "ratio_to_limit": thr / limit if limit else float("nan"),
+            "limit": limit_name, "ratio_to_limit": ratio,
+            "limit_Bps": limit, "limit_samples": at_size, "limit_file_bytes": samples[0]["limit"]["bytes"],
+            "run_limit_Bps": limits[limit_name],  # the run's, on a file of limits["bytes"], for comparison
             "phases": phases,
             "profile": _median_profile([s[f"{op}_profile"] for s in samples]),
         }
+        if key == "read" and "by_readers" in samples[0]["limit"]:  # the limit is the best of these
+            run["limit_by_readers"] = {n: median([s["limit"]["by_readers"][n] for s in samples])
+                                       for n in samples[0]["limit"]["by_readers"]}
         if op == "checkpoint":
             run["memory"] = {k: median([s["memory"][k] for s in samples]) for k in samples[0]["memory"]}
             run["disk"] = {k: median([s["disk"][k] for s in samples]) for k in samples[0]["disk"]}

@@ -91,6 +91,12 @@ def test_bench_tiny_writes_well_formed_results(tmp_path: Path, shm_dir: Path) ->
             ("device", "checkpoint", "tmpfs"), ("device", "restore", "tmpfs")} <= kinds
     for r in doc["runs"]:
         assert r["seconds"] > 0 and r["state_bytes"] > 0, r
+        if r["kind"] == "device":  # held to the limit its own samples measured, on a file of the image's size
+            assert len(r["limit_samples"]) == len(r["samples"]) and r["limit_Bps"] > 0, r
+            assert r["limit_file_bytes"] >= r["host_bytes"], r
+            if (r["op"], r["storage"]) == ("restore", "disk"):  # the best of one reader and eight
+                assert set(r["limit_by_readers"]) == {"1", "8"}, r
+                assert r["limit_Bps"] >= min(r["limit_by_readers"].values()), r
     inc = doc["incremental"]  # a tenth of the device and host memory changed: bytes, never times, are checked
     assert inc["incremental"]["device_on_disk"] <= 0.15 * inc["full"]["device_on_disk"], inc
     assert inc["incremental"]["referenced"] >= 0.85 * inc["device_bytes"], inc
