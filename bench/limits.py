@@ -4,7 +4,7 @@
 * disk write   sequential write in 8 MiB chunks + fsync, in the benchmark's work directory, its
                write-back started every 32 MiB and the window three back waited for and dropped, as
                the device export writes (a write that fills the page cache first is throttled: on
-               the development VM 0.35-1.2 GiB/s for 1 GiB and 0.37-0.44 for 4-7, windowed 1.3-1.6)
+               the development VM 0.36-1.42 GiB/s for 1 GiB and 0.37-0.44 for 4-7, windowed 1.31-1.63)
 * disk read    the file after fdatasync + POSIX_FADV_DONTNEED (or drop_caches): cold; the best
                of one such file read by 1 thread and another by 8 (LimitFiles says why)
 * tmpfs        the same write and read on /dev/shm (in memory: a second memcpy-like limit)
