@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .limits import READERS, LimitFiles, sample
+from .limits import READERS, LimitFiles
 from .util import (
     PAGE,
     BenchError,
@@ -109,7 +109,7 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                 break
             ckpt = ckpt_parent / f"{tag}-{i}"
             s: dict[str, Any] = {"pid": pid}
-            limit_files: Optional[LimitFiles] = None
+            limit_files = LimitFiles(ckpt_parent, f"{tag}-limits", image, disk=storage == "disk")
             try:
                 # The limits at the image's size, next to what they bound: this VM writes memory it
                 # has not touched lately (a tmpfs, the page cache) the slower the more of it a write
@@ -118,11 +118,9 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                 # (LimitFiles): the limit's files, written before the checkpoint, are read once the
                 # restore is done, older than the images were when the restore read them. A tmpfs's
                 # is removed before the checkpoint: it may not have room for both.
-                if storage == "disk":
-                    limit_files = LimitFiles(ckpt_parent, f"{tag}-limits", image, disk=True)
-                    s["limit"] = {"bytes": image, "write": limit_files.write()}
-                else:
-                    s["limit"] = {"bytes": image, **sample(ckpt_parent, image, disk=False)}
+                s["limit"] = {"bytes": image, "write": limit_files.write()}
+                if storage != "disk":
+                    s["limit"].update(limit_files.read())
                 old = proc_maps(pid)
                 with MemoryWatch(pid) as mem, DaemonWatch(daemon_pid) as dmem:
                     run = npusnap(["checkpoint", pid, "-D", ckpt, "--device", "sim"], env=env, workdir=workdir)
@@ -165,12 +163,11 @@ def _series(res: Resources, sock: str, daemon_pid: int, workdir: Path, ckpt_pare
                 state = AgentClient(rpid).status().state
                 if state != "RUNNING":
                     raise BenchError(f"restored workload {rpid} is {state}, not RUNNING")
-                if limit_files is not None:  # a disk's
+                if storage == "disk":
                     s["limit"].update(limit_files.read(reverse=i % 2 == 1))
             finally:
                 shutil.rmtree(ckpt, ignore_errors=True)
-                if limit_files is not None:
-                    limit_files.remove()
+                limit_files.remove()
             samples.append(s)
             time.sleep(0.05)
     finally:
