@@ -114,15 +114,21 @@ class Workload:
 
     def wait_for_line(self, predicate: "str | int", timeout: float = 30) -> list[str]:
         """Wait until the output holds a line containing predicate (str) or N lines (int)."""
+        def holds(lines: list[str]) -> bool:
+            if isinstance(predicate, int):
+                return len(lines) >= predicate
+            return any(predicate in line for line in lines)
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             lines = self.lines()
-            if isinstance(predicate, int) and len(lines) >= predicate:
-                return lines
-            if isinstance(predicate, str) and any(predicate in line for line in lines):
+            if holds(lines):
                 return lines
             if self.proc.poll() is not None and not pid_alive(self.pid):
-                raise AssertionError(f"workload exited early ({self.proc.returncode}): {self.lines()[-5:]}")
+                lines = self.lines()  # it may have written the line and exited since the read above
+                if holds(lines):
+                    return lines
+                raise AssertionError(f"workload exited early ({self.proc.returncode}): {lines[-5:]}")
             time.sleep(0.02)
         raise AssertionError(f"timed out waiting for {predicate!r}; output tail: {self.lines()[-5:]}")
 
