@@ -1,9 +1,11 @@
 """Every hook that exists for the test suite, in one place; none changes what a user sees
 unless its environment variable is set.
 
-* NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit|pack (NPUSNAP_TEST_PAUSE_S): the checkpoint
-  pipeline announces the point on stderr and waits there for a signal (tests/faults, pipeline;
-  pack: the chunk store's pack of this run made and its first chunk in it, not yet indexed),
+* NPUSNAP_TEST_PAUSE=before:PHASE|after:PHASE|commit|pack|device-unlock (NPUSNAP_TEST_PAUSE_S): the
+  checkpoint pipeline announces the point on stderr and waits there for a signal (tests/faults,
+  pipeline; pack: the chunk store's pack of this run made and its first chunk in it, not yet
+  indexed; device-unlock: each agent unlock, as --leave-running's after the commit, the device's
+  data back),
   or until the file NPUSNAP_TEST_PAUSE_UNTIL exists (tests/pipeline/test_live.py). Several
   points, comma-separated: a pause at each (two nodes' workers held, tests/job/test_hccl_abort.py).
 * NPUSNAP_TEST_FAIL=before:PHASE|after:PHASE (a set member's: before:PHASE@PID): the pipeline

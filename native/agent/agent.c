@@ -525,6 +525,7 @@ struct reply {
     const char *runtime; /* NULL: null */
     long lease_ms_left;  /* < 0: null (no lease armed) */
     int lease_lost;      /* the field appears only when set */
+    const int *lease_lost_at; /* NULL: the field does not appear (no lease armed) */
     const char *device;  /* a JSON object; NULL or empty: null */
 };
 
@@ -563,6 +564,10 @@ static void write_reply(struct buf *out, const struct reply *r)
     if (r->lease_lost) {
         json_key(out, NPUSNAP_AGENT_REPLY_LEASE_LOST);
         buf_add(out, "true", 4);
+    }
+    if (r->lease_lost_at) {
+        json_key(out, NPUSNAP_AGENT_REPLY_LEASE_LOST_AT);
+        buf_printf(out, "%lu", (unsigned long)(uintptr_t)r->lease_lost_at);
     }
     json_key(out, NPUSNAP_AGENT_REPLY_DEVICE);
     if (r->device && r->device[0])
@@ -842,6 +847,7 @@ static void execute(const char *line, struct buf *out)
         .runtime = g.runtime[0] ? g.runtime : NULL,
         .lease_ms_left = g.lease_armed ? lease_left : -1,
         .lease_lost = g.lease_lost,
+        .lease_lost_at = g.lease_armed ? &g.lease_lost : NULL,
         .device = o.info,
     };
     r.error = r.ok ? NULL : o.err;

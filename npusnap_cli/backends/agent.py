@@ -4,11 +4,15 @@ host memory and CRIU writes it with the rest."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
-from ..errors import LeaseLost, WrongState
+from .. import testhooks
+from ..errors import DeviceFailed, LeaseLost, NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
 from ..platform.agent import E_LEASE_LOST, AgentClient, AgentError, AgentProblem, AgentReply, agent_error
 from ..platform.simimages import daemon_socket
@@ -25,20 +29,30 @@ class LeaseKeeper:
         self.client = AgentClient(pid, connect_timeout=0.5)
         self.lease = lease
         self.lost = False  # the agent said the lease ran out: the next fence() stops the pipeline
+        self.held = False  # hold(): no renewals for now
+        self.busy = threading.Lock()  # held through each renewal
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"lease-{pid}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while not self.stopped.wait(self.lease / 4):
-            try:
-                self.client.renew(self.lease)
-            except AgentError as e:
-                if e.code == E_LEASE_LOST:
-                    self.lost = True
-                    return
-            except AgentProblem:
-                pass
+            with self.busy:
+                if self.held:
+                    continue
+                try:
+                    self.client.renew(self.lease)
+                except AgentError as e:
+                    if e.code == E_LEASE_LOST:
+                        self.lost = True
+                        return
+                except AgentProblem:
+                    pass
+
+    def hold(self, held: bool) -> None:
+        """held: no renewal from now on (one under way ends first) until hold(False)."""
+        with self.busy:
+            self.held = held
 
     def renew_now(self) -> bool:
         """Renew at once; False when the agent says the lease ran out."""
@@ -68,6 +82,8 @@ class AgentBackend:
         self.client = AgentClient(pid)
         self.last_reply: Optional[AgentReply] = None  # the agent's answer to the latest command
         self._keeper: Optional[LeaseKeeper] = None
+        self._lease_lost_at: Optional[int] = None  # the agent's lease-lost flag in the process's memory
+        self._freezing = False  # frozen_by_criu(): a lease armed meanwhile is not renewed either
         self.daemon: Optional[str] = None  # use_daemon(): the npusim daemon the restore goes to
 
     def _call(self, what: str, *args: Any, **kwargs: Any) -> AgentReply:
@@ -112,9 +128,11 @@ class AgentBackend:
         self.daemon = socket
 
     def lock(self, timeout: float, lease: Optional[float] = None) -> None:
-        self._call("lock", *((timeout, lease) if lease else (timeout,)))
+        reply = self._call("lock", *((timeout, lease) if lease else (timeout,)))
         if lease:
             self._keeper = LeaseKeeper(self.pid, lease)
+            self._keeper.hold(self._freezing)
+            self._lease_lost_at = reply.lease_lost_at
 
     def backup(self, device_dir: Optional[Path] = None) -> list[FileEntry]:
         self._call("backup")
@@ -124,6 +142,7 @@ class AgentBackend:
         self._call("restore")
 
     def unlock(self) -> None:
+        testhooks.pause("device-unlock")
         self.release()
         self._call("unlock")
 
@@ -152,8 +171,61 @@ class AgentBackend:
         except AgentProblem as e:
             raise agent_error(e, f"renewing the lease on process {self.pid}'s device lock") from e
         if not ours:
-            raise LeaseLost(f"the lease on process {self.pid}'s device lock ran out while npusnap was not "
-                            "running; the agent took the workload back, so npusnap stops here")
+            raise self._lease_lost("while npusnap was not running")
+
+    def _lease_lost(self, when: str) -> LeaseLost:
+        return LeaseLost(f"the lease on process {self.pid}'s device lock ran out {when}; "
+                         "the agent took the workload back, so npusnap stops here")
+
+    @contextlib.contextmanager
+    def frozen_by_criu(self) -> Iterator[None]:
+        """Around CRIU's dump. The lease is renewed at the start, then not until the end: a
+        renewal's connection open as CRIU freezes the tree is a socket CRIU refuses to dump, and
+        the freeze stops the lease's clock anyway. At the end (the tree frozen, the agent unable to
+        answer) the agent's flag is read from the process's memory, which the images hold too: a
+        CLI stopped past the lease before the freeze finds it set, the workload taken back. A dump
+        that failed (the tree runs again) because of that is reported so, not as CRIU's error
+        (npusim's runtime, taken back, holds its daemon connection again: an external socket)."""
+        self.fence()
+        self._freezing = True
+        if self._keeper is not None:
+            self._keeper.hold(True)
+        try:
+            try:
+                yield
+            except NpusnapError as e:
+                if self._keeper is not None and self._agent_says_lost():
+                    raise self._lease_lost("while npusnap was not running") from e
+                raise
+            if self._keeper is not None and (self._keeper.lost or self._flag_in_memory()):
+                raise self._lease_lost("before CRIU froze it")
+        finally:
+            self._freezing = False
+            if self._keeper is not None:
+                self._keeper.hold(False)
+
+    def _agent_says_lost(self) -> bool:
+        try:
+            return self.client.status().lease_lost
+        except AgentProblem:
+            return False
+
+    def _flag_in_memory(self) -> bool:
+        """The agent's lease-lost flag, read from the memory of the process (stopped)."""
+        try:
+            if self._lease_lost_at is None:
+                raise OSError("the agent did not say where its lease flag is")
+            fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                flag = os.pread(fd, 4, self._lease_lost_at)
+            finally:
+                os.close(fd)
+            if len(flag) != 4:
+                raise OSError("short read")
+        except OSError as e:
+            raise DeviceFailed(f"cannot tell whether the lease on process {self.pid}'s device lock held "
+                               f"until CRIU froze it (its memory: {e})") from None
+        return int.from_bytes(flag, sys.byteorder) != 0
 
     def release(self) -> None:
         if self._keeper is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import ContextManager, Optional, Protocol, Sequence
 
 from .._protocol import STATE_BACKED_UP, STATE_LOCKED, STATE_RUNNING
 from ..errors import DeviceFailed
@@ -107,6 +107,12 @@ class Backend(Protocol):
     def fence(self) -> None:
         """Before each step: renew the lock's lease now and make sure it is still ours.
         Raises LeaseLost when it ran out (we were stopped or frozen past it)."""
+        ...
+
+    def frozen_by_criu(self) -> ContextManager[None]:
+        """Around CRIU's dump: fence first; at the end, with the tree frozen, make sure the lease
+        had not run out before the freeze (the agent would have taken the workload back, and the
+        images would hold it so): raises LeaseLost when it had."""
         ...
 
     def adopt_lease(self, lease: float) -> None:

@@ -7,9 +7,10 @@ FAILED is never passed on as a state: it raises DeviceFailed with what to do."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, ContextManager, Optional, Sequence
 
 from ..errors import DeviceFailed, EnvironmentProblem, NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
@@ -205,6 +206,9 @@ class CudaBackend:
 
     def fence(self) -> None:
         pass  # the driver has no lease
+
+    def frozen_by_criu(self) -> ContextManager[None]:
+        return contextlib.nullcontext()
 
     def adopt_lease(self, lease: float) -> None:
         pass

@@ -196,13 +196,24 @@ class DirectBackend(AgentBackend):
         except AgentProblem as e:
             raise agent_error(e, f"device restore (external) of process {self.pid}") from e
         try:
-            self.unlock()  # the daemon had all of the memory in place
+            self._unlock_unless_running()  # the daemon had all of the memory in place
             return
         except NpusnapError:
-            if self.snapped:
-                files = self.write_snapshot(device_dir)
-            import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
+            pass
+        if self.snapped:
+            files = self.write_snapshot(device_dir)
+        import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
+        self._unlock_unless_running()
+
+    def _unlock_unless_running(self) -> None:
+        """Unlock; a refusal because the process runs already is no failure: the agent unlocked
+        it when its lease ran out while we were stopped, which the daemon allows only with all of
+        the memory in place, as for ours."""
+        try:
             self.unlock()
+        except NpusnapError:
+            if self.state() != State.RUNNING:
+                raise
 
     def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
         if device_dir is None and self._images is not None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import ContextManager, Optional, Sequence
 
 from ..image.format import DeviceState, FileEntry
 from .base import BackendName, DataPath, State
@@ -36,6 +37,9 @@ class NoDevice:
 
     def fence(self) -> None:
         pass
+
+    def frozen_by_criu(self) -> ContextManager[None]:
+        return contextlib.nullcontext()
 
     def adopt_lease(self, lease: float) -> None:
         pass

@@ -574,7 +574,10 @@ class CheckpointRun:
         self.dump(pre_dump=lock_and_back_up)
 
     def dump(self, pre_dump: Optional[Callable[[], None]] = None) -> None:
-        self.backend.fence()
+        with self.backend.frozen_by_criu():  # the images hold the process as the freeze found it
+            self._dump(pre_dump)
+
+    def _dump(self, pre_dump: Optional[Callable[[], None]]) -> None:
         before = self.target.tree()
         self.guardian.watch([p.pid for p in before])  # CRIU leaves them stopped: resumed if we die
         criu_dir = self.criu_dir

@@ -138,11 +138,14 @@ class AgentReply:
     # ms of run time left on the lock's lease; None when no lease is armed
     lease_ms_left: Optional[float] = field(default=None)
     lease_lost: bool = False  # the lock's last lease ran out (renew is refused until the next lock)
+    # while a lease is armed: where lease_lost lives in the process's memory (read while it is frozen)
+    lease_lost_at: Optional[int] = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentReply:
         device = data.get(P.AGENT_REPLY_DEVICE)
         lease_ms_left = data.get(P.AGENT_REPLY_LEASE_MS_LEFT)
+        lease_lost_at = data.get(P.AGENT_REPLY_LEASE_LOST_AT)
         return cls(
             ok=bool(data[P.AGENT_REPLY_OK]),
             code=int(data[P.AGENT_REPLY_CODE]),
@@ -154,6 +157,7 @@ class AgentReply:
             device=device if isinstance(device, dict) else None,
             lease_ms_left=float(lease_ms_left) if isinstance(lease_ms_left, (int, float)) else None,
             lease_lost=data.get(P.AGENT_REPLY_LEASE_LOST) is True,
+            lease_lost_at=lease_lost_at if type(lease_lost_at) is int and lease_lost_at > 0 else None,
         )
 
 

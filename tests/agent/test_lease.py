@@ -115,6 +115,34 @@ def test_sigstop_longer_than_the_lease_does_not_expire_it(spawn, agent_lib, c_pr
     assert st.device and st.device["unlocks"] == 1
 
 
+def test_a_frozen_process_tells_whether_its_lease_ran_out(spawn, agent_lib, c_programs):
+    """What the checkpoint asks once CRIU has frozen the process and the agent cannot answer
+    (AgentBackend.frozen_by_criu, whose renewals stop meanwhile): read from the process's memory,
+    the lease held, or it had run out before the freeze and the agent had taken the workload back."""
+    from npusnap_cli.backends.agent import AgentBackend
+    from npusnap_cli.backends.base import BackendName
+    from npusnap_cli.errors import LeaseLost
+
+    t = spawn_fake_runtime(spawn, agent_lib, c_programs)
+    held = AgentBackend(t.pid, BackendName.SIM)
+    held.lock(5, lease=30)
+    assert held.last_reply is not None and held.last_reply.lease_lost_at
+    with held.frozen_by_criu():
+        os.kill(t.pid, signal.SIGSTOP)  # as CRIU's freeze
+    os.kill(t.pid, signal.SIGCONT)
+    held.unlock()
+
+    lost = AgentBackend(t.pid, BackendName.SIM)
+    lost.lock(5, lease=0.3)
+    c = ag.AgentClient(t.pid)
+    with pytest.raises(LeaseLost, match="ran out before CRIU froze it"):
+        with lost.frozen_by_criu():  # renewed here, then not: as for a CLI stopped past its lease
+            wait_state(c, "RUNNING", EXPIRY_S)  # the agent took it back
+            os.kill(t.pid, signal.SIGSTOP)
+    os.kill(t.pid, signal.SIGCONT)
+    lost.release()
+
+
 def test_lease_expiry_in_backed_up_restores_device_data(npusimd, spawn, tmp_path):  # noqa: F811
     log = tmp_path / "agent.log"
     env = {"NPUSIM_SOCKET": npusimd["socket"], "NPUSNAP_AGENT_LOG": str(log),

@@ -119,17 +119,21 @@ def wait_lease_lost(pid: int, bound: float = 60) -> None:
 
 
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
-def test_cli_stopped_past_its_lease_stops_and_says_so(data_path, npusim_daemon, reference, tmp_path):
+@pytest.mark.parametrize("point", ["after:backup", "before:dump"])
+def test_cli_stopped_past_its_lease_stops_and_says_so(point, data_path, npusim_daemon, reference, tmp_path):
     """Ctrl-Z of the CLI after the device backup, longer than the lease: the CLI that lost the
     lease stops (one line, exit 9), the workload runs with its data, and on the direct path
-    the staged device data was put back before anything was deleted."""
+    the staged device data was put back before anything was deleted. before:dump: after the
+    dump's own renewal, before CRIU's freeze (renewals held until it): the frozen process's memory
+    says the agent took it back, which CRIU would otherwise have dumped as it was then, no longer
+    backed up, in a checkpoint that looked valid."""
     env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE_S": "1"}
     w = start_train(tmp_path, npusim_daemon.env)
     target = tmp_path / "ckpt"
     cli = None
     try:
         cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path],
-                        "after:backup", env)
+                        point, env)
         os.kill(cli.proc.pid, signal.SIGSTOP)
         wait_lease_lost(w.pid)  # the workload runs on (locked) past its 1 s lease
         os.kill(cli.proc.pid, signal.SIGCONT)
@@ -137,6 +141,32 @@ def test_cli_stopped_past_its_lease_stops_and_says_so(data_path, npusim_daemon, 
         line = assert_failed_cleanly(r, {9})
         assert "lease" in line, line
         assert_no_valid_checkpoint(target)
+        wait_recovers(w, bound=30, env=npusim_daemon.env)
+        assert_running_intact(w, reference, npusim_daemon.env)
+    finally:
+        _reap_cli(cli)
+        w.stop()
+
+
+@pytest.mark.parametrize("data_path", ["direct", "in-process"])
+def test_cli_stopped_past_its_lease_after_the_commit_succeeds(data_path, npusim_daemon, reference, tmp_path):
+    """--leave-running, the CLI stopped after the commit, the device's data back, before its
+    unlock, longer than the lease: the agent unlocks by itself (the daemon lets it, the memory
+    being in place), and the CLI, finding it running, reports the checkpoint it committed
+    (it tried an import into the unlocked process and reported a failure)."""
+    env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE_S": "1"}
+    w = start_train(tmp_path, npusim_daemon.env)
+    target = tmp_path / "ckpt"
+    cli = None
+    try:
+        cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path,
+                         "--leave-running"], "device-unlock", env)
+        os.kill(cli.proc.pid, signal.SIGSTOP)
+        wait_lease_lost(w.pid)
+        os.kill(cli.proc.pid, signal.SIGCONT)
+        r = _finish(cli)
+        assert r.returncode == 0, r.stderr
+        assert npusnap("verify", target, env=npusim_daemon.env).returncode == 0
         wait_recovers(w, bound=30, env=npusim_daemon.env)
         assert_running_intact(w, reference, npusim_daemon.env)
     finally:

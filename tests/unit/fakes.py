@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, ContextManager, Iterator, Optional, Sequence
 
 from npusnap_cli.backends import BackendName, DataPath, State
 from npusnap_cli.core.services import Services
@@ -96,6 +96,10 @@ class FakeBackend:
 
     def fence(self) -> None:
         self.script.at("fence")
+
+    def frozen_by_criu(self) -> ContextManager[None]:
+        self.fence()
+        return contextlib.nullcontext()
 
     def adopt_lease(self, lease: float) -> None:
         self.script.at("adopt_lease")

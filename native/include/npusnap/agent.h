@@ -37,6 +37,10 @@
 #define NPUSNAP_AGENT_REPLY_RUNTIME "runtime"             /* path of the runtime library, or null */
 #define NPUSNAP_AGENT_REPLY_LEASE_MS_LEFT "lease_ms_left" /* run time left on the lease, or null */
 #define NPUSNAP_AGENT_REPLY_LEASE_LOST "lease_lost"       /* present (true) once a lease ran out */
+/* Present while a lease is armed: the address of the agent's lease-lost flag (a C int, non-zero
+ * once the lease ran out), read by the CLI from the memory of the process once CRIU has it
+ * frozen and the agent cannot answer: did the lease run out before the freeze? */
+#define NPUSNAP_AGENT_REPLY_LEASE_LOST_AT "lease_lost_at"
 #define NPUSNAP_AGENT_REPLY_DEVICE "device"               /* npusimSnapshotInfo's object, or null */
 
 /* Reply codes besides the runtime's own aclError values. */
