@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from .. import testhooks
-from ..errors import DeviceFailed, LeaseLost, NpusnapError, WrongState
+from ..errors import DeviceFailed, Interrupted, LeaseLost, NpusnapError, WrongState
 from ..image.format import DeviceState, FileEntry
 from ..platform.agent import E_LEASE_LOST, AgentClient, AgentError, AgentProblem, AgentReply, agent_error
 from ..platform.simimages import daemon_socket
@@ -193,25 +193,24 @@ class AgentBackend:
         try:
             try:
                 yield
-            except NpusnapError as e:
-                if self._keeper is not None and self._agent_says_lost():
+            except NpusnapError as e:  # an interrupt stays one
+                if not isinstance(e, Interrupted) and self._keeper is not None and self._ran_out(must_know=False):
                     raise self._lease_lost("while npusnap was not running") from e
                 raise
-            if self._keeper is not None and (self._keeper.lost or self._flag_in_memory()):
+            if self._keeper is not None and self._ran_out(must_know=True):
                 raise self._lease_lost("before CRIU froze it")
         finally:
             self._freezing = False
             if self._keeper is not None:
                 self._keeper.hold(False)
 
-    def _agent_says_lost(self) -> bool:
-        try:
-            return self.client.status().lease_lost
-        except AgentProblem:
-            return False
-
-    def _flag_in_memory(self) -> bool:
-        """The agent's lease-lost flag, read from the memory of the process (stopped)."""
+    def _ran_out(self, must_know: bool) -> bool:
+        """Whether the lease ran out: the keeper heard so, or the agent's flag says so, read from the
+        process's memory (no answer needed: the process may be frozen). Unreadable: DeviceFailed
+        where we must know, else False."""
+        assert self._keeper is not None
+        if self._keeper.lost:
+            return True
         try:
             if self._lease_lost_at is None:
                 raise OSError("the agent did not say where its lease flag is")
@@ -223,6 +222,8 @@ class AgentBackend:
             if len(flag) != 4:
                 raise OSError("short read")
         except OSError as e:
+            if not must_know:
+                return False
             raise DeviceFailed(f"cannot tell whether the lease on process {self.pid}'s device lock held "
                                f"until CRIU froze it (its memory: {e})") from None
         return int.from_bytes(flag, sys.byteorder) != 0
