@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..errors import ImageInvalid, WrongState
 from ..image.format import DeviceState
-from .base import Backend, BackendName, DataPath, DataPathChoice, State
+from .base import Backend, BackendName, DataPath, DataPathChoice, State, unlock_unless_running
 
 # The implementations (and the platform adapters they load) are imported where a backend is
 # chosen, so that the CLI's option definitions can read the names above without them.
@@ -22,7 +22,7 @@ BACKENDS = tuple(b.value for b in BackendName)  # --device choices
 DATA_PATHS = tuple(d.value for d in DataPathChoice)  # --data-path choices
 
 __all__ = ["BACKENDS", "DATA_PATHS", "Backend", "BackendName", "DataPath", "DataPathChoice", "State",
-           "for_restore", "select"]
+           "for_restore", "select", "unlock_unless_running"]
 
 
 def select(pid: int, requested: BackendName = BackendName.AUTO, maps: str = "",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ContextManager, Optional, Protocol, Sequence
 
 from .._protocol import STATE_BACKED_UP, STATE_LOCKED, STATE_RUNNING
-from ..errors import DeviceFailed
+from ..errors import DeviceFailed, WrongState
 from ..image.format import DeviceState, FileEntry
 
 
@@ -126,3 +126,14 @@ class Backend(Protocol):
     def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
         """--leave-running after the commit: device restore from the committed images, unlock."""
         ...
+
+
+def unlock_unless_running(backend: Backend) -> None:
+    """The unlock after the device's data is back. Refused because the process runs already is no
+    failure: its agent unlocked it when the lease ran out while we were stopped, which it does (and
+    npusim's daemon allows) only with the data in place, as ours would have."""
+    try:
+        backend.unlock()
+    except WrongState:
+        if backend.state() != State.RUNNING:
+            raise

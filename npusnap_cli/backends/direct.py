@@ -18,7 +18,7 @@ from ..image.prefetch import Prefetch
 from ..platform.agent import AgentProblem, agent_error
 from ..platform.simimages import drop_snapshot, export_device, import_device, snapshot_device
 from .agent import AgentBackend
-from .base import BackendName, DataPath, State
+from .base import BackendName, DataPath, State, unlock_unless_running
 
 Parts = dict[str, tuple[float, int]]  # a step's (seconds, bytes), for its phase's profile (PhaseTiming.parts)
 
@@ -196,24 +196,14 @@ class DirectBackend(AgentBackend):
         except AgentProblem as e:
             raise agent_error(e, f"device restore (external) of process {self.pid}") from e
         try:
-            self._unlock_unless_running()  # the daemon had all of the memory in place
+            unlock_unless_running(self)  # the daemon had all of the memory in place
             return
         except NpusnapError:
             pass
         if self.snapped:
             files = self.write_snapshot(device_dir)
         import_device(self.pid, device_dir, files, self.daemon, chain=self.chain)
-        self._unlock_unless_running()
-
-    def _unlock_unless_running(self) -> None:
-        """Unlock; a refusal because the process runs already is no failure: the agent unlocked
-        it when its lease ran out while we were stopped, which the daemon allows only with all of
-        the memory in place, as for ours."""
-        try:
-            self.unlock()
-        except NpusnapError:
-            if self.state() != State.RUNNING:
-                raise
+        unlock_unless_running(self)
 
     def restore(self, device_dir: Optional[Path] = None, files: Sequence[FileEntry] = ()) -> None:
         if device_dir is None and self._images is not None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Protocol, Sequence
 
 from .. import testhooks
-from ..backends import Backend, BackendName, DataPath, State
+from ..backends import Backend, BackendName, DataPath, State, unlock_unless_running
 from ..errors import NpusnapError, UnsupportedTarget, WrongState
 from ..image.format import (
     CRIU_DIR,
@@ -753,7 +753,7 @@ def restore_set(opts: RestoreOptions, progress: Progress = quiet, services: Serv
                     for (entry, _), backend in zip(restored.values(), backends):  # in member order, both
                         if backend is not None:
                             with _naming(entry.pid, manifest.members.index(entry), len(manifest.members)):
-                                backend.unlock()
+                                unlock_unless_running(backend)
                 signals.settled = True
             except BaseException:
                 signals.rolling_back = True

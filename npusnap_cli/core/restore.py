@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..backends import Backend, BackendName, DataPath, State
+from ..backends import Backend, BackendName, DataPath, State, unlock_unless_running
 from ..criuopts import CriuOptions
 from ..errors import CriuFailed, EnvironmentProblem, ImageInvalid, Interrupted, NpusnapError, WrongState
 from ..image import signing
@@ -326,7 +326,7 @@ def _finish_device(pid: int, manifest: Manifest, root: Path, opts: RestoreOption
             t.bytes = manifest.device.bytes
             t.add_parts(getattr(backend, "parts", {}))
         with signals.commit_point(), phase("unlock"):
-            backend.unlock()
+            unlock_unless_running(backend)
     finally:
         backend.release()
 

@@ -175,6 +175,31 @@ def test_cli_stopped_past_its_lease_after_the_commit_succeeds(data_path, npusim_
 
 
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
+def test_restore_stopped_past_its_lease_before_the_unlock_succeeds(data_path, npusim_daemon, reference, tmp_path):
+    """The restore's CLI stopped with the device's data back, before its unlock, longer than the
+    lease it keeps on the restored lock (10 s): the agent unlocks by itself, and the restore stands
+    (it reported a refused unlock and killed the restored tree, which ran intact)."""
+    env = npusim_daemon.env
+    w = start_train(tmp_path, env)
+    target = tmp_path / "ckpt"
+    cli = None
+    try:
+        r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
+        assert r.returncode == 0, r.stderr
+        _wait_gone(w.pid)
+        cli = PausedCli(["restore", "-d", target], "device-unlock", {**env, "NPUSNAP_TEST_PAUSE_S": "1"})
+        os.kill(cli.proc.pid, signal.SIGSTOP)
+        wait_lease_lost(w.pid)
+        os.kill(cli.proc.pid, signal.SIGCONT)
+        r = _finish(cli)
+        assert r.returncode == 0, r.stderr
+        assert_running_intact(w, reference, env)
+    finally:
+        _reap_cli(cli)
+        w.stop()
+
+
+@pytest.mark.parametrize("data_path", ["direct", "in-process"])
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_restore_interrupted_before_unlock(how, data_path, npusim_daemon, reference, tmp_path):
     """The CLI dies or is interrupted between CRIU's restore and the unlock: the restored tree
