@@ -118,6 +118,21 @@ def wait_lease_lost(pid: int, bound: float = 60) -> None:
         time.sleep(0.1)
 
 
+def stopped_past_the_lease(cli: PausedCli, pid: int) -> subprocess.CompletedProcess:
+    """The paused CLI stopped (Ctrl-Z) until the lease on pid's lock ran out, then let go to its end."""
+    os.kill(cli.proc.pid, signal.SIGSTOP)
+    wait_lease_lost(pid)
+    os.kill(cli.proc.pid, signal.SIGCONT)
+    return _finish(cli)
+
+
+def checkpointed(w: Workload, target: Path, data_path: str, env: dict[str, str]) -> None:
+    """w checkpointed into target (default mode), and gone."""
+    r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
+    assert r.returncode == 0, r.stderr
+    _wait_gone(w.pid)
+
+
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
 @pytest.mark.parametrize("point", ["after:backup", "before:dump"])
 def test_cli_stopped_past_its_lease_stops_and_says_so(point, data_path, npusim_daemon, reference, tmp_path):
@@ -134,10 +149,7 @@ def test_cli_stopped_past_its_lease_stops_and_says_so(point, data_path, npusim_d
     try:
         cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path],
                         point, env)
-        os.kill(cli.proc.pid, signal.SIGSTOP)
-        wait_lease_lost(w.pid)  # the workload runs on (locked) past its 1 s lease
-        os.kill(cli.proc.pid, signal.SIGCONT)
-        r = _finish(cli)
+        r = stopped_past_the_lease(cli, w.pid)  # the workload runs on (locked) past its 1 s lease
         line = assert_failed_cleanly(r, {9})
         assert "lease" in line, line
         assert_no_valid_checkpoint(target)
@@ -161,10 +173,7 @@ def test_cli_stopped_past_its_lease_after_the_commit_succeeds(data_path, npusim_
     try:
         cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path,
                          "--leave-running"], "device-unlock", env)
-        os.kill(cli.proc.pid, signal.SIGSTOP)
-        wait_lease_lost(w.pid)
-        os.kill(cli.proc.pid, signal.SIGCONT)
-        r = _finish(cli)
+        r = stopped_past_the_lease(cli, w.pid)
         assert r.returncode == 0, r.stderr
         assert npusnap("verify", target, env=npusim_daemon.env).returncode == 0
         wait_recovers(w, bound=30, env=npusim_daemon.env)
@@ -184,14 +193,9 @@ def test_restore_stopped_past_its_lease_before_the_unlock_succeeds(data_path, np
     target = tmp_path / "ckpt"
     cli = None
     try:
-        r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
-        assert r.returncode == 0, r.stderr
-        _wait_gone(w.pid)
+        checkpointed(w, target, data_path, env)
         cli = PausedCli(["restore", "-d", target], "device-unlock", {**env, "NPUSNAP_TEST_PAUSE_S": "1"})
-        os.kill(cli.proc.pid, signal.SIGSTOP)
-        wait_lease_lost(w.pid)
-        os.kill(cli.proc.pid, signal.SIGCONT)
-        r = _finish(cli)
+        r = stopped_past_the_lease(cli, w.pid)
         assert r.returncode == 0, r.stderr
         assert_running_intact(w, reference, env)
     finally:
@@ -209,9 +213,7 @@ def test_restore_interrupted_before_unlock(how, data_path, npusim_daemon, refere
     target = tmp_path / "ckpt"
     cli = None
     try:
-        r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
-        assert r.returncode == 0, r.stderr
-        _wait_gone(w.pid)
+        checkpointed(w, target, data_path, env)
         cli = PausedCli(["restore", "-d", target], "after:criu-restore", env)
         assert pid_alive(w.pid)
         if how == "SIGKILL":
@@ -252,9 +254,7 @@ def test_cli_killed_while_criu_restores(data_path, npusim_daemon, reference, tmp
     target = tmp_path / "ckpt"
     cli = None
     try:
-        r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
-        assert r.returncode == 0, r.stderr
-        _wait_gone(w.pid)
+        checkpointed(w, target, data_path, env)
         cli = subprocess.Popen([*npusnap_cmd(), "restore", "-d", str(target)], env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
