@@ -207,13 +207,14 @@ class AgentBackend:
     def _ran_out(self, must_know: bool) -> bool:
         """Whether the lease ran out: the keeper heard so, or the agent's flag says so, read from the
         process's memory (no answer needed: the process may be frozen). Unreadable: DeviceFailed
-        where we must know, else False."""
+        where we must know, else False. An agent older than the flag's address (a workload started
+        before npusnap was upgraded) does not say where it is: not known, as before."""
         assert self._keeper is not None
         if self._keeper.lost:
             return True
+        if self._lease_lost_at is None:
+            return False
         try:
-            if self._lease_lost_at is None:
-                raise OSError("the agent did not say where its lease flag is")
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
             try:
                 flag = os.pread(fd, 4, self._lease_lost_at)
