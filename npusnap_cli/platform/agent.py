@@ -244,11 +244,13 @@ class AgentClient:
                 sock.connect(names[0])
             except (FileNotFoundError, ConnectionRefusedError) as e:
                 raise AgentNotFound(self._not_found_message()) from e
-            except socket.timeout as e:
+            except (socket.timeout, BlockingIOError) as e:  # EAGAIN: its queue of connections is full
                 raise AgentProtocolError(
                     f"the agent of process {self.pid} did not accept a connection within "
                     f"{self.connect_timeout:g} s (busy with a long backup or restore?)"
                 ) from e
+            except OSError as e:
+                raise AgentProtocolError(f"cannot connect to the agent of process {self.pid}: {e}") from e
             self._check_peer(sock, names[0])
             sock.settimeout(timeout)
             chunks: list[bytes] = []

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from npusnap_cli.platform import agent as ag
+from tests.helpers import proc_state
 
 from .test_agent import raw_request, spawn_fake_runtime
 from .test_npusim_e2e import WORKLOAD, _installed_python, npusimd  # noqa: F401  (fixture)
@@ -148,6 +149,34 @@ def test_a_frozen_process_tells_whether_its_lease_ran_out(spawn, agent_lib, c_pr
     with older.frozen_by_criu():
         wait_state(c, "RUNNING", EXPIRY_S)
     older.release()
+
+
+def test_an_agent_whose_queue_is_full_is_an_agent_problem(spawn, agent_lib, c_programs):
+    """An agent that accepts nobody (stopped here; busy with a long restore in a set) fills its
+    queue of connections (8): a connect then fails with EAGAIN, which is an AgentProblem like a
+    timeout, not an exception that ends the lease keeper's thread (it did, with a traceback, in a
+    4-rank set's restore in CI)."""
+    t = spawn_fake_runtime(spawn, agent_lib, c_programs)
+    client = ag.AgentClient(t.pid, connect_timeout=0.2)
+    os.kill(t.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while proc_state(t.pid) != "T":  # the signal is delivered after kill() returns
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(12):
+            with pytest.raises(ag.AgentProblem):
+                client.request("status", timeout=0.05)
+    finally:
+        os.kill(t.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30  # once it has drained its queue, it answers again
+    while True:
+        try:
+            assert ag.AgentClient(t.pid).status().state == "RUNNING"
+            break
+        except ag.AgentProblem:
+            assert time.monotonic() < deadline, "the agent never answered again"
+            time.sleep(0.05)
 
 
 def test_lease_expiry_in_backed_up_restores_device_data(npusimd, spawn, tmp_path):  # noqa: F811
