@@ -123,12 +123,31 @@ int recv_until(Member &m, void *buf, size_t len, Clock::time_point deadline) {
   return 0;
 }
 
+// Whether the rank's own connection (client) closed while it waits for a reply, which it sends
+// nothing meanwhile: its process died (a restore killed while its ranks re-form).
+bool client_hung_up(int client) {
+  pollfd p{client, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+// Until fd is readable (true), the rank's client hung up or ms passed (false).
+bool readable_for(int fd, int client, int64_t ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(kPoll.count())) > 0) return true;
+    if (client_hung_up(client) || Clock::now() >= until) return false;
+  }
+}
+
 // Connects to the root and joins; retries while the root does not know the communicator yet (or
-// is not listening yet) until the connect timeout.
-int32_t join_root(const RootBlob &b, uint32_t rank, uint32_t nranks, int64_t timeout_ms, int *out) {
+// is not listening yet) until the connect timeout. A rank whose process dies meanwhile gives up
+// at once: its join would hold a place in the communicator (and this thread its Session) for
+// the whole timeout, and the next restore of the same ranks could not re-form it.
+int32_t join_root(const RootBlob &b, uint32_t rank, uint32_t nranks, int64_t timeout_ms, int client, int *out) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   int32_t last = HCCL_E_TIMEOUT;
-  while (Clock::now() < deadline) {
+  while (Clock::now() < deadline && !client_hung_up(client)) {
     const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
@@ -139,9 +158,8 @@ int32_t join_root(const RootBlob &b, uint32_t rank, uint32_t nranks, int64_t tim
       JoinMsg j{kJoinMagic, rank, nranks, 0, b.comm_id, left, {}};
       std::memcpy(j.secret, b.secret, sizeof(j.secret));
       JoinReply rep{HCCL_E_TCP_TRANSFER, 0};
-      pollfd p{fd, POLLIN, 0};
       // The root answers within `left` (its wait for the others); a little more for the network.
-      if (wire::send_all(fd, &j, sizeof(j)) && ::poll(&p, 1, static_cast<int>(left) + 2000) > 0 &&
+      if (wire::send_all(fd, &j, sizeof(j)) && readable_for(fd, client, left + 2000) &&
           wire::recv_all(fd, &rep, sizeof(rep))) {
         if (rep.code == HCCL_SUCCESS) {
           const int one = 1;
@@ -189,7 +207,7 @@ int32_t lock_query(const Member &m, uint64_t issued, uint32_t flags, proto::Repl
   return rep.code;
 }
 
-int32_t comm_init(DeviceState &state, Session &s, const proto::Request &rq, const std::string &body,
+int32_t comm_init(DeviceState &state, Session &s, int client, const proto::Request &rq, const std::string &body,
                   proto::Reply &rp) {
   RootBlob b{};
   if (body.size() != sizeof(b)) return HCCL_E_PARA;
@@ -203,7 +221,7 @@ int32_t comm_init(DeviceState &state, Session &s, const proto::Request &rq, cons
     register_comm(b.comm_id, b.secret);
   }
   int fd = -1;
-  if (int32_t rc = join_root(b, rank, nranks, rq.timeout_ms, &fd); rc != HCCL_SUCCESS) {
+  if (int32_t rc = join_root(b, rank, nranks, rq.timeout_ms, client, &fd); rc != HCCL_SUCCESS) {
     if (rc == HCCL_E_TIMEOUT)
       std::fprintf(stderr, "npusimd: HCCL communicator %016llx rank %u: not every rank joined in %lld ms "
                    "(HCCL_CONNECT_TIMEOUT)\n", static_cast<unsigned long long>(b.comm_id), rank,
@@ -313,7 +331,7 @@ bool serve(DeviceState &state, Session &s, int fd, const proto::Request &rq, pro
       rp.code = HCCL_SUCCESS;
       break;
     }
-    case Op::HcclCommInit: rp.code = comm_init(state, s, rq, body, rp); break;
+    case Op::HcclCommInit: rp.code = comm_init(state, s, fd, rq, body, rp); break;
     case Op::HcclCommDestroy: {
       auto m = find(rq.value[0], s.pid);
       if (!m) {

@@ -214,3 +214,54 @@ def test_sigkill_at_random_instants_of_a_set_checkpoint_and_restore(n: int, tmp_
             reap_marked(marker)
             for pid in tagged(tag):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_restore_killed_while_its_ranks_reform_restores_again_at_once(tmp_path: Path) -> None:
+    """A set restore SIGKILLed while its first ranks wait in the daemon for the last to re-form
+    their communicator, then restored again at once: it succeeds. Before, the dead ranks' joins
+    waited on in npusimd for HCCL_CONNECT_TIMEOUT (120 s), holding the communicator (under its old
+    secret) and their Sessions (which the restored processes, at the same pids, took over): the
+    second restore failed after that timeout with the runtime's restore error (507909)."""
+    marker, tag = uuid.uuid4().hex, uuid.uuid4().hex
+    with tempfile.TemporaryDirectory(prefix="ddp-", dir="/tmp") as short:  # socket paths fit sun_path
+        daemon = NpuSimDaemon(socket=f"{short}/npusim.sock", devices=4)
+        launcher = None
+        try:
+            with daemon.running():
+                env = script_env(daemon.env, marker, NPUSNAP_TEST_TAG=tag)
+                meet = Path(short) / "tmp"  # the CLI's TMPDIR: where the set's rendezvous directory is made
+                meet.mkdir(0o700)
+                cli_env = {**env, "TMPDIR": str(meet)}
+                out = tmp_path / "run"
+                launcher = launch(env, 2, out, STEPS, SLEEP_MS)
+                for r in range(2):
+                    wait_for_line(out / f"rank-{r}.out", "step 3 ", timeout=120, alive=launcher)
+                pids = [int(p) for p in (out / "pids").read_text().split()]
+                target = tmp_path / "ck"
+                npusnap("checkpoint", *pids, "-D", target, "--data-path", "direct", env=cli_env, check=True,
+                        timeout=240)
+                wait_all_gone(pids, "checkpoint")
+                for r, pid in enumerate(pids):
+                    rewind_to_checkpoint(target, out / f"rank-{r}.out", member=pid)
+                # the last rank held before its device restore: rank 0 registers, publishes and waits for it
+                cli = PausedCli(["restore", "--detach", target], f"before:device-restore@{pids[-1]}",
+                                {**cli_env, "NPUSNAP_TEST_PAUSE_S": "60"}, timeout=180)
+                try:
+                    deadline = time.monotonic() + 60
+                    while not list(meet.glob("npusnap-hccl-*/hccl-*.root")):
+                        assert time.monotonic() < deadline, "rank 0 never published its communicator"
+                        time.sleep(0.05)
+                    time.sleep(0.5)  # rank 0's join is in the daemon
+                finally:
+                    cli.kill()
+                settle(tag, {launcher.pid}, "the killed restore")
+                wait_all_gone(pids, "the killed restore")
+                for r, pid in enumerate(pids):
+                    rewind_to_checkpoint(target, out / f"rank-{r}.out", member=pid)
+                npusnap("restore", "--detach", target, env=cli_env, check=True, timeout=240)
+                assert_all_run_on(out, pids, cli_env, STEPS, "the restore after")
+        finally:
+            reap_marked(marker)
+            if launcher is not None:
+                launcher.kill()
+                launcher.wait()
