@@ -16,7 +16,7 @@ from ..errors import DeviceFailed, Interrupted, LeaseLost, NpusnapError, WrongSt
 from ..image.format import DeviceState, FileEntry
 from ..platform.agent import E_LEASE_LOST, AgentClient, AgentError, AgentProblem, AgentReply, agent_error
 from ..platform.simimages import daemon_socket
-from .base import BackendName, DataPath, State
+from .base import BackendName, DataPath, State, unlock_unless_running
 
 
 class LeaseKeeper:
@@ -237,14 +237,10 @@ class AgentBackend:
     def finish_after_commit(self, device_dir: Path, files: Sequence[FileEntry]) -> None:
         """If we were stopped past the lease, the agent may have done part of this already:
         only what is left is done."""
-        for attempt in (1, 2):
-            state = self.state()
+        if self.state() == State.BACKED_UP:
             try:
-                if state == State.BACKED_UP:
-                    self.restore(device_dir, files)
-                if state != State.RUNNING:
-                    self.unlock()
-                return
+                self.restore(device_dir, files)
             except WrongState:
-                if attempt == 2:  # the agent moved under us once (lease expiry); not twice
+                if self.state() == State.BACKED_UP:  # refused for another reason than the agent's own restore
                     raise
+        unlock_unless_running(self)
