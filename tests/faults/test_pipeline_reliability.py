@@ -5,6 +5,7 @@ restore can leave behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -126,11 +128,46 @@ def stopped_past_the_lease(cli: PausedCli, pid: int) -> subprocess.CompletedProc
     return _finish(cli)
 
 
+@contextlib.contextmanager
+def checkpoint_stopped_past_its_lease(tmp_path: Path, env: dict[str, str], point: str,
+                                      *options: str) -> Iterator[tuple[Workload, subprocess.CompletedProcess]]:
+    """A training workload, and the outcome of its `npusnap checkpoint -D tmp_path/ckpt --lease 1
+    OPTIONS` stopped at point until the lease ran out (the workload runs on, locked, past it); both
+    reaped after."""
+    w = start_train(tmp_path, env)
+    cli = None
+    try:
+        cli = PausedCli(["checkpoint", w.pid, "-D", tmp_path / "ckpt", "--lease", "1", *options], point,
+                        {**env, "NPUSNAP_TEST_PAUSE_S": "1"})
+        yield w, stopped_past_the_lease(cli, w.pid)
+    finally:
+        _reap_cli(cli)
+        w.stop()
+
+
 def checkpointed(w: Workload, target: Path, data_path: str, env: dict[str, str]) -> None:
     """w checkpointed into target (default mode), and gone."""
     r = npusnap("checkpoint", w.pid, "-D", target, "--data-path", data_path, env=env)
     assert r.returncode == 0, r.stderr
     _wait_gone(w.pid)
+
+
+@contextlib.contextmanager
+def restore_paused(tmp_path: Path, env: dict[str, str], data_path: str, point: str,
+                   pause_s: "str | None" = None) -> Iterator[tuple[Workload, Path, PausedCli]]:
+    """A training workload checkpointed into tmp_path/ckpt, and `npusnap restore -d` of it paused
+    at point (for pause_s seconds, if given): (the workload, the checkpoint, the CLI); both reaped after."""
+    w = start_train(tmp_path, env)
+    target = tmp_path / "ckpt"
+    cli = None
+    try:
+        checkpointed(w, target, data_path, env)
+        cli = PausedCli(["restore", "-d", target], point,
+                        env if pause_s is None else {**env, "NPUSNAP_TEST_PAUSE_S": pause_s})
+        yield w, target, cli
+    finally:
+        _reap_cli(cli)
+        w.stop()
 
 
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
@@ -142,22 +179,12 @@ def test_cli_stopped_past_its_lease_stops_and_says_so(point, data_path, npusim_d
     dump's own renewal, before CRIU's freeze (renewals held until it): the frozen process's memory
     says the agent took it back, which CRIU would otherwise have dumped as it was then, no longer
     backed up, in a checkpoint that looked valid."""
-    env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE_S": "1"}
-    w = start_train(tmp_path, npusim_daemon.env)
-    target = tmp_path / "ckpt"
-    cli = None
-    try:
-        cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path],
-                        point, env)
-        r = stopped_past_the_lease(cli, w.pid)  # the workload runs on (locked) past its 1 s lease
+    with checkpoint_stopped_past_its_lease(tmp_path, npusim_daemon.env, point, "--data-path", data_path) as (w, r):
         line = assert_failed_cleanly(r, {9})
         assert "lease" in line, line
-        assert_no_valid_checkpoint(target)
+        assert_no_valid_checkpoint(tmp_path / "ckpt")
         wait_recovers(w, bound=30, env=npusim_daemon.env)
         assert_running_intact(w, reference, npusim_daemon.env)
-    finally:
-        _reap_cli(cli)
-        w.stop()
 
 
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
@@ -166,21 +193,12 @@ def test_cli_stopped_past_its_lease_after_the_commit_succeeds(data_path, npusim_
     unlock, longer than the lease: the agent unlocks by itself (the daemon lets it, the memory
     being in place), and the CLI, finding it running, reports the checkpoint it committed
     (it tried an import into the unlocked process and reported a failure)."""
-    env = {**npusim_daemon.env, "NPUSNAP_TEST_PAUSE_S": "1"}
-    w = start_train(tmp_path, npusim_daemon.env)
-    target = tmp_path / "ckpt"
-    cli = None
-    try:
-        cli = PausedCli(["checkpoint", w.pid, "-D", target, "--lease", "1", "--data-path", data_path,
-                         "--leave-running"], "device-unlock", env)
-        r = stopped_past_the_lease(cli, w.pid)
+    with checkpoint_stopped_past_its_lease(tmp_path, npusim_daemon.env, "device-unlock", "--data-path", data_path,
+                                           "--leave-running") as (w, r):
         assert r.returncode == 0, r.stderr
-        assert npusnap("verify", target, env=npusim_daemon.env).returncode == 0
+        assert npusnap("verify", tmp_path / "ckpt", env=npusim_daemon.env).returncode == 0
         wait_recovers(w, bound=30, env=npusim_daemon.env)
         assert_running_intact(w, reference, npusim_daemon.env)
-    finally:
-        _reap_cli(cli)
-        w.stop()
 
 
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
@@ -188,19 +206,10 @@ def test_restore_stopped_past_its_lease_before_the_unlock_succeeds(data_path, np
     """The restore's CLI stopped with the device's data back, before its unlock, longer than the
     lease it keeps on the restored lock (10 s): the agent unlocks by itself, and the restore stands
     (it reported a refused unlock and killed the restored tree, which ran intact)."""
-    env = npusim_daemon.env
-    w = start_train(tmp_path, env)
-    target = tmp_path / "ckpt"
-    cli = None
-    try:
-        checkpointed(w, target, data_path, env)
-        cli = PausedCli(["restore", "-d", target], "device-unlock", {**env, "NPUSNAP_TEST_PAUSE_S": "1"})
+    with restore_paused(tmp_path, npusim_daemon.env, data_path, "device-unlock", pause_s="1") as (w, _, cli):
         r = stopped_past_the_lease(cli, w.pid)
         assert r.returncode == 0, r.stderr
-        assert_running_intact(w, reference, env)
-    finally:
-        _reap_cli(cli)
-        w.stop()
+        assert_running_intact(w, reference, npusim_daemon.env)
 
 
 @pytest.mark.parametrize("data_path", ["direct", "in-process"])
@@ -209,12 +218,7 @@ def test_restore_interrupted_before_unlock(how, data_path, npusim_daemon, refere
     """The CLI dies or is interrupted between CRIU's restore and the unlock: the restored tree
     is gone (not LOCKED forever holding the pids), and the checkpoint restores again."""
     env = npusim_daemon.env
-    w = start_train(tmp_path, env)
-    target = tmp_path / "ckpt"
-    cli = None
-    try:
-        checkpointed(w, target, data_path, env)
-        cli = PausedCli(["restore", "-d", target], "after:criu-restore", env)
+    with restore_paused(tmp_path, env, data_path, "after:criu-restore") as (w, target, cli):
         assert pid_alive(w.pid)
         if how == "SIGKILL":
             cli.kill()
@@ -227,9 +231,6 @@ def test_restore_interrupted_before_unlock(how, data_path, npusim_daemon, refere
         r = npusnap("restore", "-d", target, env=env)
         assert r.returncode == 0, r.stderr
         assert_running_intact(w, reference, env)
-    finally:
-        _reap_cli(cli)
-        w.stop()
 
 
 def _child_named(parent: int, comm: str) -> "int | None":
