@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from ..backends import BackendName, State
 from ..backends.agent import AgentBackend
+from ..backends.base import unlock_unless_running
 from ..backends.direct import DirectBackend
 from ..errors import NpusnapError, WrongState
 from ..platform import simimages
@@ -70,7 +71,7 @@ def recover(pid: int, device_images: Optional[Path] = None, chain: Sequence[Path
         backend.restore(device_images)
         done.steps.append("device-restore")
     try:
-        backend.unlock()
+        unlock_unless_running(backend)  # its lease may run out meanwhile: the agent unlocks it itself
     except NpusnapError as e:
         # LOCKED after `restore external` whose import failed: the daemon refuses Unlock until it is in.
         if "device-take-back" in done.steps:
@@ -82,6 +83,6 @@ def recover(pid: int, device_images: Optional[Path] = None, chain: Sequence[Path
             raise type(e)(e.message, hint) from e
         simimages.import_device(target.pid, device_images, None, chain=chain)
         done.steps.append("device-import")
-        backend.unlock()
+        unlock_unless_running(backend)
     done.steps.append("unlock")
     return done

@@ -323,6 +323,27 @@ def test_recover_direct_path_states(state, npusim_daemon, reference, tmp_path):
         w.stop()
 
 
+def test_recover_stopped_past_the_lease_before_its_unlock_succeeds(npusim_daemon, reference, tmp_path):
+    """`recover` of a process locked on a lease, stopped before its unlock until the lease ran out:
+    the agent unlocked it by itself, and recover reports it running (it reported the refused unlock
+    as a failure)."""
+    from npusnap_cli.platform.agent import AgentClient
+
+    env = npusim_daemon.env
+    w = start_train(tmp_path, env)
+    cli = None
+    try:
+        AgentClient(w.pid).lock(30, lease_s=1)
+        cli = PausedCli(["recover", w.pid, "--json"], "device-unlock", {**env, "NPUSNAP_TEST_PAUSE_S": "1"})
+        r = stopped_past_the_lease(cli, w.pid)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["state"] == "RUNNING"
+        assert_running_intact(w, reference, env)
+    finally:
+        _reap_cli(cli)
+        w.stop()
+
+
 def test_forking_tree_is_checkpointed_as_criu_froze_it(npusim_daemon, tmp_path):
     """`npusnap run -- bash -c 'while :; do sleep 0.02; done'`: children forked between the
     tree listing and CRIU's freeze are killed with the tree (none is left stopped), the
