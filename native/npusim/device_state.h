@@ -236,6 +236,9 @@ class DeviceState {
  private:
   int32_t claim_window(Session &s, uint32_t device, int window);
   int32_t place(Session &s, uint32_t device, uint64_t va, uint64_t size, const Lent *lent, bool commit = true);
+  // Anonymous device memory (under mu_): a freed allocation's of the same size, zeroed (*commit set),
+  // or new (committed as *commit asks).
+  char *anonymous_memory(uint64_t size, size_t *mapped, bool *commit);
   int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
   void release_locked(Session &s);
 

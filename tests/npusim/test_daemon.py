@@ -53,3 +53,59 @@ assert npusim.get_mem_info() == (1 << 20, 1 << 20)
 print("ok")
 """, npusim_daemon.env)
     assert out == "ok\n"
+
+
+def _rss(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_freed_device_memory_is_kept_zeroed_and_within_capacity(npusim_daemon) -> None:
+    """A freed allocation's memory stays with the daemon, as a device keeps its own, and the next
+    allocation of its size takes it, zeroed (it held another client's data), without faulting its
+    pages in again; beside what is allocated, the daemon keeps no more than its capacity."""
+    npusim_daemon.stop()
+    npusim_daemon.devices, npusim_daemon.memory = 1, 64 << 20
+    npusim_daemon.start()
+    daemon = npusim_daemon.proc.pid
+
+    def kept() -> int:
+        return int(npusim.daemon_status(npusim_daemon.socket)["freed_kept"])
+
+    mib = 1 << 20
+    run_py("""
+import npusim
+npusim.init()
+npusim.set_device(0)
+p = npusim.malloc(32 << 20, 0)
+npusim.memset(p, 0xAB, 32 << 20, None)
+npusim.free(p)
+""", npusim_daemon.env)
+    assert kept() == 32 * mib
+    before = _rss(daemon)
+    out = run_py("""
+import numpy as np, npusim
+npusim.init()
+npusim.set_device(0)
+p = npusim.malloc(32 << 20, 0)
+host = np.ones(32 << 20, dtype=np.uint8)
+npusim.memcpy_d2h(host, p, None)
+print(int(np.count_nonzero(host)))
+""", npusim_daemon.env)
+    assert out.split()[0] == "0", "a reused allocation held the last client's data"
+    assert kept() == 32 * mib
+    assert _rss(daemon) - before < 8 * mib, "the kept memory was not reused"
+    # Other sizes, to the capacity: the kept 32 MiB go as the device fills (never above 64 MiB in all).
+    out = run_py(f"""
+import npusim
+npusim.init()
+npusim.set_device(0)
+ps = [npusim.malloc(16 << 20, 0) for _ in range(4)]
+for line in open("/proc/{daemon}/status"):
+    if line.startswith("VmRSS:"):
+        print(int(line.split()[1]) << 10)
+""", npusim_daemon.env)
+    assert int(out) - before < (64 - 32 + 8) * mib, "the daemon held freed memory beyond its capacity"
+    assert kept() == 64 * mib
