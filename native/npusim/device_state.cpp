@@ -210,9 +210,9 @@ DeviceState::DeviceState(uint32_t devices, uint64_t memory, std::string socket_p
 }
 
 char *DeviceState::anonymous_memory(uint64_t size, size_t *mapped, bool *commit) {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  if (char *base = freed_memory().take((size + page - 1) / page * page)) {
-    *mapped = (size + page - 1) / page * page;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), rounded = (size + page - 1) / page * page;
+  if (char *base = freed_memory().take(rounded)) {
+    *mapped = rounded;  // as map_device_memory rounds it
     std::memset(base, 0, *mapped);  // in place already: zeroing it costs no page faults
     *commit = true;
     return base;
