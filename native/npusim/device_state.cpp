@@ -217,11 +217,15 @@ char *DeviceState::anonymous_memory(uint64_t size, size_t *mapped, bool *commit)
     *commit = true;
     return base;
   }
+  make_room(size);
+  return map_device_memory(size, mapped, nullptr, *commit);
+}
+
+void DeviceState::make_room(uint64_t size) {
   uint64_t allocated = 0;
   for (uint64_t u : used_) allocated += u;
   const uint64_t capacity = memory_ * used_.size(), room = capacity > allocated + size ? capacity - allocated - size : 0;
   freed_memory().trim(room);  // with the new memory, the daemon holds at most its devices' capacity
-  return map_device_memory(size, mapped, nullptr, *commit);
 }
 
 std::shared_ptr<Session> DeviceState::join(pid_t pid) {
@@ -377,7 +381,7 @@ int32_t DeviceState::place(Session &s, uint32_t device, uint64_t va, uint64_t si
   int fd = lent != nullptr ? lent->fd : -1;
   commit = commit || lent != nullptr;
   char *base = lent != nullptr     ? lent->base
-               : s.shared_memory ? map_device_memory(size, &mapped, &fd, commit)
+               : s.shared_memory ? (make_room(size), map_device_memory(size, &mapped, &fd, commit))
                                  : anonymous_memory(size, &mapped, &commit);
   if (base == nullptr) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   s.allocs[va] = std::make_shared<Buffer>(va, size, device, base, mapped, fd);

@@ -239,6 +239,8 @@ class DeviceState {
   // Anonymous device memory (under mu_): a freed allocation's of the same size, zeroed (*commit set),
   // or new (committed as *commit asks).
   char *anonymous_memory(uint64_t size, size_t *mapped, bool *commit);
+  // Before new memory of size is mapped (under mu_): freed memory kept beyond the capacity goes.
+  void make_room(uint64_t size);
   int32_t lookup(Session &s, uint64_t va, uint64_t len, std::shared_ptr<Buffer> *buf, char **ptr);
   void release_locked(Session &s);
 
